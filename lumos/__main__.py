@@ -1,0 +1,3 @@
+from lumos.cli.app import main
+
+main()

@@ -1,0 +1,1 @@
+"""Shared core: config, workspace, lineage, errors, the Spark session and versioned tables."""

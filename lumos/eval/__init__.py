@@ -1,0 +1,1 @@
+"""Placeholder; see the project issues for what lands here."""
