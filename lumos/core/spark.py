@@ -1,0 +1,117 @@
+"""The one Spark session factory: local by default, any master from config, Delta always on.
+
+Delta's jars come from Spark's package mechanism (Maven coordinates that match the installed
+pyspark and delta-spark) or, on air-gapped clusters, from a local folder of jars named in config.
+Under `spark-submit` or in a process that already has a session, that session is reused.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import glob
+import os
+import sys
+from collections.abc import Iterator
+from importlib import metadata
+from pathlib import Path
+
+from lumos.core.errors import LumosError, UsageError
+from lumos.core.settings import SparkSettings
+from lumos.core.workspace import Workspace, is_uri
+
+DELTA_EXTENSION = "io.delta.sql.DeltaSparkSessionExtension"
+DELTA_CATALOG = "org.apache.spark.sql.delta.catalog.DeltaCatalog"
+
+
+def delta_maven_coordinates() -> str:
+    """io.delta:delta-spark_<spark major.minor>_2.13:<delta-spark version>, as delta-spark's pip helper does."""
+    spark_major_minor = ".".join(metadata.version("pyspark").split(".")[:2])
+    return f"io.delta:delta-spark_{spark_major_minor}_2.13:{metadata.version('delta-spark')}"
+
+
+def spark_conf(settings: SparkSettings) -> dict[str, str]:
+    """Every Spark setting Lumos applies, later entries winning; `[spark] conf` wins over all."""
+    conf = {
+        "spark.sql.extensions": DELTA_EXTENSION,
+        "spark.sql.catalog.spark_catalog": DELTA_CATALOG,
+        "spark.sql.shuffle.partitions": str(settings.shuffle_partitions),
+        "spark.ui.enabled": str(settings.ui).lower(),
+        "spark.driver.memory": settings.driver_memory,
+        # Event times are instants; reading and writing them in UTC keeps days and hours stable
+        # whatever the machine's time zone.
+        "spark.sql.session.timeZone": "UTC",
+        "spark.sql.ansi.enabled": "false",
+        "spark.databricks.delta.schema.autoMerge.enabled": "false",
+    }
+    if settings.delta_jars_dir:
+        jars = sorted(glob.glob(os.path.join(settings.delta_jars_dir, "*.jar")))
+        if not jars:
+            raise UsageError(
+                f"spark.delta_jars_dir = {settings.delta_jars_dir!r} holds no .jar files; "
+                "copy delta-spark and delta-storage jars there, or unset it to resolve them from Maven"
+            )
+        conf["spark.jars"] = ",".join(jars)
+    else:
+        conf["spark.jars.packages"] = settings.delta_package or delta_maven_coordinates()
+    conf.update(settings.conf)
+    return conf
+
+
+def get_spark(settings: SparkSettings, log_file: Path | None = None):
+    """Return the active session if there is one, else start one from `settings`.
+
+    The JVM inherits this process's stderr, where Ivy's resolution reports and Spark's start-up
+    warnings would land on the user's terminal; with `log_file`, they go there instead, and a
+    failed start quotes the end of that log in its error.
+    """
+    from pyspark.sql import SparkSession
+
+    active = SparkSession.getActiveSession()
+    if active is not None:
+        return active
+    builder = SparkSession.builder.master(settings.master).appName(settings.app_name)
+    for key, value in spark_conf(settings).items():
+        builder = builder.config(key, value)
+    try:
+        with _stderr_to(log_file):
+            session = builder.getOrCreate()
+    except Exception as error:
+        raise LumosError(_start_failure_message(error, log_file)) from error
+    session.sparkContext.setLogLevel(settings.log_level.upper())
+    return session
+
+
+@contextlib.contextmanager
+def _stderr_to(log_file: Path | None) -> Iterator[None]:
+    if log_file is None:
+        yield
+        return
+    log_file.parent.mkdir(parents=True, exist_ok=True)
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with open(log_file, "ab") as log:
+        os.dup2(log.fileno(), 2)
+        try:
+            yield
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+
+
+def _start_failure_message(error: Exception, log_file: Path | None) -> str:
+    lines = [f"Spark did not start: {str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__}"]
+    if log_file is not None and log_file.is_file():
+        tail = log_file.read_text(errors="replace").splitlines()[-15:]
+        lines += [f"last lines of {log_file}:"] + [f"  {line}" for line in tail if not line.startswith("\tat ")]
+    lines.append(
+        "Check Java 17 with `java -version`; if Delta's jars cannot be downloaded, fill the local Maven "
+        f"repository with `mvn dependency:get -Dartifact={delta_maven_coordinates()}` or set "
+        "[spark] delta_jars_dir. `lumos doctor` checks all of this."
+    )
+    return "\n".join(lines)
+
+
+def workspace_spark(workspace: Workspace):
+    """The session for a workspace, with Spark's own log in <workspace>/logs/spark.log when local."""
+    log_file = None if is_uri(workspace.root) else Path(workspace.root) / "logs" / "spark.log"
+    return get_spark(workspace.settings.spark, log_file=log_file)
