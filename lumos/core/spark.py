@@ -42,6 +42,9 @@ def spark_conf(settings: SparkSettings) -> dict[str, str]:
         "spark.sql.session.timeZone": "UTC",
         "spark.sql.ansi.enabled": "false",
         "spark.databricks.delta.schema.autoMerge.enabled": "false",
+        # Every Lumos write is a version with its own lineage, even one that rewrites an empty
+        # table with no rows (an ingest with no rejects); Delta skips such commits by default.
+        "spark.databricks.delta.skipRecordingEmptyCommits": "false",
     }
     if settings.delta_jars_dir:
         jars = sorted(glob.glob(os.path.join(settings.delta_jars_dir, "*.jar")))

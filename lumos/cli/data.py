@@ -1,0 +1,114 @@
+"""`lumos data …`: list tables, their version history with lineage, one version in detail, and
+synthetic quickstart data."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict
+from typing import Annotated
+
+import typer
+
+from lumos.cli.output import echo, emit_json, handles_errors, print_table, progress, state
+from lumos.core.spark import workspace_spark
+from lumos.core.tables import TableRef, describe_table, list_tables, table_history
+from lumos.core.workspace import open_workspace
+
+app = typer.Typer(help="Versioned tables: list, history with lineage, details; synthetic data.", no_args_is_help=True)
+
+JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON on stdout.")]
+
+
+@app.command("list")
+@handles_errors
+def list_command(ctx: typer.Context, json_output: JsonOption = False) -> None:
+    """List the tables in the workspace."""
+    workspace = open_workspace(state(ctx).workspace_dir)
+    names = list_tables(workspace)
+    if json_output:
+        emit_json({"workspace_root": workspace.root, "tables": names})
+    elif names:
+        echo("\n".join(names))
+    else:
+        echo(f"no tables yet under {workspace.tables_root}; `lumos ingest --recipe …` writes some")
+
+
+@app.command("history")
+@handles_errors
+def history(
+    ctx: typer.Context,
+    table: Annotated[str, typer.Argument(help="dataset.table, e.g. quickstart.sequences")],
+    json_output: JsonOption = False,
+) -> None:
+    """Every version of a table, newest first, with the lineage that made it."""
+    ref = TableRef.parse(table)
+    workspace = open_workspace(state(ctx).workspace_dir)
+    with progress(f"reading the history of {ref.name}"):
+        entries = table_history(workspace_spark(workspace), workspace, ref)
+    if json_output:
+        emit_json({"table": ref.name, "versions": [_entry_json(entry) for entry in entries]})
+        return
+    rows = []
+    for entry in entries:
+        lineage = entry.lineage
+        inputs = ", ".join(f"{i.uri}@{i.version}" for i in lineage.inputs) if lineage else ""
+        rows.append((entry.version, entry.timestamp, lineage.stage if lineage else entry.operation,
+                     lineage.config_hash[:19] if lineage else "", inputs, _short_stats(lineage.stats) if lineage else ""))
+    print_table(f"{ref.name}: {len(entries)} version(s)", ["version", "written", "stage", "config hash", "inputs", "stats"], rows)
+    echo("full recipe and lineage of one version: lumos data show " + f"{ref.name}@VERSION")
+
+
+@app.command("show")
+@handles_errors
+def show(
+    ctx: typer.Context,
+    table: Annotated[str, typer.Argument(help="dataset.table[@VERSION]; latest without a version")],
+    json_output: JsonOption = False,
+) -> None:
+    """One version's lineage (recipe, hash, inputs, stats), schema and row count."""
+    ref = TableRef.parse(table)
+    workspace = open_workspace(state(ctx).workspace_dir)
+    with progress(f"reading {ref}"):
+        details = describe_table(workspace_spark(workspace), workspace, ref)
+    if json_output:
+        emit_json(details)
+        return
+    echo(f"[bold]{details['table']}@{details['version']}[/bold]  {details['rows']} rows  ({details['location']})", markup=True)
+    print_table("schema", ["column", "type"], [(c["name"], c["type"]) for c in details["schema"]])
+    echo("lineage:")
+    echo(json.dumps(details["lineage"], indent=2, sort_keys=True) if details["lineage"] else "  (none recorded)")
+
+
+@app.command("synth")
+@handles_errors
+def synth(
+    ctx: typer.Context,
+    out: Annotated[str, typer.Option("--out", help="Folder to write events/, users, items, calendar and labels into.")],
+    users: Annotated[int, typer.Option(help="Number of users.")] = 2000,
+    events: Annotated[int, typer.Option(help="Approximate number of events (10M+ is fine: written in blocks).")] = 200_000,
+    seed: Annotated[int, typer.Option(help="Random seed; the same seed gives the same data.")] = 0,
+    json_output: JsonOption = False,
+) -> None:
+    """Generate the synthetic, learnable quickstart activity data."""
+    from lumos.data.synthetic import SyntheticSpec, generate_quickstart
+
+    with progress(f"generating {events:,} events for {users:,} users"):
+        summary = generate_quickstart(out, SyntheticSpec(users=users, events=events, seed=seed))
+    if json_output:
+        emit_json(asdict(summary))
+    else:
+        echo(f"wrote {summary.events:,} events of {summary.users:,} users over {summary.items:,} items to {summary.out_dir}")
+
+
+def _entry_json(entry) -> dict:
+    return {
+        "version": entry.version,
+        "timestamp": entry.timestamp,
+        "operation": entry.operation,
+        "lineage": json.loads(entry.lineage.to_json()) if entry.lineage else None,
+    }
+
+
+def _short_stats(stats: dict) -> str:
+    keys = ("rows_read", "rows_rejected", "users", "tokens", "rows")
+    return ", ".join(f"{key}={stats[key]}" for key in keys if key in stats)

@@ -1,0 +1,167 @@
+"""`lumos ingest`: raw events → <dataset>.rejects, <dataset>.vocab and <dataset>.sequences.
+
+The whole path is distributed Spark DataFrame work, so the same recipe runs on a laptop or a
+cluster master. The run is idempotent: the same resolved recipe over the same input versions
+finds its earlier output and writes nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from lumos.core.config import config_hash, to_plain
+from lumos.core.errors import UsageError
+from lumos.core.lineage import LineageRecord
+from lumos.core.tables import TableRef, table_exists, table_history, table_location, write_table
+from lumos.core.workspace import Workspace
+from lumos.data.recipe import IngestRecipe
+from lumos.data.sequences import build_sequences, build_vocab
+from lumos.data.sources import read_source
+from lumos.data.validation import (
+    check_columns,
+    check_events,
+    event_columns,
+    quote_column,
+    rejected_rows,
+    valid_events,
+)
+
+Report = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class IngestResult:
+    dataset: str
+    tables: dict[str, str]
+    """Role (sequences, vocab, rejects) → the exact version, e.g. quickstart.sequences@2."""
+    reused: bool
+    """True when an earlier ingest of the same recipe and inputs was found and nothing was written."""
+    stats: dict[str, Any] = field(default_factory=dict)
+
+
+def run_ingest(spark, workspace: Workspace, recipe: IngestRecipe, recipe_dir: Path, report: Report = lambda _: None) -> IngestResult:
+    refs = {role: TableRef(recipe.dataset, role) for role in ("sequences", "vocab", "rejects")}
+    report(f"reading {recipe.source.path}")
+    raw, events_input = read_source(spark, workspace, recipe.source.path, recipe.source.format, recipe_dir, "source.path")
+    check_columns(raw, [c.source for c in event_columns(recipe)], "columns", recipe.source.path)
+    users, users_input = _read_users(spark, workspace, recipe, recipe_dir)
+    calendar, calendar_input = _read_calendar(spark, workspace, recipe, recipe_dir)
+    inputs = [item for item in (events_input, users_input, calendar_input) if item is not None]
+    lineage_base = dict(stage="ingest", config=to_plain(recipe), config_hash=config_hash(recipe), inputs=inputs)
+
+    earlier = _find_earlier_ingest(spark, workspace, refs["sequences"], LineageRecord(**lineage_base))
+    if earlier is not None:
+        report(f"already ingested as {earlier.tables['sequences']}; nothing written")
+        return earlier
+
+    report("validating rows")
+    checked = check_events(raw, recipe).persist()
+    try:
+        counts = {row["_rule"]: row["count"] for row in checked.groupBy("_rule").count().collect()}
+        rows_read = sum(counts.values())
+        rejected = dict(sorted((rule, count) for rule, count in counts.items() if rule is not None))
+        _enforce_reject_budget(checked, rows_read, rejected, recipe)
+
+        events = valid_events(checked)
+        report("building vocabularies")
+        vocab = build_vocab(events, users, recipe).persist()
+        report("building sequences")
+        sequences = build_sequences(events, vocab, users, calendar, recipe).persist()
+        try:
+            summary = sequences.groupBy("split").agg({"user_id": "count", "length": "sum"}).collect()
+            rows_by_split = {row["split"]: row["count(user_id)"] for row in sorted(summary, key=lambda r: r["split"])}
+            stats = {
+                "rows_read": rows_read,
+                "rows_rejected": sum(rejected.values()),
+                "rejected_by_rule": rejected,
+                "events": counts.get(None, 0),
+                "users": events.select("user_id").distinct().count(),
+                "tokens": sum(row["sum(length)"] or 0 for row in summary),
+                "rows_by_split": rows_by_split,
+            }
+            report("writing tables")
+            written = {"rejects": write_table(spark, workspace, refs["rejects"], rejected_rows(checked),
+                                              LineageRecord(**lineage_base, stats={"rows": stats["rows_rejected"],
+                                                                                   "rejected_by_rule": rejected}))}
+            written["vocab"] = write_table(spark, workspace, refs["vocab"], vocab,
+                                           LineageRecord(**lineage_base, stats={"rows": vocab.count()}))
+            # Sequences last: its lineage names the exact vocab and rejects versions of this run,
+            # and its presence marks the ingest as complete (the idempotency check reads it).
+            tables = {role: str(ref) for role, ref in written.items()}
+            written["sequences"] = write_table(spark, workspace, refs["sequences"], sequences,
+                                               LineageRecord(**lineage_base, stats={**stats, "tables": tables}))
+        finally:
+            sequences.unpersist()
+            vocab.unpersist()
+    finally:
+        checked.unpersist()
+    tables = {role: str(written[role]) for role in ("sequences", "vocab", "rejects")}
+    return IngestResult(recipe.dataset, tables, reused=False, stats=stats)
+
+
+def _enforce_reject_budget(checked, rows_read: int, rejected: dict[str, int], recipe: IngestRecipe) -> None:
+    total = sum(rejected.values())
+    if rows_read == 0:
+        raise UsageError(f"{recipe.source.path}: the source has no rows; nothing was written")
+    fraction = total / rows_read
+    if fraction <= recipe.cleaning.max_reject_fraction:
+        return
+    examples = [row["reason"] for row in rejected_rows(checked).limit(3).collect()]
+    by_rule = ", ".join(f"{rule} {count}" for rule, count in rejected.items())
+    raise UsageError(
+        f"{total} of {rows_read} rows ({fraction:.1%}) failed validation, more than "
+        f"cleaning.max_reject_fraction = {recipe.cleaning.max_reject_fraction}; nothing was written.\n"
+        f"  by rule: {by_rule}\n" + "".join(f"  e.g. {reason}\n" for reason in examples)
+        + "  Fix the source or the recipe's column mapping, or raise cleaning.max_reject_fraction."
+    )
+
+
+def _find_earlier_ingest(spark, workspace: Workspace, sequences: TableRef, wanted: LineageRecord) -> IngestResult | None:
+    if not table_exists(spark, table_location(workspace, sequences)):
+        return None
+    for entry in table_history(spark, workspace, sequences):
+        if entry.lineage is not None and entry.lineage.same_work(wanted):
+            stats = dict(entry.lineage.stats)
+            tables = {**stats.pop("tables", {}), "sequences": str(sequences.at(entry.version))}
+            return IngestResult(sequences.dataset, tables, reused=True, stats=stats)
+    return None
+
+
+def _read_users(spark, workspace: Workspace, recipe: IngestRecipe, recipe_dir: Path):
+    from pyspark.sql import functions as F
+
+    spec = recipe.users
+    if spec is None:
+        return None, None
+    frame, source_input = read_source(spark, workspace, spec.path, spec.format, recipe_dir, "users.path")
+    check_columns(frame, [spec.user_id, *spec.categorical, *spec.numeric], "users", spec.path)
+    users = frame.select(
+        F.trim(F.col(quote_column(spec.user_id)).cast("string")).alias("user_id"),
+        *[F.col(quote_column(name)).cast("string").alias(f"user_{name}") for name in spec.categorical],
+        *[F.col(quote_column(name)).cast("double").alias(f"user_{name}") for name in spec.numeric],
+    ).where(F.col("user_id").isNotNull())
+    duplicated = users.groupBy("user_id").count().where(F.col("count") > 1).limit(3).collect()
+    if duplicated:
+        names = ", ".join(row["user_id"] for row in duplicated)
+        raise UsageError(f"users.path = {spec.path!r}: user ids appear more than once (e.g. {names}); keep one row per user")
+    return users, source_input
+
+
+def _read_calendar(spark, workspace: Workspace, recipe: IngestRecipe, recipe_dir: Path):
+    from pyspark.sql import functions as F
+
+    spec = recipe.calendar
+    if spec is None:
+        return None, None
+    frame, source_input = read_source(spark, workspace, spec.path, spec.format, recipe_dir, "calendar.path")
+    check_columns(frame, [spec.date, *spec.flags], "calendar", spec.path)
+    calendar = frame.select(
+        F.to_date(F.col(quote_column(spec.date))).alias("date"),
+        *[F.coalesce(F.col(quote_column(flag)).cast("int"), F.lit(0)).alias(flag) for flag in spec.flags],
+    )
+    if calendar.where(F.col("date").isNull()).limit(1).count():
+        raise UsageError(f"calendar.path = {spec.path!r}: column {spec.date!r} holds values that are not dates")
+    return calendar, source_input

@@ -1,0 +1,644 @@
+"""The training loader: one version of `<dataset>.sequences` → padded `Batch`es, without Spark.
+
+The files of the version come from the Delta log (`lumos.data.delta_log`) and are read with
+pyarrow, one Parquet row group at a time, only the columns the `FeatureSpec` names (plus `split`).
+Histories become padded (B, T) tensors by offset arithmetic on the Arrow list columns (offsets +
+flat values → one numpy gather/scatter per column), never a Python loop over rows.
+
+Semantics:
+
+- **Rows.** Only rows whose `split` equals the loader's split. Files are taken in path order,
+  row groups in file order, rows in file order; with `shuffle=False` that is the batch order.
+- **Shuffle** (per epoch, from `seed` and `epoch` alone): the order of row groups is permuted,
+  then the rank's rows are cut into chunks of `chunk_rows` consecutive rows (a multiple of the
+  batch size) and rows are permuted within each chunk. A batch therefore mixes the rows of the
+  few row groups its chunk spans; rows of one row group never spread over the whole epoch. Keep
+  row groups small relative to `chunk_rows` for a better mix (Spark's files of the sequences
+  table hold one row group each).
+- **Ranks.** In the epoch's row order, rank r of W takes the r-th of W equal contiguous ranges of
+  floor(N / W) rows (N = rows of the split); the N mod W rows at the end are skipped that epoch
+  (different rows each epoch when shuffling). Every rank thus has the same number of rows and of
+  batches, which DDP needs, and reads only about 1/W of the data.
+- **Batches.** Consecutive rows of the rank's (shuffled) range, `batch_size` at a time; the last
+  one is short, or dropped with `drop_last`. T is the longest history in the batch (at least 1,
+  so tensors are never empty). `next_item` null → 0; `act`/`value` columns follow
+  `spec.horizons_days`; `future` stacks the `future_<flag>` arrays to (B, slots, flags).
+- **Workers.** One thread reads and decodes row groups (pyarrow decodes in parallel underneath);
+  `num_workers` threads build batches (numpy releases the GIL in its gathers and copies), up to
+  `prefetch` batches ahead, pinned when CUDA is available. The batches do not depend on
+  `num_workers`: the plan is fixed by (table version, split, seed, epoch, rank, world size,
+  batch and chunk size).
+- **Resume.** `state_dict()` is (epoch, batches already yielded) plus the plan's settings;
+  `load_state_dict()` makes the next iteration continue with exactly the batches an uninterrupted
+  run would have yielded. An epoch that completes advances `epoch` by one; `set_epoch(e)` with
+  a different epoch restarts at its first batch, with the current one keeps the position.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+from collections import deque
+from collections.abc import Iterator, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+import torch
+
+from lumos.core.errors import UsageError
+from lumos.core.lineage import LineageRecord
+from lumos.core.tables import TableRef, table_location
+from lumos.core.workspace import Workspace
+from lumos.data.delta_log import DeltaSnapshot, active_files, commit_info
+from lumos.train.features import TIME_FEATURES, Batch, FeatureSpec
+
+# Columns of the sequences table that are neither features nor targets.
+KEY_COLUMNS = ("user_id", "split", "as_of", "length")
+# History id columns with a vocabulary (event features); the time features have fixed sizes.
+_VOCAB_TOKEN = re.compile(r"^(item|event_type|cat_.+)$")
+_HORIZON = re.compile(r"^(act|value)_(\d+)d$")
+MIN_VOCAB_SIZE = 2  # padding and OOV exist even when no token made the vocabulary
+
+
+# ---------------------------------------------------------------------------------------------
+# FeatureSpec from a table version
+
+
+def feature_spec_for(
+    sequences: DeltaSnapshot | str | Path, vocab: DeltaSnapshot | str | Path, recipe: Mapping[str, Any]
+) -> FeatureSpec:
+    """Derive the FeatureSpec of a sequences table from its Parquet schema and its vocab table.
+
+    History list<int> columns are categorical (vocab size = max id + 1, at least 2; hour, weekday
+    and gap_bucket have fixed sizes), other history lists numeric (value, num_*, count,
+    age_days); user_<name> ints are static categorical, floats static numeric; future_<flag>
+    arrays are calendar flags; act_<K>d/value_<K>d give the horizons; max_len is the recipe's
+    tokens.max_len. `sequences`/`vocab` are snapshots or table folders (latest version).
+    """
+    sequences, vocab = _snapshot(sequences), _snapshot(vocab)
+    schema = _arrow_schema(sequences)
+    sizes = vocab_sizes(vocab)
+    token_categorical: dict[str, int] = {}
+    token_numeric: list[str] = []
+    static_categorical: dict[str, int] = {}
+    static_numeric: list[str] = []
+    future_flags: list[str] = []
+    horizons: dict[str, list[int]] = {"act": [], "value": []}
+    for column in schema:
+        name, kind = column.name, column.type
+        if name in KEY_COLUMNS or name == "next_item":
+            continue
+        if match := _HORIZON.match(name):
+            horizons[match[1]].append(int(match[2]))
+        elif name.startswith("future_") and _is_list_of(kind, pa.types.is_integer):
+            future_flags.append(name.removeprefix("future_"))
+        elif name.startswith("user_") and pa.types.is_integer(kind):
+            static_categorical[name] = max(sizes.get(name, 0), MIN_VOCAB_SIZE)
+        elif name.startswith("user_") and pa.types.is_floating(kind):
+            static_numeric.append(name)
+        elif name in TIME_FEATURES and _is_list_of(kind, pa.types.is_integer):
+            token_categorical[name] = TIME_FEATURES[name]
+        elif _VOCAB_TOKEN.match(name) and _is_list_of(kind, pa.types.is_integer):
+            token_categorical[name] = max(sizes.get(name, 0), MIN_VOCAB_SIZE)
+        elif _is_list_of(kind, lambda t: pa.types.is_integer(t) or pa.types.is_floating(t)):
+            token_numeric.append(name)
+        else:
+            raise UsageError(f"{sequences}: column {name} ({kind}) is not a sequences column the loader knows")
+    if horizons["act"] != horizons["value"]:
+        raise UsageError(f"{sequences}: act_<K>d columns {horizons['act']} do not match value_<K>d {horizons['value']}")
+    return FeatureSpec(
+        token_categorical=token_categorical,
+        token_numeric=tuple(token_numeric),
+        static_categorical=static_categorical,
+        static_numeric=tuple(static_numeric),
+        future_flags=tuple(future_flags),
+        horizons_days=tuple(horizons["act"]),
+        next_item="next_item" in schema.names,
+        max_len=int(recipe["tokens"]["max_len"]),
+    )
+
+
+def vocab_sizes(vocab: DeltaSnapshot) -> dict[str, int]:
+    """Feature → max id + 1 over the vocab table's rows."""
+    if not vocab.files:
+        return {}
+    table = pq.read_table([data_file.path for data_file in vocab.files], columns=["feature", "id"])
+    maxima = table.group_by("feature").aggregate([("id", "max")])
+    return {feature: int(top) + 1 for feature, top in zip(maxima["feature"].to_pylist(), maxima["id_max"].to_pylist(), strict=True)}
+
+
+@dataclass(frozen=True)
+class SequencesVersion:
+    """A pinned sequences version with everything needed to load it."""
+
+    ref: TableRef
+    snapshot: DeltaSnapshot
+    recipe: dict[str, Any]
+    """The ingest recipe that wrote it (from the commit's lineage record)."""
+    spec: FeatureSpec
+
+
+def open_sequences(workspace: Workspace, ref: TableRef) -> SequencesVersion:
+    """Resolve `dataset.sequences[@version]` in a local workspace, with its recipe, vocab version
+    (both from the commit's lineage) and FeatureSpec."""
+    snapshot = active_files(table_location(workspace, ref), ref.version)
+    pinned = ref.at(snapshot.version)
+    info = commit_info(snapshot.table_path, snapshot.version) or {}
+    try:
+        lineage = LineageRecord.from_json(info["userMetadata"])
+        vocab_ref = TableRef.parse(lineage.stats["tables"]["vocab"])
+    except (KeyError, TypeError, ValueError) as error:
+        raise UsageError(
+            f"{pinned} has no ingest lineage naming its recipe and vocab version; "
+            "call feature_spec_for(sequences, vocab, recipe) with them"
+        ) from error
+    vocab = active_files(table_location(workspace, vocab_ref), vocab_ref.version)
+    spec = feature_spec_for(snapshot, vocab, lineage.config)
+    return SequencesVersion(pinned, snapshot, lineage.config, spec)
+
+
+def _snapshot(table: DeltaSnapshot | str | Path) -> DeltaSnapshot:
+    return table if isinstance(table, DeltaSnapshot) else active_files(table)
+
+
+def _arrow_schema(snapshot: DeltaSnapshot) -> pa.Schema:
+    if not snapshot.files:
+        raise UsageError(f"{snapshot} has no data files")
+    return pq.read_schema(snapshot.files[0].path)
+
+
+def _is_list_of(kind: pa.DataType, predicate) -> bool:
+    return (pa.types.is_list(kind) or pa.types.is_large_list(kind)) and predicate(kind.value_type)
+
+
+# ---------------------------------------------------------------------------------------------
+# The plan: which rows each rank reads, in which order
+
+
+@dataclass(frozen=True)
+class _RowGroup:
+    file: int
+    index: int
+    rows: int
+    """Rows of the loader's split in this row group."""
+    filtered: bool
+    """True when some rows belong to other splits (they are dropped after reading)."""
+
+
+@dataclass(frozen=True)
+class _Segment:
+    row_group: int
+    """Position in the loader's row-group list."""
+    start: int
+    stop: int
+    """Range of split rows within the row group."""
+
+
+@dataclass(frozen=True)
+class _Chunk:
+    epoch: int
+    first_row: int
+    """Position of its first row in the epoch's global row order (seeds its row shuffle)."""
+    rows: int
+    segments: tuple[_Segment, ...]
+
+
+def _rank_chunks(
+    rows_per_group: np.ndarray, order: np.ndarray, epoch: int, rank: int, world_size: int, chunk_rows: int
+) -> list[_Chunk]:
+    """Cut rank's contiguous range of the row groups (in `order`) into chunks of `chunk_rows`."""
+    counts = rows_per_group[order]
+    ends = np.cumsum(counts)
+    per_rank = int(ends[-1]) // world_size if len(ends) else 0
+    chunks = []
+    for first in range(rank * per_rank, (rank + 1) * per_rank, chunk_rows):
+        last = min(first + chunk_rows, (rank + 1) * per_rank)
+        chunks.append(_Chunk(epoch, first, last - first, _segments(order, ends, first, last)))
+    return chunks
+
+
+def _segments(order: np.ndarray, ends: np.ndarray, first: int, last: int) -> tuple[_Segment, ...]:
+    """The row-group ranges that cover global rows [first, last)."""
+    segments = []
+    position = int(np.searchsorted(ends, first, side="right"))
+    while first < last:
+        group_start = int(ends[position - 1]) if position else 0
+        stop = min(last, int(ends[position]))
+        if stop > first:
+            segments.append(_Segment(int(order[position]), first - group_start, stop - group_start))
+        first = stop
+        position += 1
+    return tuple(segments)
+
+
+# ---------------------------------------------------------------------------------------------
+# Reading: row groups → decoded numpy columns of one chunk
+
+
+@dataclass
+class _Columns:
+    """One chunk's rows as numpy arrays. History values are flat (all rows' tokens, row after row)
+    with one extra 0 at index `padding`, so a single gather fills real and padded positions."""
+
+    starts: np.ndarray
+    lengths: np.ndarray
+    padding: int
+    tokens: dict[str, np.ndarray]
+    """Feature → (values + 1,) int64."""
+    numeric: np.ndarray
+    """(values + 1, len(token_numeric)) float32."""
+    static_categorical: dict[str, np.ndarray]
+    static_numeric: np.ndarray
+    future: np.ndarray
+    next_item: np.ndarray
+    act: np.ndarray
+    value: np.ndarray
+
+
+class _RowGroupReader:
+    """Reads the split's rows of one row group at a time; remembers the last one, since chunk
+    boundaries cut through row groups and consecutive chunks then share one."""
+
+    def __init__(self, paths: list[str], metadata: list[pq.FileMetaData], columns: list[str], split: str):
+        self.paths, self.metadata, self.columns, self.split = paths, metadata, columns, split
+        self._files: dict[int, pq.ParquetFile] = {}
+        self._last: tuple[int, pa.Table] | None = None
+
+    def read(self, position: int, group: _RowGroup) -> pa.Table:
+        if self._last is not None and self._last[0] == position:
+            return self._last[1]
+        if group.file not in self._files:
+            self._files[group.file] = pq.ParquetFile(self.paths[group.file], metadata=self.metadata[group.file])
+        table = self._files[group.file].read_row_group(group.index, columns=[*self.columns, "split"])
+        if group.filtered:
+            table = table.filter(pc.equal(table.column("split"), self.split))
+        table = table.drop_columns(["split"])
+        self._last = (position, table)
+        return table
+
+    def close(self) -> None:
+        for parquet_file in self._files.values():
+            parquet_file.close()
+        self._files.clear()
+        self._last = None
+
+
+def _decode(table: pa.Table, spec: FeatureSpec, where: str) -> _Columns:
+    """Arrow columns → numpy, checking the sequences contract (no nulls, equal history lengths)."""
+    history = [*spec.token_categorical, *spec.token_numeric]
+    offsets, values = {}, {}
+    for name in history:
+        offsets[name], values[name] = _list_values(table.column(name), name, where)
+    base = offsets[history[0]]
+    for name in history[1:]:
+        if not np.array_equal(offsets[name], base):
+            raise UsageError(f"{where}: history column {name} has other lengths than {history[0]}")
+    rows = table.num_rows
+    slots = spec.future_slots
+    future = np.zeros((rows, slots, len(spec.future_flags)), dtype=np.float32)
+    for index, flag in enumerate(spec.future_flags):
+        flag_offsets, flag_values = _list_values(table.column(f"future_{flag}"), f"future_{flag}", where)
+        if not np.all(np.diff(flag_offsets) == slots):
+            raise UsageError(f"{where}: future_{flag} arrays must have {slots} elements (one per decoder slot)")
+        future[:, :, index] = flag_values.reshape(rows, slots)
+    padding = int(base[-1])
+    numeric = np.zeros((padding + 1, len(spec.token_numeric)), dtype=np.float32)
+    for index, name in enumerate(spec.token_numeric):
+        numeric[:padding, index] = values[name]
+    return _Columns(
+        starts=base[:-1],
+        lengths=np.diff(base),
+        padding=padding,
+        tokens={name: _with_padding(values[name]) for name in spec.token_categorical},
+        numeric=numeric,
+        static_categorical={name: _plain(table, name, where).astype(np.int64) for name in spec.static_categorical},
+        static_numeric=_stack(table, spec.static_numeric, rows, where),
+        future=future,
+        next_item=_next_item(table) if spec.next_item else np.zeros(rows, dtype=np.int64),
+        act=_stack(table, [f"act_{days}d" for days in spec.horizons_days], rows, where),
+        value=_stack(table, [f"value_{days}d" for days in spec.horizons_days], rows, where),
+    )
+
+
+def _list_values(column: pa.ChunkedArray, name: str, where: str) -> tuple[np.ndarray, np.ndarray]:
+    """(offsets from 0, flat values) of a list column; nulls break the table's contract."""
+    array = column.combine_chunks()
+    if array.null_count:
+        raise UsageError(f"{where}: column {name} has null arrays")
+    offsets = np.asarray(array.offsets, dtype=np.int64)
+    flat = array.values.slice(offsets[0], offsets[-1] - offsets[0])
+    if flat.null_count:
+        raise UsageError(f"{where}: column {name} has null elements")
+    return offsets - offsets[0], flat.to_numpy()
+
+
+def _with_padding(ids: np.ndarray) -> np.ndarray:
+    padded = np.empty(len(ids) + 1, dtype=np.int64)
+    padded[:-1] = ids
+    padded[-1] = 0
+    return padded
+
+
+def _plain(table: pa.Table, name: str, where: str) -> np.ndarray:
+    column = table.column(name)
+    if column.null_count:
+        raise UsageError(f"{where}: column {name} has nulls")
+    return column.to_numpy()
+
+
+def _stack(table: pa.Table, names: list[str] | tuple[str, ...], rows: int, where: str) -> np.ndarray:
+    """(rows, len(names)) float32 from scalar columns."""
+    out = np.zeros((rows, len(names)), dtype=np.float32)
+    for index, name in enumerate(names):
+        out[:, index] = _plain(table, name, where)
+    return out
+
+
+def _next_item(table: pa.Table) -> np.ndarray:
+    # A row with no target token (time cutoff after the user's last event) has next_item null.
+    return pc.fill_null(table.column("next_item"), 0).to_numpy().astype(np.int64)
+
+
+# ---------------------------------------------------------------------------------------------
+# Building one batch: gather/scatter with offset arithmetic
+
+
+def build_batch(columns: _Columns, rows: np.ndarray, spec: FeatureSpec) -> Batch:
+    """The Batch of `rows` (indices into the chunk), histories right-padded to the longest one."""
+    lengths = columns.lengths[rows]
+    positions = np.arange(max(int(lengths.max(initial=0)), 1))
+    mask = positions < lengths[:, None]  # (B, T)
+    # Where each (row, position) reads from in the flat values: the row's start + the position,
+    # or the trailing 0 for padding. One gather per column then builds the padded array.
+    source = np.where(mask, columns.starts[rows][:, None] + positions, columns.padding)  # (B, T)
+    return Batch(
+        tokens={name: torch.from_numpy(np.take(values, source)) for name, values in columns.tokens.items()},
+        numeric=torch.from_numpy(np.take(columns.numeric, source, axis=0)),  # (B, T, F)
+        mask=torch.from_numpy(mask),
+        static_categorical={name: torch.from_numpy(ids[rows]) for name, ids in columns.static_categorical.items()},
+        static_numeric=torch.from_numpy(columns.static_numeric[rows]),
+        future=torch.from_numpy(columns.future[rows]),
+        next_item=torch.from_numpy(columns.next_item[rows]),
+        act=torch.from_numpy(columns.act[rows]),
+        value=torch.from_numpy(columns.value[rows]),
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# The loader
+
+
+@dataclass(frozen=True)
+class _PlannedBatch:
+    chunk: int
+    rows: slice
+    """Rows of the chunk (in its shuffled order)."""
+
+
+class SequenceLoader:
+    """Batches of one split of one sequences version, for one rank of `world_size` (see module doc).
+
+    `chunk_rows` is rounded up to a multiple of `batch_size`. `prefetch` is how many batches are
+    built ahead; `pin_memory` defaults to whether CUDA is available.
+    """
+
+    def __init__(
+        self,
+        snapshot: DeltaSnapshot,
+        spec: FeatureSpec,
+        batch_size: int,
+        *,
+        split: str = "train",
+        shuffle: bool = True,
+        seed: int = 0,
+        drop_last: bool = False,
+        rank: int = 0,
+        world_size: int = 1,
+        num_workers: int | None = None,
+        prefetch: int = 8,
+        chunk_rows: int = 8192,
+        pin_memory: bool | None = None,
+    ):
+        num_workers = default_workers() if num_workers is None else num_workers
+        _check_arguments(batch_size, seed, rank, world_size, num_workers, prefetch, chunk_rows)
+        if snapshot.partition_columns:
+            raise UsageError(f"{snapshot} is partitioned by {', '.join(snapshot.partition_columns)}; the loader reads unpartitioned sequences tables")
+        self.snapshot, self.spec, self.split = snapshot, spec, split
+        self.batch_size, self.shuffle, self.seed, self.drop_last = batch_size, shuffle, seed, drop_last
+        self.rank, self.world_size = rank, world_size
+        self.num_workers, self.prefetch = num_workers, prefetch
+        self.chunk_rows = math.ceil(chunk_rows / batch_size) * batch_size
+        self.pin_memory = torch.cuda.is_available() if pin_memory is None else pin_memory
+        self.columns = _spec_columns(spec)
+        self._paths = [data_file.path for data_file in snapshot.files]
+        self._metadata = [pq.read_metadata(path) for path in self._paths]
+        self._row_groups = _split_row_groups(self._paths, self._metadata, self.columns, split, str(snapshot))
+        self._rows_per_group = np.array([group.rows for group in self._row_groups], dtype=np.int64)
+        self.rows = int(self._rows_per_group.sum())
+        if self.rows == 0:
+            raise UsageError(f"{snapshot} has no rows in split {split!r}")
+        self.epoch = 0
+        self._position = 0
+
+    # --- sizes and position -------------------------------------------------------------------
+
+    @property
+    def rows_per_rank(self) -> int:
+        return self.rows // self.world_size
+
+    def __len__(self) -> int:
+        if self.drop_last:
+            return self.rows_per_rank // self.batch_size
+        return math.ceil(self.rows_per_rank / self.batch_size)
+
+    def set_epoch(self, epoch: int) -> None:
+        if epoch != self.epoch:
+            self.epoch, self._position = epoch, 0
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"epoch": self.epoch, "batches_yielded": self._position, "plan": self._plan_settings()}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        ours, theirs = self._plan_settings(), dict(state["plan"])
+        differences = sorted(key for key in ours.keys() | theirs.keys() if ours.get(key) != theirs.get(key))
+        if differences:
+            raise ValueError(f"the loader state was saved for another plan; differing: {', '.join(differences)}")
+        self.epoch, self._position = int(state["epoch"]), int(state["batches_yielded"])
+
+    def _plan_settings(self) -> dict[str, Any]:
+        # Everything that fixes the batch sequence except the rank: one rank's state fits all,
+        # since every rank is at the same batch.
+        return {
+            "table": self.snapshot.table_path, "version": self.snapshot.version, "split": self.split,
+            "batch_size": self.batch_size, "chunk_rows": self.chunk_rows, "shuffle": self.shuffle,
+            "seed": self.seed, "drop_last": self.drop_last, "world_size": self.world_size,
+        }
+
+    # --- iteration ----------------------------------------------------------------------------
+
+    def __iter__(self) -> Iterator[Batch]:
+        """The rest of the current epoch's batches, from the saved position."""
+        if self._position >= len(self):
+            self.epoch, self._position = self.epoch + 1, 0
+        chunks = self._chunks(self.epoch)
+        planned = self._planned_batches(chunks, self._position)
+        reader = _RowGroupReader(self._paths, self._metadata, self.columns, self.split)
+        batches = self._serial(chunks, planned, reader) if self.num_workers == 0 else self._threaded(chunks, planned, reader)
+        try:
+            for batch in batches:
+                # Advance before handing the batch out: a state_dict taken while it is in use
+                # must not yield it again after a resume.
+                self._position += 1
+                if self._position == len(self):
+                    self.epoch, self._position = self.epoch + 1, 0
+                yield batch
+        finally:
+            batches.close()
+            reader.close()
+
+    def _chunks(self, epoch: int) -> list[_Chunk]:
+        groups = len(self._row_groups)
+        order = np.random.default_rng([self.seed, epoch, 0]).permutation(groups) if self.shuffle else np.arange(groups)
+        return _rank_chunks(self._rows_per_group, order, epoch, self.rank, self.world_size, self.chunk_rows)
+
+    def _planned_batches(self, chunks: list[_Chunk], start: int) -> Iterator[_PlannedBatch]:
+        """Batches `start` … len(self) - 1; chunks hold whole batches, the last one may be short."""
+        per_chunk = self.chunk_rows // self.batch_size
+        for number in range(start, len(self)):
+            chunk, first = divmod(number, per_chunk)
+            first *= self.batch_size
+            yield _PlannedBatch(chunk, slice(first, min(first + self.batch_size, chunks[chunk].rows)))
+
+    def _load_chunk(self, chunk: _Chunk, reader: _RowGroupReader) -> tuple[_Columns, np.ndarray]:
+        """Decoded columns of a chunk and its row order."""
+        parts = [reader.read(s.row_group, self._row_groups[s.row_group]).slice(s.start, s.stop - s.start) for s in chunk.segments]
+        table = pa.concat_tables(parts).combine_chunks()
+        columns = _decode(table, self.spec, str(self.snapshot))
+        order = np.arange(chunk.rows)
+        if self.shuffle:
+            order = np.random.default_rng([self.seed, chunk.epoch, 1, chunk.first_row]).permutation(chunk.rows)
+        return columns, order
+
+    def _finish(self, loaded: tuple[_Columns, np.ndarray], rows: slice) -> Batch:
+        columns, order = loaded
+        batch = build_batch(columns, order[rows], self.spec)
+        return batch.pin_memory() if self.pin_memory else batch
+
+    def _serial(self, chunks: list[_Chunk], planned: Iterator[_PlannedBatch], reader: _RowGroupReader) -> Iterator[Batch]:
+        loaded: tuple[int, tuple[_Columns, np.ndarray]] | None = None
+        for item in planned:
+            if loaded is None or loaded[0] != item.chunk:
+                loaded = (item.chunk, self._load_chunk(chunks[item.chunk], reader))
+            yield self._finish(loaded[1], item.rows)
+
+    def _threaded(self, chunks: list[_Chunk], planned: Iterator[_PlannedBatch], reader: _RowGroupReader) -> Iterator[Batch]:
+        """One reader thread (chunks in order, one ahead), `num_workers` batch builders, results
+        taken in plan order so that timing never changes the sequence."""
+        reading = ThreadPoolExecutor(1, thread_name_prefix="lumos-read")
+        building = ThreadPoolExecutor(self.num_workers, thread_name_prefix="lumos-batch")
+        loads: dict[int, Future] = {}
+        pending: deque[Future] = deque()
+
+        def load(number: int) -> Future:
+            if number not in loads and number < len(chunks):
+                loads[number] = reading.submit(self._load_chunk, chunks[number], reader)
+            return loads.get(number)
+
+        def submit(item: _PlannedBatch) -> None:
+            loaded = load(item.chunk)
+            load(item.chunk + 1)  # read ahead while this chunk's batches are built
+            for old in [number for number in loads if number < item.chunk]:
+                del loads[old]  # queued batches keep their chunk alive; let go of the rest
+            pending.append(building.submit(lambda: self._finish(loaded.result(), item.rows)))
+
+        upcoming = planned
+        try:
+            for item in upcoming:
+                submit(item)
+                if len(pending) >= self.prefetch:
+                    break
+            while pending:
+                batch = pending.popleft().result()
+                following = next(upcoming, None)
+                if following is not None:
+                    submit(following)
+                yield batch
+        finally:
+            for future in pending:
+                future.cancel()
+            building.shutdown(wait=True, cancel_futures=True)
+            reading.shutdown(wait=True, cancel_futures=True)
+
+
+def _spec_columns(spec: FeatureSpec) -> list[str]:
+    """The table columns a FeatureSpec reads."""
+    columns = [*spec.token_categorical, *spec.token_numeric, *spec.static_categorical, *spec.static_numeric]
+    columns += [f"future_{flag}" for flag in spec.future_flags]
+    columns += ["next_item"] if spec.next_item else []
+    for days in spec.horizons_days:
+        columns += [f"act_{days}d", f"value_{days}d"]
+    return columns
+
+
+def _split_row_groups(
+    paths: list[str], metadata: list[pq.FileMetaData], columns: list[str], split: str, where: str
+) -> list[_RowGroup]:
+    """Every row group holding rows of `split`, with their count: from the `split` column's
+    min/max statistics when they settle it, else by reading that one column."""
+    groups = []
+    for file, (path, meta) in enumerate(zip(paths, metadata, strict=True)):
+        names = meta.schema.to_arrow_schema().names
+        missing = [name for name in [*columns, "split"] if name not in names]
+        if missing:
+            raise UsageError(f"{where}: {Path(path).name} lacks column(s) {', '.join(missing)} that the feature spec needs")
+        split_column = names.index("split")
+        parquet_file = None
+        for index in range(meta.num_row_groups):
+            total = meta.row_group(index).num_rows
+            rows = _rows_by_statistics(meta.row_group(index).column(split_column).statistics, split, total)
+            if rows is None:
+                parquet_file = parquet_file or pq.ParquetFile(path, metadata=meta)
+                values = parquet_file.read_row_group(index, columns=["split"]).column("split")
+                rows = int(pc.sum(pc.equal(values, split)).as_py() or 0)
+            if rows:
+                groups.append(_RowGroup(file, index, rows, filtered=rows < total))
+        if parquet_file is not None:
+            parquet_file.close()
+    return groups
+
+
+def _rows_by_statistics(statistics, split: str, total: int) -> int | None:
+    if statistics is None or not statistics.has_min_max or not statistics.has_null_count or statistics.null_count:
+        return None
+    if statistics.min == statistics.max == split:
+        return total
+    if split < statistics.min or split > statistics.max:
+        return 0
+    return None
+
+
+def _check_arguments(batch_size: int, seed: int, rank: int, world_size: int, num_workers: int, prefetch: int, chunk_rows: int) -> None:
+    problems = []
+    if batch_size < 1:
+        problems.append(f"batch_size must be at least 1, got {batch_size}")
+    if seed < 0:
+        problems.append(f"seed must be non-negative, got {seed}")
+    if world_size < 1 or not 0 <= rank < world_size:
+        problems.append(f"rank must be in 0 … world_size - 1, got rank {rank} of {world_size}")
+    if num_workers < 0 or prefetch < 1 or chunk_rows < 1:
+        problems.append("num_workers must be ≥ 0, prefetch and chunk_rows ≥ 1")
+    if problems:
+        raise ValueError("; ".join(problems))
+
+
+def default_workers() -> int:
+    """Batch-building threads: the CPUs this process may use, at most 4 (beyond that the single
+    reader thread is the limit)."""
+    return max(1, min(4, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1))

@@ -1,0 +1,233 @@
+"""The ingest recipe (`ingest.toml`): how raw events become versioned training sequences.
+
+A recipe is data: column mapping, cleaning rules, vocabularies, tokenization, splits and targets.
+Relative paths in it are read relative to the recipe file.
+"""
+
+from __future__ import annotations
+
+import datetime
+import re
+from dataclasses import dataclass, field
+from typing import Literal
+
+from lumos.core.config import require_valid
+
+NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_]*$")
+
+
+@dataclass(frozen=True)
+class SourceSpec:
+    path: str
+    """Events: a file or folder (relative to the recipe), or a Lumos table as dataset.table[@version]."""
+    format: Literal["auto", "parquet", "csv", "json", "delta"] = "auto"
+    """auto picks by file suffix; a folder of parquet parts or a _delta_log is detected too."""
+
+
+@dataclass(frozen=True)
+class ColumnMap:
+    user_id: str
+    """Source column holding the user id (read as a string)."""
+    timestamp: str
+    """Source column holding the event time: a timestamp, or a string Spark can parse, in UTC."""
+    event_type: str
+    """Source column holding the event type."""
+    item_id: str | None = None
+    """Source column holding the item id, if events have items."""
+    value: str | None = None
+    """Source column holding a numeric event value (spend, watch time), if any."""
+    categorical: tuple[str, ...] = ()
+    """Extra categorical columns; each gets a vocabulary and a token feature."""
+    numeric: tuple[str, ...] = ()
+    """Extra numeric columns; each becomes a token feature as given."""
+
+
+@dataclass(frozen=True)
+class UsersSpec:
+    path: str
+    """Static user attributes: file or folder (relative to the recipe) or dataset.table[@version]."""
+    user_id: str = "user_id"
+    """Column holding the user id."""
+    categorical: tuple[str, ...] = ()
+    """Categorical attributes; each gets a vocabulary (feature name user_<column>)."""
+    numeric: tuple[str, ...] = ()
+    """Numeric attributes, joined as given (missing values become 0)."""
+    format: Literal["auto", "parquet", "csv", "json", "delta"] = "auto"
+    """As for the event source."""
+
+
+@dataclass(frozen=True)
+class CalendarSpec:
+    path: str
+    """Known future events, one row per date: file (relative to the recipe) or dataset.table[@version]."""
+    date: str = "date"
+    """Column holding the date."""
+    flags: tuple[str, ...] = ()
+    """0/1 columns (holiday, sale, …) given to each prediction slot as known-future context."""
+    format: Literal["auto", "parquet", "csv", "json", "delta"] = "auto"
+    """As for the event source."""
+
+
+@dataclass(frozen=True)
+class CleaningSpec:
+    event_types: tuple[str, ...]
+    """Allowed event types, in funnel order; the order also breaks timestamp ties. Others are rejected."""
+    non_negative: tuple[str, ...] = ()
+    """Recipe column roles or names (value, or an extra numeric column) that must not be negative."""
+    min_timestamp: datetime.datetime | None = None
+    """Events before this instant (UTC) are rejected."""
+    max_timestamp: datetime.datetime | None = None
+    """Events at or after this instant (UTC) are rejected."""
+    reject_duplicates: bool = True
+    """Exact duplicate rows (all mapped columns equal) beyond the first are rejected."""
+    max_reject_fraction: float = 0.05
+    """Fail the ingest, writing nothing, when more than this fraction of rows is rejected."""
+
+    def __post_init__(self) -> None:
+        # Event times are compared in UTC; an offset in the recipe is honoured, then dropped.
+        for name in ("min_timestamp", "max_timestamp"):
+            moment = getattr(self, name)
+            if moment is not None and moment.tzinfo is not None:
+                object.__setattr__(self, name, moment.astimezone(datetime.UTC).replace(tzinfo=None))
+        problems = []
+        if not self.event_types:
+            problems.append(("event_types", "list at least one allowed event type"))
+        if len(set(self.event_types)) != len(self.event_types):
+            problems.append(("event_types", "lists an event type twice"))
+        if not 0.0 <= self.max_reject_fraction <= 1.0:
+            problems.append(("max_reject_fraction", "must be between 0 and 1"))
+        if self.min_timestamp and self.max_timestamp and self.min_timestamp >= self.max_timestamp:
+            problems.append(("max_timestamp", "must be after min_timestamp"))
+        require_valid(problems)
+
+
+@dataclass(frozen=True)
+class VocabSpec:
+    min_count: int = 1
+    """Tokens seen fewer times than this map to the out-of-vocabulary id."""
+
+    def __post_init__(self) -> None:
+        require_valid([("min_count", "must be at least 1")] if self.min_count < 1 else [])
+
+
+@dataclass(frozen=True)
+class TokenSpec:
+    unit: Literal["event", "day"] = "event"
+    """event: one token per event. day: one token per user and day of activity (its last event's
+    features, with the day's event count and value sum)."""
+    max_len: int = 200
+    """Histories keep their most recent max_len tokens."""
+
+    def __post_init__(self) -> None:
+        require_valid([("max_len", "must be at least 1")] if self.max_len < 1 else [])
+
+
+@dataclass(frozen=True)
+class Cutoff:
+    split: str
+    """Split name written to the row (train, valid, test, …); several cutoffs may share one."""
+    as_of: datetime.date
+    """History is every token before this date (00:00 UTC); targets look forward from it."""
+
+
+@dataclass(frozen=True)
+class SplitSpec:
+    mode: Literal["leave_last_out", "time"] = "leave_last_out"
+    """leave_last_out: per user, test predicts the last token, valid the one before, train the one
+    before that. time: one row per user and cutoff, history before the cutoff date."""
+    cutoffs: tuple[Cutoff, ...] = ()
+    """For mode = time: the cutoffs, e.g. [{ split = "train", as_of = 2026-08-01 }, …]."""
+    min_history: int = 1
+    """Rows whose history has fewer tokens than this are not written."""
+
+    def __post_init__(self) -> None:
+        problems = []
+        if self.mode == "time" and not self.cutoffs:
+            problems.append(("cutoffs", "mode = 'time' needs at least one cutoff"))
+        if self.mode == "leave_last_out" and self.cutoffs:
+            problems.append(("cutoffs", "only used with mode = 'time'; remove them or set mode = 'time'"))
+        if len({(c.split, c.as_of) for c in self.cutoffs}) != len(self.cutoffs):
+            problems.append(("cutoffs", "lists the same split and date twice"))
+        if any(not NAME.match(c.split) for c in self.cutoffs):
+            problems.append(("cutoffs", "split names must be letters, digits and _"))
+        if self.min_history < 0:
+            problems.append(("min_history", "must be 0 or more"))
+        require_valid(problems)
+
+
+@dataclass(frozen=True)
+class TargetSpec:
+    next_item: bool = True
+    """Write next_item: the item of the first token at or after the cut (needs columns.item_id)."""
+    horizons_days: tuple[int, ...] = (7,)
+    """For each K: act_<K>d (any act event in the K days from the cut) and value_<K>d (their value sum)."""
+    act_event_types: tuple[str, ...] = ()
+    """Event types that count as acting (e.g. purchase); empty means every event."""
+
+    def __post_init__(self) -> None:
+        problems = []
+        if any(days < 1 for days in self.horizons_days):
+            problems.append(("horizons_days", "every horizon must be at least 1 day"))
+        if len(set(self.horizons_days)) != len(self.horizons_days):
+            problems.append(("horizons_days", "lists a horizon twice"))
+        require_valid(problems)
+
+
+@dataclass(frozen=True)
+class IngestRecipe:
+    """A whole ingest recipe. Tables written: <dataset>.sequences, <dataset>.vocab, <dataset>.rejects."""
+
+    dataset: str
+    """Name of the dataset: the prefix of the tables this recipe writes."""
+    source: SourceSpec
+    """Where the events come from."""
+    columns: ColumnMap
+    """Which source columns play which role."""
+    cleaning: CleaningSpec
+    """What makes a row valid; invalid rows go to <dataset>.rejects with a reason."""
+    users: UsersSpec | None = None
+    """Optional static user attributes."""
+    calendar: CalendarSpec | None = None
+    """Optional calendar of known future events."""
+    vocab: VocabSpec = field(default_factory=VocabSpec)
+    """Vocabularies of categorical features: 0 is padding, 1 is out-of-vocabulary."""
+    tokens: TokenSpec = field(default_factory=TokenSpec)
+    """How events become tokens."""
+    splits: SplitSpec = field(default_factory=SplitSpec)
+    """Which rows are written per user."""
+    targets: TargetSpec = field(default_factory=TargetSpec)
+    """What each row asks the model to predict."""
+
+    def __post_init__(self) -> None:
+        problems = []
+        if not NAME.match(self.dataset):
+            problems.append(("dataset", "must start with a letter and hold only letters, digits and _"))
+        if self.targets.next_item and self.columns.item_id is None:
+            problems.append(("targets.next_item", "needs columns.item_id"))
+        unknown_acts = sorted(set(self.targets.act_event_types) - set(self.cleaning.event_types))
+        if unknown_acts:
+            problems.append(("targets.act_event_types", f"not in cleaning.event_types: {', '.join(unknown_acts)}"))
+        numeric_roles = {"value"} | set(self.columns.numeric)
+        unknown_checks = sorted(set(self.cleaning.non_negative) - numeric_roles)
+        if unknown_checks:
+            problems.append(("cleaning.non_negative", f"not a numeric column of the recipe: {', '.join(unknown_checks)}"))
+        if "value" in self.cleaning.non_negative and self.columns.value is None:
+            problems.append(("cleaning.non_negative", "names value, but columns.value is not set"))
+        features = [*self.columns.categorical, *self.columns.numeric]
+        # Extra columns name output features (cat_<name>, num_<name>, user_<name>, future_<flag>).
+        extra_names = [
+            ("columns", features),
+            ("users", [*self.users.categorical, *self.users.numeric] if self.users else []),
+            ("calendar.flags", list(self.calendar.flags) if self.calendar else []),
+        ]
+        for key, names in extra_names:
+            bad = [name for name in names if not NAME.match(name)]
+            if bad:
+                problems.append((key, f"feature columns must be letters, digits and _ (rename: {', '.join(bad)})"))
+            if len(set(names)) != len(names):
+                problems.append((key, "lists a column twice"))
+        if self.users and "id" in [*self.users.categorical, *self.users.numeric]:
+            problems.append(("users", "an attribute named 'id' would clash with user_id; rename it"))
+        if self.calendar and "date" in self.calendar.flags:
+            problems.append(("calendar.flags", "a flag named 'date' would clash with the date column; rename it"))
+        require_valid(problems)

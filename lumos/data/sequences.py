@@ -1,0 +1,475 @@
+"""Recipe → training data: the vocabulary table and the sequences table, as pure DataFrame transforms.
+
+Both functions take validated, renamed frames (see `build_sequences`) and return DataFrames; the
+caller writes them. Per-user data never leaves the executors: everything is joins, aggregations,
+windows and higher-order array functions. Per-user arrays hold only the tokens some row reads
+(at most max_len + 3 for leave_last_out, max_len + 1 per cutoff for time splits), so one very
+active user does not make a huge array.
+
+Semantics (the contract the training loader and the model rely on):
+
+- **Vocabulary ids.** 0 is padding and 1 is out-of-vocabulary (OOV); neither is a row of the vocab
+  table. Tokens seen at least `vocab.min_count` times get ids 2, 3, … by descending count, then
+  ascending token. Event features (`item`, `event_type`, `cat_<name>`) are counted over all valid
+  events (not over day tokens, not per split); `user_<name>` over the rows of the users table.
+  Null, rare and unknown tokens all map to 1.
+- **Token order.** A user's events are sorted by `ts`, then the event type's position in
+  `cleaning.event_types` (funnel order: a view before a purchase at the same instant), then
+  `item_id`, `value`, the extra categorical columns and the extra numeric columns in recipe order,
+  each ascending with nulls first. Events equal on all of these are identical tokens, so the
+  result does not depend on which of them comes first.
+- **Day tokens** (`tokens.unit = "day"`): one token per user and UTC date, carrying the day's last
+  event (in the order above): its categorical and numeric features and its `ts`. `value` is the
+  day's value sum and `count` its number of events.
+- **Time features** are in UTC whatever the session's time zone: `hour` 0–23, `weekday` 0 = Monday
+  … 6 = Sunday, `gap_bucket` = 0 for a user's first token, else min(15, 1 + floor(log2(1 + whole
+  minutes since the previous token))), computed over the full token sequence before any cut or
+  truncation, and `age_days` = days from the token to `as_of`.
+- **Cuts.** A row is (user, split, as_of) with a cut position c: its history is tokens[0:c], keeping
+  the most recent `tokens.max_len` (oldest first), and its target token is tokens[c]. Rows whose
+  history before truncation has fewer than `splits.min_history` tokens are not written.
+  leave_last_out: with n tokens, test cuts at n-1, valid at n-2, train at n-3, and `as_of` is the
+  target token's `ts`. time: per cutoff, `as_of` is the cutoff date at 00:00 UTC and c is the
+  number of tokens before it.
+- **Targets.** `next_item` is the item id of the target token (null when there is none; OOV when
+  its item is null). `act_<K>d` is 1 when a raw event of an act type (any type when
+  `targets.act_event_types` is empty) has as_of ≤ ts < as_of + K days; `value_<K>d` sums those
+  events' values (nulls count as 0). The window starts at the target token: with event tokens, a
+  history event that shares the target's timestamp (an earlier token in the tie order) is not
+  counted, so no event is both history and target. With day tokens and leave_last_out, as_of is
+  the target day's last event, so that day's earlier events are in neither. Sums of doubles are
+  taken in a fixed order, so reruns give identical bits.
+- **Known future.** `future_<flag>[d]` is the calendar flag on date(as_of) + d days, for d in
+  0 … max(horizons_days) - 1 (one slot when there are no horizons); dates missing from the
+  calendar read 0.
+- **Static features.** `user_<name>`: vocab id (OOV for a user missing from the users table) or
+  float (0.0 when missing).
+"""
+
+from __future__ import annotations
+
+import datetime
+import operator
+from functools import reduce
+
+from pyspark.sql import Column, DataFrame, Window
+from pyspark.sql import functions as F
+
+from lumos.data.recipe import IngestRecipe
+
+PADDING_ID = 0
+OOV_ID = 1
+FIRST_TOKEN_ID = 2
+MAX_GAP_BUCKET = 15
+
+MICROS_PER_MINUTE = 60 * 1_000_000
+MICROS_PER_HOUR = 60 * MICROS_PER_MINUTE
+MICROS_PER_DAY = 24 * MICROS_PER_HOUR
+EPOCH = datetime.date(1970, 1, 1)
+EPOCH_WEEKDAY = EPOCH.weekday()  # 1970-01-01 was a Thursday (3, counting Monday as 0)
+
+# Leave-last-out split names, indexed by how many tokens before the last one the target is.
+LEAVE_LAST_OUT_SPLITS = ("test", "valid", "train")
+
+
+# ---------------------------------------------------------------------------------------------
+# Vocabulary
+
+
+def build_vocab(events: DataFrame, users: DataFrame | None, recipe: IngestRecipe) -> DataFrame:
+    """One row per kept token: `feature` string, `token` string, `id` int (2, 3, …), `count` long."""
+    entries = _feature_tokens(events, _event_vocab_features(recipe))
+    user_features = _user_vocab_features(recipe)
+    if user_features:
+        entries = entries.unionByName(_feature_tokens(_require(users, "users"), user_features))
+    # Event features are counted over all valid events, user features over users rows.
+    counts = (
+        entries.where(F.col("token").isNotNull())
+        .groupBy("feature", "token")
+        .agg(F.count(F.lit(1)).alias("count"))
+        .where(F.col("count") >= recipe.vocab.min_count)
+    )
+    by_frequency = Window.partitionBy("feature").orderBy(F.col("count").desc(), F.col("token").asc())
+    token_id = (F.row_number().over(by_frequency) + (FIRST_TOKEN_ID - 1)).cast("int")
+    return counts.select("feature", "token", token_id.alias("id"), "count")
+
+
+def _event_vocab_features(recipe: IngestRecipe) -> list[tuple[str, str]]:
+    """(feature, events column) for every vocabulary counted over events."""
+    features = [("item", "item_id")] if recipe.columns.item_id else []
+    features.append(("event_type", "event_type"))
+    features += [(f"cat_{name}", f"cat_{name}") for name in recipe.columns.categorical]
+    return features
+
+
+def _user_vocab_features(recipe: IngestRecipe) -> list[tuple[str, str]]:
+    if recipe.users is None:
+        return []
+    return [(f"user_{name}", f"user_{name}") for name in recipe.users.categorical]
+
+
+def _feature_tokens(frame: DataFrame, features: list[tuple[str, str]]) -> DataFrame:
+    """(feature, token) pairs of every row, read in one pass over `frame`."""
+    pairs = [F.struct(F.lit(feature).alias("feature"), F.col(column).alias("token")) for feature, column in features]
+    return frame.select(F.inline(F.array(*pairs)))
+
+
+def _require(frame: DataFrame | None, name: str) -> DataFrame:
+    if frame is None:
+        raise ValueError(f"the recipe names a {name} source, but no {name} frame was given")
+    return frame
+
+
+# ---------------------------------------------------------------------------------------------
+# Sequences
+
+
+def build_sequences(
+    events: DataFrame,
+    vocab: DataFrame,
+    users: DataFrame | None,
+    calendar: DataFrame | None,
+    recipe: IngestRecipe,
+) -> DataFrame:
+    """One row per (user, split, as_of): history arrays, static features, targets, future context.
+
+    `events`: user_id, ts (timestamp), event_type, and where the recipe maps them item_id, value
+    (double), cat_<name> (string), num_<name> (double). `users` (when recipe.users): user_id,
+    user_<name>. `calendar` (when recipe.calendar): date, and one 0/1 column per flag. `vocab` is
+    what `build_vocab` returned (or that table read back).
+    """
+    tokens = _tokens(events, recipe)
+    rows = _cut_rows(tokens, recipe)
+    if recipe.targets.horizons_days:
+        rows = _with_act_targets(rows, _act_events(events, tokens, recipe), recipe)
+    rows = _with_history(rows, _user_tokens(tokens, vocab, recipe), recipe)
+    if recipe.users is not None:
+        rows = _with_static_features(rows, _require(users, "users"), vocab, recipe)
+    if recipe.calendar is not None and recipe.calendar.flags:
+        rows = _with_future_context(rows, _require(calendar, "calendar"), recipe)
+    return rows.select(*_output_columns(recipe))
+
+
+def _output_columns(recipe: IngestRecipe) -> list[str]:
+    """The sequences table's columns, in their fixed order."""
+    columns = ["user_id", "split", "as_of", "length", *_history_features(recipe), "age_days"]
+    if recipe.users is not None:
+        columns += [f"user_{name}" for name in (*recipe.users.categorical, *recipe.users.numeric)]
+    if recipe.targets.next_item:
+        columns.append("next_item")
+    for days in recipe.targets.horizons_days:
+        columns += [f"act_{days}d", f"value_{days}d"]
+    if recipe.calendar is not None:
+        columns += [f"future_{flag}" for flag in recipe.calendar.flags]
+    return columns
+
+
+def _history_features(recipe: IngestRecipe) -> list[str]:
+    """Per-token features, in the order they are written (age_days comes after, from as_of)."""
+    features = [feature for feature, _ in _event_vocab_features(recipe)]
+    if recipe.columns.value:
+        features.append("value")
+    features += [f"num_{name}" for name in recipe.columns.numeric]
+    if recipe.tokens.unit == "day":
+        features.append("count")
+    return features + ["hour", "weekday", "gap_bucket"]
+
+
+# ---------------------------------------------------------------------------------------------
+# Tokens: one row per token, with its place in the user's full sequence
+
+
+def _tokens(events: DataFrame, recipe: IngestRecipe) -> DataFrame:
+    """Events (or day tokens) with, per user, `position` (0-based), `gap_bucket`, `token_count`
+    and for time splits `tokens_before_<i>`: how many tokens precede cutoff i."""
+    tokens = events.withColumn("funnel_rank", _funnel_rank(recipe))
+    if recipe.tokens.unit == "day":
+        tokens = _day_tokens(tokens, recipe)
+    in_order = Window.partitionBy("user_id").orderBy(*[F.col(name).asc_nulls_first() for name in _token_order(recipe)])
+    whole_user = Window.partitionBy("user_id")
+    # Tokens are in ts order, so the tokens before a cutoff are a prefix: their count is the cut.
+    cuts = {
+        f"tokens_before_{index}": F.count_if(F.col("ts") < _utc_midnight(cutoff.as_of)).over(whole_user).cast("int")
+        for index, cutoff in enumerate(recipe.splits.cutoffs)
+    }
+    return (
+        tokens.withColumn("position", F.row_number().over(in_order) - 1)
+        .withColumn("previous_ts", F.lag("ts").over(in_order))  # a column, so the window runs once
+        .withColumn("gap_bucket", _gap_bucket(F.col("previous_ts"), F.col("ts")))
+        .withColumn("token_count", F.count(F.lit(1)).over(whole_user).cast("int"))
+        .withColumns(cuts)
+        .drop("previous_ts")
+    )
+
+
+def _token_order(recipe: IngestRecipe) -> list[str]:
+    """The columns that order a user's events, most significant first (the stated tie-break)."""
+    order = ["ts", "funnel_rank"]
+    order += ["item_id"] if recipe.columns.item_id else []
+    order += ["value"] if recipe.columns.value else []
+    order += [f"cat_{name}" for name in recipe.columns.categorical]
+    order += [f"num_{name}" for name in recipe.columns.numeric]
+    return order
+
+
+def _funnel_rank(recipe: IngestRecipe) -> Column:
+    ranks = F.create_map(
+        *[F.lit(part) for rank, name in enumerate(recipe.cleaning.event_types) for part in (name, rank)]
+    )
+    return ranks[F.col("event_type")]
+
+
+def _day_tokens(events: DataFrame, recipe: IngestRecipe) -> DataFrame:
+    """One token per user and UTC day: the day's last event, its event count and its value sum."""
+    # Structs compare field by field with nulls first, like the window's order, so the max struct
+    # is the day's last event in token order.
+    fields = [*_token_order(recipe), "event_type"]
+    aggregates = [F.max(F.struct(*fields)).alias("last"), F.count(F.lit(1)).cast("int").alias("count")]
+    if recipe.columns.value:
+        aggregates.append(_ordered_sum(F.array_sort(F.collect_list("value"))).alias("day_value"))
+    days = events.groupBy("user_id", _utc_day(F.col("ts")).alias("day")).agg(*aggregates)
+    last_event = [F.col(f"last.{name}").alias(name) for name in fields if name != "value"]
+    day_value = [F.col("day_value").alias("value")] if recipe.columns.value else []
+    return days.select("user_id", *last_event, *day_value, "count")
+
+
+def _gap_bucket(previous_ts: Column, ts: Column) -> Column:
+    """0 for a user's first token, else min(15, 1 + floor(log2(1 + whole minutes since the previous)))."""
+    minutes = F.floor((F.unix_micros(ts) - F.unix_micros(previous_ts)) / MICROS_PER_MINUTE)
+    # floor(log2(x)) counts the powers 2^k (k ≥ 1) that are ≤ x; integer comparisons avoid a
+    # floating log2 landing just below a power of two.
+    doublings = sum(((minutes + 1) >= 2**k).cast("int") for k in range(1, MAX_GAP_BUCKET))
+    return F.when(previous_ts.isNull(), F.lit(0)).otherwise(F.lit(1) + doublings)
+
+
+# ---------------------------------------------------------------------------------------------
+# Cuts: (user_id, split, as_of, cut_position), one per sequences row
+
+
+def _cut_rows(tokens: DataFrame, recipe: IngestRecipe) -> DataFrame:
+    if recipe.splits.mode == "leave_last_out":
+        cuts = _leave_last_out_cuts(tokens)
+    else:
+        cuts = _time_cuts(tokens, recipe)
+    # The history before truncation is exactly the cut_position tokens before the cut.
+    return cuts.where(F.col("cut_position") >= recipe.splits.min_history)
+
+
+def _leave_last_out_cuts(tokens: DataFrame) -> DataFrame:
+    """Each of a user's last three tokens is a target: test the last, valid and train before it."""
+    back = F.col("token_count") - 1 - F.col("position")
+    split = F.array(*[F.lit(name) for name in LEAVE_LAST_OUT_SPLITS])[back]
+    return tokens.where(back < len(LEAVE_LAST_OUT_SPLITS)).select(
+        "user_id",
+        split.alias("split"),
+        F.col("ts").alias("as_of"),  # the act window starts at the target token, inclusive
+        F.col("position").alias("cut_position"),
+    )
+
+
+def _time_cuts(tokens: DataFrame, recipe: IngestRecipe) -> DataFrame:
+    """One cut per user and cutoff, at the number of the user's tokens before the cutoff."""
+    cuts = [
+        F.struct(
+            F.lit(cutoff.split).alias("split"),
+            _utc_midnight(cutoff.as_of).alias("as_of"),
+            F.col(f"tokens_before_{index}").alias("cut_position"),
+        )
+        for index, cutoff in enumerate(recipe.splits.cutoffs)
+    ]
+    first_tokens = tokens.where(F.col("position") == 0)  # one per user, carrying the user's counts
+    return first_tokens.select("user_id", F.inline(F.array(*cuts)))
+
+
+# ---------------------------------------------------------------------------------------------
+# Row parts: each takes the cut rows and adds columns
+
+
+def _act_events(events: DataFrame, tokens: DataFrame, recipe: IngestRecipe) -> DataFrame:
+    """(act_user_id, act_micros, act_position, act_value): the raw events that count as acting.
+
+    Event tokens are the raw events, and their position keeps a history event that shares the
+    target's timestamp out of the act window. A day token's history ends the day before its
+    target, so raw events (position null) need no such guard.
+    """
+    source = tokens if recipe.tokens.unit == "event" else events.withColumn("position", F.lit(None).cast("int"))
+    act_types = recipe.targets.act_event_types
+    acts = source.where(F.col("event_type").isin(list(act_types))) if act_types else source
+    value = F.col("value") if recipe.columns.value else F.lit(None).cast("double")
+    return acts.select(
+        F.col("user_id").alias("act_user_id"),
+        F.unix_micros("ts").alias("act_micros"),
+        F.col("position").alias("act_position"),
+        value.alias("act_value"),
+    )
+
+
+def _with_act_targets(rows: DataFrame, act_events: DataFrame, recipe: IngestRecipe) -> DataFrame:
+    """Add act_<K>d and value_<K>d per horizon K: act events in [as_of, as_of + K days)."""
+    horizons = recipe.targets.horizons_days
+    as_of = F.unix_micros("as_of")
+    in_window = (
+        (F.col("user_id") == F.col("act_user_id"))
+        & (F.col("act_micros") >= as_of)
+        & (F.col("act_micros") < as_of + max(horizons) * MICROS_PER_DAY)
+        & F.coalesce(F.col("act_position") >= F.col("cut_position"), F.lit(True))
+    )
+    joined = rows.join(act_events, in_window, "left")
+    matched = F.when(F.col("act_micros").isNotNull(), F.struct("act_micros", "act_value"))
+    # Sorted by (time, value), so the value sums below add in a fixed order.
+    grouped = joined.groupBy(*rows.columns).agg(F.array_sort(F.collect_list(matched)).alias("acts"))
+    targets = [column for days in horizons for column in _horizon_targets(days, as_of)]
+    return grouped.select(*rows.columns, *targets)
+
+
+def _horizon_targets(days: int, as_of_micros: Column) -> list[Column]:
+    """act_<days>d and value_<days>d from the row's sorted `acts` array."""
+    end = as_of_micros + days * MICROS_PER_DAY
+    within = F.filter("acts", lambda act: act["act_micros"] < end)
+    return [
+        (F.size(within) > 0).cast("int").alias(f"act_{days}d"),
+        _ordered_sum(F.transform(within, _field("act_value"))).alias(f"value_{days}d"),
+    ]
+
+
+def _with_history(rows: DataFrame, user_tokens: DataFrame, recipe: IngestRecipe) -> DataFrame:
+    """Add `length`, one array per history feature, `age_days`, and `next_item`."""
+    max_len = recipe.tokens.max_len
+    cut = F.col("cut_position")
+    joined = rows.join(user_tokens, F.col("user_id") == F.col("token_user_id"))
+    # The arrays are sorted by position, so both filters keep token order: oldest first.
+    history = F.filter("tokens", lambda token: (token["position"] >= cut - max_len) & (token["position"] < cut))
+    target = F.filter("tokens", lambda token: token["position"] == cut)
+    with_history = joined.select(*rows.columns, history.alias("history"), target.alias("target"))
+
+    as_of_micros = F.unix_micros("as_of")
+    arrays = [F.transform("history", _field(name)).alias(name) for name in _history_features(recipe)]
+    age_days = F.transform(
+        "history", lambda token: ((as_of_micros - token["ts_micros"]) / MICROS_PER_DAY).cast("float")
+    )
+    # No target token (a time cutoff after the user's last token) leaves next_item null.
+    next_item = [F.try_element_at("target", F.lit(1))["item"].alias("next_item")] if recipe.targets.next_item else []
+    return with_history.select(
+        *rows.columns, F.size("history").alias("length"), *arrays, age_days.alias("age_days"), *next_item
+    )
+
+
+def _user_tokens(tokens: DataFrame, vocab: DataFrame, recipe: IngestRecipe) -> DataFrame:
+    """(token_user_id, tokens): per user, the sorted token structs that some row reads, ids mapped.
+
+    Only tokens within reach of a cut are kept (the target and the max_len before it), so a
+    user's array is bounded by the recipe, however long their history: max_len + 3 tokens for
+    leave_last_out, (max_len + 1) per cutoff for time splits.
+    """
+    reachable = tokens.where(_within_reach(recipe))
+    for feature, column in _event_vocab_features(recipe):
+        reachable = _with_vocab_ids(reachable, column, vocab, feature)
+    micros = F.unix_micros("ts")
+    fields = {"position": F.col("position"), "ts_micros": micros}  # position first: it sorts the array
+    fields |= {feature: F.col(feature) for feature, _ in _event_vocab_features(recipe)}
+    if recipe.columns.value:
+        fields["value"] = F.coalesce(F.col("value"), F.lit(0.0)).cast("float")
+    for name in recipe.columns.numeric:
+        fields[f"num_{name}"] = F.coalesce(F.col(f"num_{name}"), F.lit(0.0)).cast("float")
+    if recipe.tokens.unit == "day":
+        fields["count"] = F.col("count")
+    fields["hour"] = F.floor(F.pmod(micros, F.lit(MICROS_PER_DAY)) / MICROS_PER_HOUR).cast("int")
+    fields["weekday"] = F.pmod(_utc_day(F.col("ts")) + EPOCH_WEEKDAY, F.lit(7)).cast("int")
+    fields["gap_bucket"] = F.col("gap_bucket").cast("int")
+    token = F.struct(*[column.alias(name) for name, column in fields.items()])
+    return reachable.groupBy(F.col("user_id").alias("token_user_id")).agg(
+        F.array_sort(F.collect_list(token)).alias("tokens")
+    )
+
+
+def _within_reach(recipe: IngestRecipe) -> Column:
+    """True for a token that is some row's target or within max_len before it (gap buckets are
+    already computed over the full sequence, so dropping the rest changes nothing)."""
+    position, max_len = F.col("position"), recipe.tokens.max_len
+    if recipe.splits.mode == "leave_last_out":
+        return position >= F.col("token_count") - len(LEAVE_LAST_OUT_SPLITS) - max_len
+    cuts = [F.col(f"tokens_before_{index}") for index in range(len(recipe.splits.cutoffs))]
+    return reduce(operator.or_, [(position >= cut - max_len) & (position <= cut) for cut in cuts])
+
+
+def _with_vocab_ids(frame: DataFrame, column: str, vocab: DataFrame, feature: str) -> DataFrame:
+    """Set `feature` (which may be `column` itself) to the vocab id of string `column`; null, rare
+    and unknown tokens get OOV."""
+    ids = vocab.where(F.col("feature") == feature).select(
+        F.col("token").alias("vocab_token"), F.col("id").alias("vocab_id")
+    )
+    joined = frame.join(ids, F.col(column) == F.col("vocab_token"), "left")
+    return joined.withColumn(feature, F.coalesce(F.col("vocab_id"), F.lit(OOV_ID))).drop("vocab_token", "vocab_id")
+
+
+def _with_static_features(rows: DataFrame, users: DataFrame, vocab: DataFrame, recipe: IngestRecipe) -> DataFrame:
+    """Join user_<name> columns: vocab ids (OOV when missing) and floats (0.0 when missing)."""
+    spec = recipe.users
+    categorical = [f"user_{name}" for name in spec.categorical]
+    numeric = [f"user_{name}" for name in spec.numeric]
+    static = users
+    for column in categorical:
+        static = _with_vocab_ids(static, column, vocab, column)
+    static = static.select("user_id", *categorical, *[F.col(column).cast("float").alias(column) for column in numeric])
+    joined = rows.join(static, "user_id", "left")
+    return joined.select(
+        *rows.columns,
+        *[F.coalesce(F.col(column), F.lit(OOV_ID)).alias(column) for column in categorical],
+        *[F.coalesce(F.col(column), F.lit(0.0).cast("float")).alias(column) for column in numeric],
+    )
+
+
+def _with_future_context(rows: DataFrame, calendar: DataFrame, recipe: IngestRecipe) -> DataFrame:
+    """future_<flag>: the flag on date(as_of) + d for each decoder slot d (0 where the date is absent)."""
+    flags = recipe.calendar.flags
+    slots = max(recipe.targets.horizons_days, default=1)
+    # The calendar is small: one row of {epoch day → flag} maps, broadcast to every row.
+    dated = calendar.where(F.col("date").isNotNull())
+    lookup = dated.agg(
+        *[
+            F.map_from_entries(F.collect_list(F.struct(F.unix_date("date"), F.col(flag).cast("int")))).alias(
+                f"calendar_{flag}"
+            )
+            for flag in flags
+        ]
+    )
+    first_day = _utc_day(F.col("as_of")).cast("int")
+    offsets = F.sequence(F.lit(0), F.lit(slots - 1))
+    future = [
+        F.transform(offsets, _flag_on_day(f"calendar_{flag}", first_day)).alias(f"future_{flag}") for flag in flags
+    ]
+    return rows.crossJoin(F.broadcast(lookup)).select(*rows.columns, *future)
+
+
+# ---------------------------------------------------------------------------------------------
+# Small helpers
+
+# Spark reads a lambda's parameter count to choose between (element) and (element, index), so the
+# per-feature lambdas are built by these factories rather than with default arguments.
+
+
+def _field(name: str):
+    return lambda struct: struct[name]
+
+
+def _flag_on_day(calendar_map: str, first_day: Column):
+    return lambda offset: F.coalesce(F.try_element_at(F.col(calendar_map), first_day + offset), F.lit(0))
+
+
+def _utc_day(ts: Column) -> Column:
+    """Days since 1970-01-01 in UTC, from epoch microseconds (independent of the session time zone)."""
+    return F.floor(F.unix_micros(ts) / MICROS_PER_DAY)
+
+
+def _utc_midnight(date: datetime.date) -> Column:
+    """The timestamp of `date` at 00:00 UTC."""
+    return F.timestamp_micros(F.lit((date - EPOCH).days * MICROS_PER_DAY))
+
+
+def _ordered_sum(values: Column) -> Column:
+    """Sum of a double array from first to last element (nulls count as 0); 0.0 when empty.
+
+    Callers sort the array first: a plain SUM adds in shuffle order, and double addition is not
+    associative, so reruns could differ in the last bits.
+    """
+    return F.aggregate(values, F.lit(0.0), lambda total, value: total + F.coalesce(value, F.lit(0.0)))

@@ -1,0 +1,161 @@
+"""Validation: map source columns to canonical ones and give every failing row a reason.
+
+Nothing is dropped silently: a row either becomes a canonical event or a reject with the rule it
+broke, a readable reason and the original row as JSON. Rules are checked in a fixed order and a
+row is rejected for the first one it breaks:
+
+missing_user_id → bad_timestamp → unknown_event_type → bad_number → negative_value →
+timestamp_out_of_range → duplicate (an exact copy, on every mapped column, of an earlier valid row).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from lumos.core.errors import UsageError
+from lumos.data.recipe import IngestRecipe
+
+RULES = (
+    "missing_user_id",
+    "bad_timestamp",
+    "unknown_event_type",
+    "bad_number",
+    "negative_value",
+    "timestamp_out_of_range",
+    "duplicate",
+)
+
+
+@dataclass(frozen=True)
+class EventColumn:
+    source: str
+    """Column name in the source."""
+    canonical: str
+    """Column name in the canonical events frame (see lumos.data.sequences)."""
+    kind: str
+    """string, timestamp or double."""
+
+
+def event_columns(recipe: IngestRecipe) -> list[EventColumn]:
+    """The recipe's column mapping as (source, canonical, kind), in canonical order."""
+    columns = recipe.columns
+    mapped = [
+        EventColumn(columns.user_id, "user_id", "string"),
+        EventColumn(columns.timestamp, "ts", "timestamp"),
+        EventColumn(columns.event_type, "event_type", "string"),
+    ]
+    if columns.item_id:
+        mapped.append(EventColumn(columns.item_id, "item_id", "string"))
+    if columns.value:
+        mapped.append(EventColumn(columns.value, "value", "double"))
+    mapped += [EventColumn(name, f"cat_{name}", "string") for name in columns.categorical]
+    mapped += [EventColumn(name, f"num_{name}", "double") for name in columns.numeric]
+    return mapped
+
+
+def check_columns(frame, wanted: list[str], key: str, location: str) -> None:
+    """Fail with every missing source column named, and what the source does have."""
+    missing = [name for name in wanted if name not in frame.columns]
+    if missing:
+        raise UsageError(
+            f"{location}: no column {', '.join(repr(m) for m in missing)} (named in {key}); "
+            f"the source has: {', '.join(frame.columns)}"
+        )
+
+
+def check_events(raw, recipe: IngestRecipe):
+    """The raw frame with canonical columns plus `_rule`, `_reason` (null when valid) and `_row`."""
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F
+
+    mapped = event_columns(recipe)
+    casted = raw.select(
+        *[_cast(F.col(quote_column(c.source)), c.kind).alias(c.canonical) for c in mapped],
+        *[F.col(quote_column(c.source)).isNotNull().alias(f"_given_{c.canonical}") for c in mapped if c.kind == "double"],
+        F.to_json(F.struct(*[F.col(quote_column(name)) for name in raw.columns])).alias("_row"),
+    )
+    by_role = {c.canonical: c for c in mapped}
+    rules = [
+        ("missing_user_id", F.col("user_id").isNull() | (F.col("user_id") == ""),
+         F.lit(f"user id column {recipe.columns.user_id!r} is null or empty")),
+        ("bad_timestamp", F.col("ts").isNull(),
+         F.lit(f"timestamp column {recipe.columns.timestamp!r} is null or not a parseable time")),
+        ("unknown_event_type", F.col("event_type").isNull() | ~F.col("event_type").isin(*recipe.cleaning.event_types),
+         F.concat(F.lit("event type '"), F.coalesce(F.col("event_type"), F.lit("null")),
+                  F.lit("' is not in cleaning.event_types"))),
+    ]
+    for c in mapped:
+        if c.kind == "double":
+            rules.append(("bad_number", F.col(f"_given_{c.canonical}") & F.col(c.canonical).isNull(),
+                          F.lit(f"column {c.source!r} is not a number")))
+    for role in recipe.cleaning.non_negative:
+        canonical = "value" if role == "value" else f"num_{role}"
+        rules.append(("negative_value", F.col(canonical) < 0,
+                      F.concat(F.lit(f"column {by_role[canonical].source!r} is negative ("),
+                               F.col(canonical).cast("string"), F.lit(")"))))
+    window = _window_condition(recipe)
+    if window is not None:
+        rules.append(("timestamp_out_of_range", window, F.lit(
+            f"timestamp is outside [{recipe.cleaning.min_timestamp or '-inf'}, {recipe.cleaning.max_timestamp or '+inf'})"
+        )))
+    rule = F.lit(None).cast("string")
+    reason = F.lit(None).cast("string")
+    for name, condition, message in reversed(rules):
+        rule = F.when(condition, F.lit(name)).otherwise(rule)
+        reason = F.when(condition, message).otherwise(reason)
+    checked = casted.withColumn("_rule", rule).withColumn("_reason", reason)
+    checked = checked.drop(*[name for name in checked.columns if name.startswith("_given_")])
+    if recipe.cleaning.reject_duplicates:
+        canonical = [c.canonical for c in mapped]
+        copies = Window.partitionBy(*canonical, "_rule").orderBy("_row")
+        is_copy = F.col("_rule").isNull() & (F.row_number().over(copies) > 1)
+        checked = checked.withColumn("_reason", F.when(is_copy, F.lit("exact duplicate of an earlier row"))
+                                     .otherwise(F.col("_reason")))
+        checked = checked.withColumn("_rule", F.when(is_copy, F.lit("duplicate")).otherwise(F.col("_rule")))
+    return checked
+
+
+def valid_events(checked):
+    return checked.where(checked["_rule"].isNull()).drop("_rule", "_reason", "_row")
+
+
+def rejected_rows(checked):
+    return checked.where(checked["_rule"].isNotNull()).select(
+        checked["_rule"].alias("rule"), checked["_reason"].alias("reason"), checked["_row"].alias("row")
+    )
+
+
+def _window_condition(recipe: IngestRecipe):
+    from pyspark.sql import functions as F
+
+    conditions = []
+    if recipe.cleaning.min_timestamp is not None:
+        conditions.append(F.col("ts") < _utc_literal(recipe.cleaning.min_timestamp))
+    if recipe.cleaning.max_timestamp is not None:
+        conditions.append(F.col("ts") >= _utc_literal(recipe.cleaning.max_timestamp))
+    if not conditions:
+        return None
+    combined = conditions[0]
+    for condition in conditions[1:]:
+        combined = combined | condition
+    return combined
+
+
+def _utc_literal(moment):
+    """A timestamp literal read in the session's UTC zone (F.lit of a datetime uses local time)."""
+    from pyspark.sql import functions as F
+
+    return F.lit(moment.isoformat(sep=" ")).cast("timestamp")
+
+
+def _cast(column, kind: str):
+    from pyspark.sql import functions as F
+
+    if kind == "string":
+        return F.trim(column.cast("string"))
+    return column.cast(kind)
+
+
+def quote_column(name: str) -> str:
+    """Backtick-quote a source column name so dots and spaces in it are not parsed as paths."""
+    return "`" + name.replace("`", "``") + "`"
