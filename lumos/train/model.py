@@ -1,0 +1,376 @@
+"""The Lumos model: an encoder over a user's history, a decoder with one query per prediction slot.
+
+Read top-down, smallest piece first: attention → MLP → blocks → config → model. The forward uses
+only simple ops (linear, embedding, layer norm, GELU, softmax attention, masking, matmul) because
+the compiler lowers it to primitives.
+
+Shapes: B rows, T history tokens, S = 1 + T encoder positions (the user token first),
+Q decoder slots, H horizons, V items, C = d_model, n_heads heads of size D.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from lumos.core.config import require_valid
+from lumos.train.features import PADDING_ID, TIME_FEATURES, Batch, FeatureSpec
+
+HEADS = ("retrieval", "binary", "regression")
+FIRST_ITEM_ID = 2  # ids 0 (padding) and 1 (out of vocabulary) are never recommended
+
+
+def signed_log1p(x: Tensor) -> Tensor:
+    """sign(x) * log(1 + |x|): amounts, counts and ages are heavy-tailed, and may be negative (refunds)."""
+    return torch.sign(x) * torch.log1p(torch.abs(x))
+
+
+def signed_expm1(y: Tensor) -> Tensor:
+    """The inverse of `signed_log1p`: turns a regression prediction back into a value."""
+    return torch.sign(y) * torch.expm1(torch.abs(y))
+
+
+class Attention(nn.Module):
+    """Multi-head attention of `x` over `context` (itself for self-attention), no causal mask."""
+
+    def __init__(self, d_model: int, n_heads: int, dropout: float):
+        super().__init__()
+        self.n_heads = n_heads
+        self.dropout = dropout
+        self.query = nn.Linear(d_model, d_model)
+        self.key_value = nn.Linear(d_model, 2 * d_model)
+        self.proj = nn.Linear(d_model, d_model)
+        self.residual_dropout = nn.Dropout(dropout)
+
+    def forward(self, x: Tensor, context: Tensor, key_mask: Tensor | None = None) -> Tensor:
+        B, L, C = x.shape
+        S = context.shape[1]
+        q = self.query(x).view(B, L, self.n_heads, C // self.n_heads).transpose(1, 2)  # (B, nh, L, D)
+        k, v = self.key_value(context).split(C, dim=2)  # (B, S, C) each
+        k = k.view(B, S, self.n_heads, C // self.n_heads).transpose(1, 2)  # (B, nh, S, D)
+        v = v.view(B, S, self.n_heads, C // self.n_heads).transpose(1, 2)  # (B, nh, S, D)
+        # key_mask (B, S), True = real: broadcast over heads and queries, so padding is never a key.
+        attn_mask = None if key_mask is None else key_mask[:, None, None, :]  # (B, 1, 1, S)
+        y = F.scaled_dot_product_attention(
+            q, k, v, attn_mask=attn_mask, dropout_p=self.dropout if self.training else 0.0
+        )  # (B, nh, L, D)
+        y = y.transpose(1, 2).reshape(B, L, C)  # (B, L, C)
+        return self.residual_dropout(self.proj(y))
+
+
+class MLP(nn.Module):
+    def __init__(self, d_model: int, d_ff: int, dropout: float):
+        super().__init__()
+        self.fc = nn.Linear(d_model, d_ff)
+        self.proj = nn.Linear(d_ff, d_model)
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.dropout(self.proj(F.gelu(self.fc(x))))
+
+
+class EncoderBlock(nn.Module):
+    """Pre-LayerNorm: the residual stream stays unnormalized, which keeps deep stacks trainable."""
+
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.ln_1 = nn.LayerNorm(config.d_model)
+        self.attn = Attention(config.d_model, config.n_heads, config.dropout)
+        self.ln_2 = nn.LayerNorm(config.d_model)
+        self.mlp = MLP(config.d_model, config.d_ff, config.dropout)
+
+    def forward(self, x: Tensor, key_mask: Tensor) -> Tensor:
+        h = self.ln_1(x)
+        x = x + self.attn(h, h, key_mask)
+        return x + self.mlp(self.ln_2(x))
+
+
+class DecoderBlock(nn.Module):
+    """Slots attend to each other (a horizon can use what the next-item slot found), then to the history."""
+
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.ln_1 = nn.LayerNorm(config.d_model)
+        self.self_attn = Attention(config.d_model, config.n_heads, config.dropout)
+        self.ln_2 = nn.LayerNorm(config.d_model)
+        self.cross_attn = Attention(config.d_model, config.n_heads, config.dropout)
+        self.ln_3 = nn.LayerNorm(config.d_model)
+        self.mlp = MLP(config.d_model, config.d_ff, config.dropout)
+
+    def forward(self, x: Tensor, memory: Tensor, memory_mask: Tensor) -> Tensor:
+        h = self.ln_1(x)
+        x = x + self.self_attn(h, h)
+        x = x + self.cross_attn(self.ln_2(x), memory, memory_mask)
+        return x + self.mlp(self.ln_3(x))
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    d_model: int = 64
+    """Width of every token, slot and embedding (C); must be divisible by n_heads."""
+    n_heads: int = 4
+    """Attention heads in every attention layer."""
+    encoder_layers: int = 2
+    """Transformer blocks over the history."""
+    decoder_layers: int = 1
+    """Blocks over the prediction slots (self-attention, cross-attention to the history, MLP)."""
+    d_ff: int = 256
+    """Hidden width of every MLP."""
+    dropout: float = 0.1
+    """Dropout on embeddings, attention weights and residual branches; 0 <= dropout < 1."""
+    max_len: int = 200
+    """Size of the positional table: the longest history the model accepts (>= the data's max_len)."""
+    heads: tuple[str, ...] = HEADS
+    """Active heads, each with its loss: retrieval (next item), binary (acts within K days),
+    regression (value within K days)."""
+    retrieval: Literal["full", "sampled"] = "full"
+    """Retrieval loss: softmax over the full item vocabulary, or over the target plus `negatives`
+    items sampled uniformly (for large vocabularies)."""
+    negatives: int = 256
+    """Negatives per batch for the sampled retrieval loss, shared by all rows."""
+
+    def __post_init__(self) -> None:
+        problems = []
+        for name in ("d_model", "n_heads", "encoder_layers", "decoder_layers", "d_ff", "max_len", "negatives"):
+            if getattr(self, name) < 1:
+                problems.append((name, f"must be at least 1, got {getattr(self, name)}"))
+        if self.n_heads >= 1 and self.d_model % self.n_heads:
+            problems.append(("d_model", f"must be divisible by n_heads ({self.n_heads}), got {self.d_model}"))
+        if not 0 <= self.dropout < 1:
+            problems.append(("dropout", f"must be in [0, 1), got {self.dropout}"))
+        unknown = [head for head in self.heads if head not in HEADS]
+        if unknown:
+            problems.append(("heads", f"unknown head(s) {unknown}; choose from {list(HEADS)}"))
+        elif not self.heads:
+            problems.append(("heads", f"needs at least one of {list(HEADS)}"))
+        require_valid(problems)
+
+
+@dataclass
+class ModelOutput:
+    user_embedding: Tensor
+    """(B, C) pooled, normalized user embedding: what downstream tasks and daily inference use."""
+    item_query: Tensor | None
+    """(B, C) the next-item slot's query; item scores = item_query @ item table.T + item bias."""
+    act_logits: Tensor | None
+    """(B, H) logit that the user acts within each horizon."""
+    value_pred: Tensor | None
+    """(B, H) value within each horizon in signed-log1p space; `signed_expm1` turns it back (that is
+    a median-like estimate, not the mean, as is any prediction trained in log space)."""
+
+
+class LumosModel(nn.Module):
+    def __init__(self, config: ModelConfig, features: FeatureSpec):
+        super().__init__()
+        self.config, self.features = config, features
+        n_horizons = len(features.horizons_days)
+        problems = []
+        if features.max_len > config.max_len:
+            problems.append(f"model.max_len ({config.max_len}) is below the data's max_len ({features.max_len})")
+        if "retrieval" in config.heads and not features.next_item:
+            problems.append("the retrieval head needs next_item targets, which the data lacks")
+        for head in ("binary", "regression"):
+            if head in config.heads and not n_horizons:
+                problems.append(f"the {head} head needs horizons_days, which the data lacks")
+        if problems:
+            raise ValueError("; ".join(problems) + "; set model.heads / model.max_len to match the data")
+        C = config.d_model
+
+        # Encoder inputs: one table per token feature (the item table doubles as the retrieval output).
+        # Time features are written 0-based (hour 0 is midnight, weekday 0 is Monday), so for them
+        # 0 is a real value, not padding; padding is excluded by the mask either way.
+        self.token_embeddings = nn.ModuleDict(
+            {
+                name: nn.Embedding(size, C, padding_idx=None if name in TIME_FEATURES else PADDING_ID)
+                for name, size in features.token_categorical.items()
+            }
+        )
+        n_numeric = len(features.token_numeric)
+        self.token_numeric = nn.Linear(n_numeric, C, bias=False) if n_numeric else None
+        self.position = nn.Embedding(config.max_len, C)  # index 0 = the most recent token
+        # The user token: static attributes on their own pathway, plus a learned vector so that a
+        # row with no attributes and no history still has something to attend to.
+        self.user_token = nn.Parameter(torch.zeros(C))
+        self.static_embeddings = nn.ModuleDict(
+            {name: nn.Embedding(size, C) for name, size in features.static_categorical.items()}
+        )
+        n_static = len(features.static_numeric)
+        self.static_numeric = nn.Linear(n_static, C, bias=False) if n_static else None
+        self.embedding_dropout = nn.Dropout(config.dropout)
+        self.encoder = nn.ModuleList([EncoderBlock(config) for _ in range(config.encoder_layers)])
+        self.encoder_ln = nn.LayerNorm(C)
+        self.pool_ln = nn.LayerNorm(C)
+
+        # Decoder slots: [next item] + one per horizon, each with its own averaging of the calendar.
+        slot_weights = []
+        if features.next_item:
+            slot_weights.append([1.0] + [0.0] * (features.future_slots - 1))  # the day of the cut
+        for K in features.horizons_days:
+            slot_weights.append([1.0 / K] * K + [0.0] * (features.future_slots - K))  # mean of days 1..K
+        # Not persistent: it follows from the FeatureSpec, so the state dict holds only parameters.
+        self.register_buffer("slot_context_weights", torch.tensor(slot_weights), persistent=False)  # (Q, L)
+        self.slot_queries = nn.Parameter(torch.zeros(len(slot_weights), C))
+        n_flags = len(features.future_flags)
+        self.future_context = nn.Linear(n_flags, C, bias=False) if n_flags else None
+        self.decoder = nn.ModuleList([DecoderBlock(config) for _ in range(config.decoder_layers)])
+        self.decoder_ln = nn.LayerNorm(C)
+
+        # Heads. Retrieval is tied: it *uses* the encoder's item table, never a registered copy, so
+        # the state dict has no shared tensors (safetensors refuses them).
+        self.item_projection = nn.Linear(C, C) if "retrieval" in config.heads else None
+        self.item_bias = nn.Parameter(torch.zeros(features.item_vocab_size)) if "retrieval" in config.heads else None
+        self.act_head = nn.Linear(C, 1) if "binary" in config.heads else None
+        self.value_head = nn.Linear(C, 1) if "regression" in config.heads else None
+        # Kendall et al. 2018: s = log sigma^2 per task, learned with the weights.
+        self.log_variance = nn.ParameterDict({head: nn.Parameter(torch.zeros(())) for head in config.heads})
+        self._init_weights()
+
+    def _init_weights(self) -> None:
+        for module in self.modules():
+            if isinstance(module, nn.Linear | nn.Embedding):
+                nn.init.normal_(module.weight, std=0.02)
+            if isinstance(module, nn.Linear) and module.bias is not None:
+                nn.init.zeros_(module.bias)
+            if isinstance(module, nn.Embedding) and module.padding_idx is not None:
+                with torch.no_grad():
+                    module.weight[module.padding_idx].zero_()
+        # As in GPT-2: each residual branch adds variance, so shrink the layers that write into it.
+        n_residual = 2 * self.config.encoder_layers + 3 * self.config.decoder_layers
+        for name, param in self.named_parameters():
+            if name.endswith("proj.weight") and name.startswith(("encoder.", "decoder.")):
+                nn.init.normal_(param, std=0.02 / math.sqrt(n_residual))
+        nn.init.normal_(self.user_token, std=0.02)
+        nn.init.normal_(self.slot_queries, std=0.02)
+
+    def num_parameters(self) -> int:
+        return sum(p.numel() for p in self.parameters())
+
+    @property
+    def item_table(self) -> Tensor:
+        return self.token_embeddings[self.features.item_feature].weight  # (V, C)
+
+    # -- encoder --------------------------------------------------------------------------------
+
+    def encode(self, batch: Batch) -> tuple[Tensor, Tensor]:
+        """The history with the user token in front: memory (B, S, C) and its key mask (B, S)."""
+        mask = batch.mask  # (B, T)
+        B, T = mask.shape
+        # Right-padded: count positions back from each row's last real token, so that index 0 is
+        # always "most recent" whatever the row's length. Padded positions clamp to 0 (never attended).
+        length = mask.sum(dim=1, keepdim=True)  # (B, 1)
+        recency = (length - 1 - torch.arange(T, device=mask.device)).clamp(min=0)  # (B, T)
+        x = self.position(recency)  # (B, T, C)
+        for name, table in self.token_embeddings.items():
+            x = x + table(batch.tokens[name])
+        if self.token_numeric is not None:
+            x = x + self.token_numeric(signed_log1p(batch.numeric))
+
+        user = self.user_token.expand(B, -1)  # (B, C)
+        for name, table in self.static_embeddings.items():
+            user = user + table(batch.static_categorical[name])
+        if self.static_numeric is not None:
+            user = user + self.static_numeric(signed_log1p(batch.static_numeric))
+        x = torch.cat([user[:, None, :], x], dim=1)  # (B, S, C)
+        memory_mask = torch.cat([mask.new_ones(B, 1), mask], dim=1)  # (B, S): user token always on
+
+        x = self.embedding_dropout(x)
+        for block in self.encoder:
+            x = block(x, memory_mask)
+        return self.encoder_ln(x), memory_mask
+
+    def pool(self, memory: Tensor, memory_mask: Tensor) -> Tensor:
+        """Masked mean over real positions and the user token, then LayerNorm: (B, S, C) → (B, C)."""
+        weights = memory_mask.to(memory.dtype)  # (B, S)
+        weights = weights / weights.sum(dim=1, keepdim=True)  # never 0: the user token counts
+        return self.pool_ln((memory * weights[:, :, None]).sum(dim=1))
+
+    def embed_users(self, batch: Batch) -> Tensor:
+        """(B, C) pooled user embedding, without running the decoder or heads."""
+        return self.pool(*self.encode(batch))
+
+    # -- decoder and heads ----------------------------------------------------------------------
+
+    def decode(self, batch: Batch, memory: Tensor, memory_mask: Tensor) -> Tensor:
+        """(B, Q, C) slot outputs: [next item] + one per horizon."""
+        x = self.slot_queries.expand(memory.shape[0], -1, -1)  # (B, Q, C)
+        if self.future_context is not None:
+            context = self.slot_context_weights @ batch.future  # (Q, L) @ (B, L, F) → (B, Q, F)
+            x = x + self.future_context(context)
+        x = self.embedding_dropout(x)
+        for block in self.decoder:
+            x = block(x, memory, memory_mask)
+        return self.decoder_ln(x)
+
+    def forward(self, batch: Batch) -> ModelOutput:
+        memory, memory_mask = self.encode(batch)
+        slots = self.decode(batch, memory, memory_mask)  # (B, Q, C)
+        horizon_slots = slots[:, 1:] if self.features.next_item else slots  # (B, H, C)
+        return ModelOutput(
+            user_embedding=self.pool(memory, memory_mask),
+            item_query=self.item_projection(slots[:, 0]) if self.item_projection is not None else None,
+            act_logits=self.act_head(horizon_slots).squeeze(-1) if self.act_head is not None else None,
+            value_pred=self.value_head(horizon_slots).squeeze(-1) if self.value_head is not None else None,
+        )
+
+    def score_items(self, batch: Batch, output: ModelOutput | None = None) -> Tensor:
+        """(B, V) scores over the whole item vocabulary; padding and OOV ids are -inf."""
+        if self.item_projection is None:
+            raise ValueError("score_items needs the retrieval head; add 'retrieval' to model.heads")
+        output = output if output is not None else self(batch)
+        scores = output.item_query @ self.item_table.T + self.item_bias  # (B, V)
+        return scores.masked_fill(self._unrecommendable(scores.device), float("-inf"))
+
+    def _unrecommendable(self, device: torch.device) -> Tensor:
+        return torch.arange(self.features.item_vocab_size, device=device) < FIRST_ITEM_ID  # (V,)
+
+    # -- losses ---------------------------------------------------------------------------------
+
+    def retrieval_loss(self, query: Tensor, target: Tensor) -> Tensor:
+        """Mean cross-entropy over rows with a recommendable target; 0 when there are none.
+
+        Rows whose target is padding (no next item) or OOV (cannot be scored) are ignored.
+        "sampled" scores the target against `negatives` ids drawn uniformly from [2, V) with the
+        global RNG (training is seeded), shared by the batch. Under uniform sampling the logQ
+        correction is the same constant for every item, so it cancels in the softmax and is omitted.
+        A negative that equals a row's target is masked out for that row.
+        """
+        has_target = target >= FIRST_ITEM_ID  # (B,)
+        if self.config.retrieval == "full":
+            logits = query @ self.item_table.T + self.item_bias  # (B, V)
+            logits = logits.masked_fill(self._unrecommendable(logits.device), float("-inf"))
+            labels = target
+        else:
+            V = self.features.item_vocab_size
+            negatives = torch.randint(FIRST_ITEM_ID, V, (self.config.negatives,), device=target.device)  # (N,)
+            positive = (query * self.item_table[target]).sum(-1) + self.item_bias[target]  # (B,)
+            negative = query @ self.item_table[negatives].T + self.item_bias[negatives]  # (B, N)
+            negative = negative.masked_fill(negatives[None, :] == target[:, None], float("-inf"))
+            logits = torch.cat([positive[:, None], negative], dim=1)  # (B, 1 + N)
+            labels = torch.zeros_like(target)
+        labels = labels.masked_fill(~has_target, -100)  # cross_entropy's ignore_index
+        total = F.cross_entropy(logits, labels, ignore_index=-100, reduction="sum")
+        return total / has_target.sum().clamp(min=1)
+
+    def loss(self, batch: Batch, output: ModelOutput | None = None) -> tuple[Tensor, dict[str, Tensor]]:
+        """Total loss with learned uncertainty weights, and each task's loss (detached) for logging.
+
+        total = sum over tasks of exp(-s) * L + s: a noisy task learns a large s and a small weight,
+        and the + s term stops s from growing without bound.
+        """
+        output = output if output is not None else self(batch)
+        losses: dict[str, Tensor] = {}
+        if "retrieval" in self.config.heads:
+            losses["retrieval"] = self.retrieval_loss(output.item_query, batch.next_item)
+        if "binary" in self.config.heads:
+            losses["binary"] = F.binary_cross_entropy_with_logits(output.act_logits, batch.act)
+        if "regression" in self.config.heads:
+            # Spend is heavy-tailed: in log space one whale does not dominate the batch.
+            losses["regression"] = F.mse_loss(output.value_pred, signed_log1p(batch.value))
+        s = self.log_variance
+        total = sum(torch.exp(-s[task]) * loss + s[task] for task, loss in losses.items())
+        return total, {task: loss.detach() for task, loss in losses.items()}

@@ -1,0 +1,255 @@
+"""The model: shapes, masking, attention pattern, tied retrieval, losses, learning, safetensors, config."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from lumos.core.config import from_dict
+from lumos.core.errors import ConfigError
+from lumos.train.features import Batch, FeatureSpec
+from lumos.train.model import LumosModel, ModelConfig, signed_expm1, signed_log1p
+
+FEATURES = FeatureSpec(
+    token_categorical={"item": 12, "event_type": 4, "hour": 24},
+    token_numeric=("value", "age_days"),
+    static_categorical={"user_country": 5},
+    static_numeric=("user_tenure",),
+    future_flags=("holiday", "sale"),
+    horizons_days=(1, 3),
+    max_len=32,
+)
+CONFIG = ModelConfig(
+    d_model=8, n_heads=2, encoder_layers=2, decoder_layers=2, d_ff=16, dropout=0.0, max_len=32, negatives=5
+)
+LENGTHS = (17, 5, 0)  # B = 3, T = 17, and one row with no history at all
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """Tiny tensors gain nothing from intra-op threads, and on a busy 2-core machine the thread
+    hand-offs made the training test 15x slower."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def make_batch(features: FeatureSpec = FEATURES, lengths=LENGTHS, seed: int = 0) -> Batch:
+    """Random right-padded histories; ids are >= 1 at real positions and 0 where padded."""
+    generator = torch.Generator().manual_seed(seed)
+    B, T = len(lengths), max(lengths)
+    mask = torch.arange(T)[None, :] < torch.tensor(lengths)[:, None]  # (B, T)
+    tokens = {
+        name: torch.randint(1, size, (B, T), generator=generator) * mask
+        for name, size in features.token_categorical.items()
+    }
+    numeric = torch.randn(B, T, len(features.token_numeric), generator=generator).exp() * mask[:, :, None]
+    H = len(features.horizons_days)
+    return Batch(
+        tokens=tokens,
+        numeric=numeric,
+        mask=mask,
+        static_categorical={
+            name: torch.randint(0, size, (B,), generator=generator)
+            for name, size in features.static_categorical.items()
+        },
+        static_numeric=torch.rand(B, len(features.static_numeric), generator=generator) * 1000,
+        future=torch.randint(0, 2, (B, features.future_slots, len(features.future_flags)), generator=generator).float(),
+        next_item=torch.randint(2, features.item_vocab_size, (B,), generator=generator),
+        act=torch.randint(0, 2, (B, H), generator=generator).float(),
+        value=torch.randn(B, H, generator=generator).exp() * 50,
+    )
+
+
+def make_model(config: ModelConfig = CONFIG, seed: int = 0) -> LumosModel:
+    torch.manual_seed(seed)
+    return LumosModel(config, FEATURES).eval()
+
+
+def outputs(model: LumosModel, batch: Batch) -> dict[str, torch.Tensor]:
+    with torch.no_grad():
+        out = model(batch)
+        return {
+            "user_embedding": out.user_embedding,
+            "item_query": out.item_query,
+            "act_logits": out.act_logits,
+            "value_pred": out.value_pred,
+            "memory": model.encode(batch)[0],
+        }
+
+
+def test_forward_shapes_at_awkward_sizes_with_an_empty_history():
+    model, batch = make_model(), make_batch()
+    out = model(batch)
+    assert out.user_embedding.shape == (3, 8)
+    assert out.item_query.shape == (3, 8)
+    assert out.act_logits.shape == (3, 2)
+    assert out.value_pred.shape == (3, 2)
+    for tensor in (out.user_embedding, out.item_query, out.act_logits, out.value_pred):
+        assert torch.isfinite(tensor).all()
+    assert torch.equal(model.embed_users(batch), out.user_embedding)
+    scores = model.score_items(batch)
+    assert scores.shape == (3, 12)
+    assert torch.isneginf(scores[:, :2]).all() and torch.isfinite(scores[:, 2:]).all()
+
+
+def test_a_batch_with_no_history_at_all():
+    model, batch = make_model(), make_batch(lengths=(0, 0, 0))  # T = 0: only the user tokens
+    batch.next_item.zero_()
+    total, losses = model.loss(batch)
+    assert model(batch).act_logits.shape == (3, 2)
+    assert torch.isfinite(total) and losses["retrieval"].item() == 0.0
+
+
+def test_padding_is_never_attended():
+    model, batch = make_model(), make_batch()
+    before = outputs(model, batch)
+    padded = ~batch.mask
+    garbage = make_batch(seed=1)
+    batch.tokens = {
+        name: torch.where(padded, garbage.tokens[name].clamp(min=1), ids) for name, ids in batch.tokens.items()
+    }
+    batch.numeric = torch.where(padded[:, :, None], torch.full_like(batch.numeric, 1e6), batch.numeric)
+    after = outputs(model, batch)
+    for name in ("user_embedding", "item_query", "act_logits", "value_pred"):
+        torch.testing.assert_close(after[name], before[name], rtol=0, atol=1e-6)
+    real = torch.cat([torch.ones(3, 1, dtype=torch.bool), batch.mask], dim=1)  # the user token is always real
+    torch.testing.assert_close(after["memory"][real], before["memory"][real], rtol=0, atol=1e-6)
+
+
+def test_encoder_attention_is_not_causal():
+    model, batch = make_model(), make_batch()
+    before = outputs(model, batch)["memory"]
+    last = LENGTHS[0] - 1
+    batch.tokens["item"][0, last] = batch.tokens["item"][0, last] % 11 + 1  # another real item
+    after = outputs(model, batch)["memory"]
+    first_history_token = 1  # position 0 is the user token
+    assert not torch.allclose(after[0, first_history_token], before[0, first_history_token], atol=1e-6)
+
+
+def test_decoder_slots_attend_to_each_other():
+    model, batch = make_model(), make_batch()
+    before = outputs(model, batch)
+    # Day 3 only feeds the 3-day slot's context; the next-item and 1-day slots read day 1 alone.
+    batch.future[:, 2, :] = 1 - batch.future[:, 2, :]
+    after = outputs(model, batch)
+    assert not torch.allclose(after["item_query"], before["item_query"], atol=1e-6)
+    assert not torch.allclose(after["act_logits"][:, 0], before["act_logits"][:, 0], atol=1e-6)
+    torch.testing.assert_close(after["memory"], before["memory"], rtol=0, atol=0)
+
+
+def test_retrieval_head_is_tied_to_the_encoder_item_table():
+    model, batch = make_model(), make_batch()
+    item_shaped = [name for name, tensor in model.state_dict().items() if tensor.shape == (12, 8)]
+    assert item_shaped == ["token_embeddings.item.weight"]
+    with torch.no_grad():
+        model.item_bias.zero_()
+        model.token_embeddings["item"].weight[5] = 0
+    scores = model.score_items(batch)
+    assert torch.equal(scores[:, 5], torch.zeros(3))
+    assert (scores[:, [2, 3, 4, 6]] != 0).all()
+
+
+@pytest.mark.parametrize("retrieval", ["full", "sampled"])
+def test_retrieval_losses_are_finite_and_backpropagate(retrieval):
+    model = make_model(dataclasses.replace(CONFIG, retrieval=retrieval, dropout=0.1)).train()
+    total, losses = model.loss(make_batch())
+    assert set(losses) == {"retrieval", "binary", "regression"}
+    assert torch.isfinite(total) and all(torch.isfinite(loss) for loss in losses.values())
+    total.backward()
+    assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
+    assert model.token_embeddings["item"].weight.grad.abs().sum() > 0
+
+
+@pytest.mark.parametrize("retrieval", ["full", "sampled"])
+def test_rows_without_a_target_are_excluded_from_retrieval(retrieval):
+    model = make_model(dataclasses.replace(CONFIG, retrieval=retrieval))
+    query, target = torch.randn(3, 8), torch.tensor([4, 0, 1])  # a target, none, out of vocabulary
+    torch.manual_seed(0)  # the same negatives for both calls
+    with_excluded = model.retrieval_loss(query, target)
+    torch.manual_seed(0)
+    alone = model.retrieval_loss(query[:1], target[:1])
+    torch.testing.assert_close(with_excluded, alone)
+
+    batch = make_batch()
+    batch.next_item = torch.zeros(3, dtype=torch.long)
+    total, losses = model.loss(batch)
+    assert losses["retrieval"].item() == 0.0
+    total.backward()
+    assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
+
+
+def learnable_batch() -> Batch:
+    """Targets follow from the history: the next item repeats the latest one, the act and value
+    targets depend on the latest item, the history's length and its summed amounts."""
+    batch = make_batch()
+    latest = batch.tokens["item"][torch.arange(3), (batch.mask.sum(1) - 1).clamp(min=0)] * batch.mask.any(1)
+    batch.next_item = torch.where(latest >= 2, latest, 0)
+    batch.act = torch.stack([latest > 5, batch.mask.sum(1) > 10], dim=1).float()
+    spend = batch.numeric[:, :, 0].sum(1)
+    batch.value = torch.stack([spend, 3 * spend], dim=1)
+    return batch
+
+
+def test_loss_falls_on_a_learnable_batch():
+    model, batch = make_model(), learnable_batch()
+    model.train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.0)
+    first_total, first = model.loss(batch)
+    for _ in range(50):
+        total, losses = model.loss(batch)
+        optimizer.zero_grad()
+        total.backward()
+        optimizer.step()
+    assert total.item() < 0.25 * first_total.item()
+    for task in first:
+        assert losses[task] < 0.5 * first[task], task
+
+
+def test_state_dict_round_trips_through_safetensors(tmp_path):
+    model, batch = make_model(seed=0), make_batch()
+    save_file(model.state_dict(), tmp_path / "model.safetensors")
+    rebuilt = make_model(seed=1)
+    rebuilt.load_state_dict(load_file(tmp_path / "model.safetensors"), strict=True)
+    before, after = outputs(model, batch), outputs(rebuilt, batch)
+    for name in before:
+        assert torch.equal(after[name], before[name]), name
+
+
+def test_config_problems_are_reported_at_once_with_key_paths():
+    with pytest.raises(ConfigError) as caught:
+        from_dict(ModelConfig, {"d_model": 10, "n_heads": 4, "heads": ["retrieval", "ranking"], "dropout": 1.0})
+    keys = {problem.key for problem in caught.value.problems}
+    assert keys == {"d_model", "heads", "dropout"}
+    assert "ranking" in str(caught.value)
+    with pytest.raises(ConfigError, match="heads"):
+        from_dict(ModelConfig, {"heads": []})
+    assert from_dict(ModelConfig, {"heads": ["binary"], "retrieval": "sampled"}).heads == ("binary",)
+
+
+def test_model_rejects_features_it_cannot_serve():
+    with pytest.raises(ValueError, match="max_len"):
+        LumosModel(dataclasses.replace(CONFIG, max_len=16), FEATURES)
+    no_horizons = dataclasses.replace(FEATURES, horizons_days=())
+    with pytest.raises(ValueError, match="binary"):
+        LumosModel(CONFIG, no_horizons)
+    model = LumosModel(dataclasses.replace(CONFIG, heads=("retrieval",)), no_horizons)
+    assert model.loss(make_batch(no_horizons))[1].keys() == {"retrieval"}
+
+
+def test_signed_log1p_inverts_and_keeps_sign():
+    values = torch.tensor([-1e4, -3.0, 0.0, 0.5, 1e6])
+    torch.testing.assert_close(signed_expm1(signed_log1p(values)), values)
+    assert torch.equal(torch.sign(signed_log1p(values)), torch.sign(values))
+
+
+def test_time_feature_zero_is_a_real_value_not_padding():
+    model = make_model()
+    assert model.token_embeddings["item"].padding_idx == 0
+    assert torch.equal(model.token_embeddings["item"].weight[0], torch.zeros(8))
+    assert model.token_embeddings["hour"].padding_idx is None  # hour 0 is midnight
+    assert model.token_embeddings["hour"].weight[0].abs().sum() > 0
