@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import logging
 from typing import Annotated
 
 import typer
 
 import lumos
-from lumos.cli import config, data, doctor, ingest, workspace
+from lumos.cli import config, data, doctor, ingest, train, workspace
 from lumos.cli.output import state
 
 app = typer.Typer(
@@ -42,8 +41,6 @@ def root(
         bool, typer.Option("--version", callback=_version, is_eager=True, help="Print the version and exit.")
     ] = False,
 ) -> None:
-    # MLflow logs its database migrations at INFO; users need only warnings.
-    logging.getLogger("mlflow").setLevel(logging.WARNING)
     cli_state = state(ctx)
     cli_state.workspace_dir = workspace_dir
     cli_state.debug = debug
@@ -52,6 +49,7 @@ def root(
 app.command("init")(workspace.init)
 app.command("doctor")(doctor.doctor)
 app.command("ingest")(ingest.ingest)
+app.command("train")(train.train)
 app.add_typer(config.app, name="config")
 app.add_typer(data.app, name="data")
 

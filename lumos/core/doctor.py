@@ -77,9 +77,9 @@ def check_spark(workspace: Workspace) -> Check:
 def check_mlflow(workspace: Workspace) -> Check:
     import mlflow
 
-    workspace.ensure_root()
-    client = mlflow.MlflowClient(tracking_uri=workspace.mlflow_tracking_uri)
-    client.search_experiments(max_results=1)
+    from lumos.core.tracking import tracking_client
+
+    tracking_client(workspace).search_experiments(max_results=1)
     return Check("mlflow", True, True, f"MLflow {mlflow.__version__} store at {workspace.mlflow_tracking_uri}")
 
 

@@ -3,24 +3,27 @@
 The files of the version come from the Delta log (`lumos.data.delta_log`) and are read with
 pyarrow, one Parquet row group at a time, only the columns the `FeatureSpec` names (plus `split`).
 Histories become padded (B, T) tensors by offset arithmetic on the Arrow list columns (offsets +
-flat values → one numpy gather/scatter per column), never a Python loop over rows.
+flat values → one numpy gather per column), never a Python loop over rows. Rows of other splits
+are skipped by index, never copied out by a filter.
 
 Semantics:
 
 - **Rows.** Only rows whose `split` equals the loader's split. Files are taken in path order,
   row groups in file order, rows in file order; with `shuffle=False` that is the batch order.
 - **Shuffle** (per epoch, from `seed` and `epoch` alone): the order of row groups is permuted,
-  then the rank's rows are cut into chunks of `chunk_rows` consecutive rows (a multiple of the
-  batch size) and rows are permuted within each chunk. A batch therefore mixes the rows of the
-  few row groups its chunk spans; rows of one row group never spread over the whole epoch. Keep
+  then the epoch's rows are cut into chunks of `chunk_rows` consecutive rows (a multiple of the
+  global batch, W × batch size) and rows are permuted within each chunk. A batch therefore mixes
+  the rows of the few row groups its chunk spans; rows of one row group never spread over the whole epoch. Keep
   row groups small relative to `chunk_rows` for a better mix (Spark's files of the sequences
   table hold one row group each).
-- **Ranks.** In the epoch's row order, rank r of W takes the r-th of W equal contiguous ranges of
-  floor(N / W) rows (N = rows of the split); the N mod W rows at the end are skipped that epoch
-  (different rows each epoch when shuffling). Every rank thus has the same number of rows and of
-  batches, which DDP needs, and reads only about 1/W of the data.
-- **Batches.** Consecutive rows of the rank's (shuffled) range, `batch_size` at a time; the last
-  one is short, or dropped with `drop_last`. T is the longest history in the batch (at least 1,
+- **Ranks.** The epoch's first U = W·floor(N / W) rows (of its shuffled order) are used (N = rows
+  of the split; the N mod W left over change every epoch when shuffling). Step k's global batch is rows [k·W·B, (k+1)·W·B)
+  of the epoch's order, and rank r of W takes its r-th of W equal parts. So W ranks at batch B see
+  exactly the rows one rank sees at batch W·B, step for step (DDP then matches single-process
+  training), and every rank has the same number of batches, which DDP needs. The price: each
+  rank decodes whole chunks, not only its 1/W of them.
+- **Batches.** The rank's share of each global batch, `batch_size` rows; the last one is short,
+  or dropped with `drop_last`. T is the longest history in the batch (at least 1,
   so tensors are never empty). `next_item` null → 0; `act`/`value` columns follow
   `spec.horizons_days`; `future` stacks the `future_<flag>` arrays to (B, slots, flags).
 - **Workers.** One thread reads and decodes row groups (pyarrow decodes in parallel underneath);
@@ -189,7 +192,7 @@ class _RowGroup:
     rows: int
     """Rows of the loader's split in this row group."""
     filtered: bool
-    """True when some rows belong to other splits (they are dropped after reading)."""
+    """True when some rows belong to other splits (skipped by index after reading)."""
 
 
 @dataclass(frozen=True)
@@ -210,18 +213,17 @@ class _Chunk:
     segments: tuple[_Segment, ...]
 
 
-def _rank_chunks(
-    rows_per_group: np.ndarray, order: np.ndarray, epoch: int, rank: int, world_size: int, chunk_rows: int
-) -> list[_Chunk]:
-    """Cut rank's contiguous range of the row groups (in `order`) into chunks of `chunk_rows`."""
-    counts = rows_per_group[order]
-    ends = np.cumsum(counts)
-    per_rank = int(ends[-1]) // world_size if len(ends) else 0
-    chunks = []
-    for first in range(rank * per_rank, (rank + 1) * per_rank, chunk_rows):
-        last = min(first + chunk_rows, (rank + 1) * per_rank)
-        chunks.append(_Chunk(epoch, first, last - first, _segments(order, ends, first, last)))
-    return chunks
+def _epoch_chunks(rows_per_group: np.ndarray, order: np.ndarray, epoch: int, rows: int, chunk_rows: int) -> list[_Chunk]:
+    """Cut the epoch's `rows` rows (row groups in `order`) into chunks of `chunk_rows`.
+
+    The chunks are the same on every rank: ranks differ only in which rows of each global batch
+    they take (see `_planned_batches`).
+    """
+    ends = np.cumsum(rows_per_group[order])
+    return [
+        _Chunk(epoch, first, min(first + chunk_rows, rows) - first, _segments(order, ends, first, min(first + chunk_rows, rows)))
+        for first in range(0, rows, chunk_rows)
+    ]
 
 
 def _segments(order: np.ndarray, ends: np.ndarray, first: int, last: int) -> tuple[_Segment, ...]:
@@ -231,21 +233,36 @@ def _segments(order: np.ndarray, ends: np.ndarray, first: int, last: int) -> tup
     while first < last:
         group_start = int(ends[position - 1]) if position else 0
         stop = min(last, int(ends[position]))
-        if stop > first:
-            segments.append(_Segment(int(order[position]), first - group_start, stop - group_start))
+        segments.append(_Segment(int(order[position]), first - group_start, stop - group_start))
         first = stop
         position += 1
     return tuple(segments)
 
 
 # ---------------------------------------------------------------------------------------------
-# Reading: row groups → decoded numpy columns of one chunk
+# Reading: a row group → numpy views; a chunk's segments → one set of flat arrays
+
+
+@dataclass
+class _RowGroupArrays:
+    """One row group's columns as numpy (zero-copy views of Arrow's buffers where possible), all
+    rows of every split; `rows` picks the loader's split."""
+
+    rows: np.ndarray
+    """Indices of the split's rows, ascending."""
+    offsets: np.ndarray
+    """(rows + 1,) int64 from 0: the history lists' offsets, the same for every history column."""
+    history: dict[str, np.ndarray]
+    """Flat values of each history column (token_categorical then token_numeric)."""
+    static_categorical: dict[str, np.ndarray]
+    per_row: dict[str, np.ndarray]
+    """Batch field → per-row array: static_numeric, future, next_item, act, value."""
 
 
 @dataclass
 class _Columns:
-    """One chunk's rows as numpy arrays. History values are flat (all rows' tokens, row after row)
-    with one extra 0 at index `padding`, so a single gather fills real and padded positions."""
+    """One chunk's rows. History values are flat, all rows' tokens one row after the other, with
+    one extra 0 at index `padding`, so that a single gather fills real and padded positions."""
 
     starts: np.ndarray
     lengths: np.ndarray
@@ -255,33 +272,34 @@ class _Columns:
     numeric: np.ndarray
     """(values + 1, len(token_numeric)) float32."""
     static_categorical: dict[str, np.ndarray]
-    static_numeric: np.ndarray
-    future: np.ndarray
-    next_item: np.ndarray
-    act: np.ndarray
-    value: np.ndarray
+    per_row: dict[str, np.ndarray]
 
 
 class _RowGroupReader:
-    """Reads the split's rows of one row group at a time; remembers the last one, since chunk
-    boundaries cut through row groups and consecutive chunks then share one."""
+    """Reads one row group at a time; remembers the last one, since chunk boundaries cut through
+    row groups and consecutive chunks then share one."""
 
-    def __init__(self, paths: list[str], metadata: list[pq.FileMetaData], columns: list[str], split: str):
-        self.paths, self.metadata, self.columns, self.split = paths, metadata, columns, split
+    def __init__(self, paths: list[str], metadata: list[pq.FileMetaData], spec: FeatureSpec, split: str, where: str):
+        self.paths, self.metadata, self.spec, self.split, self.where = paths, metadata, spec, split, where
+        self.columns = [*_spec_columns(spec), "split"]
         self._files: dict[int, pq.ParquetFile] = {}
-        self._last: tuple[int, pa.Table] | None = None
+        self._last: tuple[int, _RowGroupArrays] | None = None
 
-    def read(self, position: int, group: _RowGroup) -> pa.Table:
+    def read(self, position: int, group: _RowGroup) -> _RowGroupArrays:
         if self._last is not None and self._last[0] == position:
             return self._last[1]
         if group.file not in self._files:
             self._files[group.file] = pq.ParquetFile(self.paths[group.file], metadata=self.metadata[group.file])
-        table = self._files[group.file].read_row_group(group.index, columns=[*self.columns, "split"])
+        table = self._files[group.file].read_row_group(group.index, columns=self.columns)
+        # Rows of other splits are skipped by index, not filtered out: filtering would copy
+        # every list column once more.
         if group.filtered:
-            table = table.filter(pc.equal(table.column("split"), self.split))
-        table = table.drop_columns(["split"])
-        self._last = (position, table)
-        return table
+            rows = np.flatnonzero(pc.equal(table.column("split"), self.split).to_numpy(zero_copy_only=False))
+        else:
+            rows = np.arange(table.num_rows)
+        arrays = _row_group_arrays(table, rows, self.spec, self.where)
+        self._last = (position, arrays)
+        return arrays
 
     def close(self) -> None:
         for parquet_file in self._files.values():
@@ -290,41 +308,82 @@ class _RowGroupReader:
         self._last = None
 
 
-def _decode(table: pa.Table, spec: FeatureSpec, where: str) -> _Columns:
-    """Arrow columns → numpy, checking the sequences contract (no nulls, equal history lengths)."""
-    history = [*spec.token_categorical, *spec.token_numeric]
-    offsets, values = {}, {}
-    for name in history:
-        offsets[name], values[name] = _list_values(table.column(name), name, where)
-    base = offsets[history[0]]
-    for name in history[1:]:
-        if not np.array_equal(offsets[name], base):
-            raise UsageError(f"{where}: history column {name} has other lengths than {history[0]}")
-    rows = table.num_rows
-    slots = spec.future_slots
+def _row_group_arrays(table: pa.Table, rows: np.ndarray, spec: FeatureSpec, where: str) -> _RowGroupArrays:
+    """Arrow columns → numpy, checking the sequences contract on the way."""
+    names = [*spec.token_categorical, *spec.token_numeric]
+    history, offsets = {}, None
+    for name in names:
+        column_offsets, history[name] = _list_values(table.column(name), name, where)
+        if offsets is None:
+            offsets = column_offsets
+        elif not np.array_equal(column_offsets, offsets):
+            raise UsageError(f"{where}: history column {name} has other lengths than {names[0]}")
+    if len(offsets) > 1 and int(np.diff(offsets).max()) > spec.max_len:
+        raise UsageError(f"{where}: a history is longer than the feature spec's max_len {spec.max_len}")
+    return _RowGroupArrays(
+        rows=rows,
+        offsets=offsets,
+        history=history,
+        static_categorical={name: _plain(table, name, where).astype(np.int64) for name in spec.static_categorical},
+        per_row={
+            "static_numeric": _stack(table, spec.static_numeric, where),
+            "future": _future(table, spec, where),
+            "next_item": _next_item(table) if spec.next_item else np.zeros(table.num_rows, dtype=np.int64),
+            "act": _stack(table, [f"act_{days}d" for days in spec.horizons_days], where),
+            "value": _stack(table, [f"value_{days}d" for days in spec.horizons_days], where),
+        },
+    )
+
+
+def _assemble(parts: list[tuple[_RowGroupArrays, slice]], spec: FeatureSpec) -> _Columns:
+    """One chunk's flat arrays from slices of the split's rows of some row groups.
+
+    A slice's rows are ascending, so their history values lie in one range of the row group's
+    flat values; that range is copied (int32 → int64 on the way), with the values of other
+    splits' rows in between, which the starts simply skip.
+    """
+    starts, lengths, spans, total = [], [], [], 0
+    for arrays, selected in parts:
+        rows = arrays.rows[selected]
+        begin, end = arrays.offsets[rows], arrays.offsets[rows + 1]
+        low, high = int(begin[0]), int(end[-1])
+        starts.append(begin - low + total)
+        lengths.append(end - begin)
+        spans.append((arrays.history, low, high, total))
+        total += high - low
+    tokens = {name: np.zeros(total + 1, dtype=np.int64) for name in spec.token_categorical}
+    numeric = np.zeros((total + 1, len(spec.token_numeric)), dtype=np.float32)
+    for history, low, high, at in spans:
+        for name, ids in tokens.items():
+            ids[at:at + high - low] = history[name][low:high]
+        for index, name in enumerate(spec.token_numeric):
+            numeric[at:at + high - low, index] = history[name][low:high]
+    return _Columns(
+        starts=np.concatenate(starts),
+        lengths=np.concatenate(lengths),
+        padding=total,
+        tokens=tokens,
+        numeric=numeric,
+        static_categorical={name: _selected(parts, "static_categorical", name) for name in spec.static_categorical},
+        per_row={field: _selected(parts, "per_row", field) for field in parts[0][0].per_row},
+    )
+
+
+def _selected(parts: list[tuple[_RowGroupArrays, slice]], field: str, key: str) -> np.ndarray:
+    """`field[key]` of the selected rows of every part, concatenated."""
+    return np.concatenate([getattr(arrays, field)[key][arrays.rows[selected]] for arrays, selected in parts])
+
+
+def _future(table: pa.Table, spec: FeatureSpec, where: str) -> np.ndarray:
+    """(rows, slots, flags) float32 from the future_<flag> arrays, which have one element per slot."""
+    rows, slots = table.num_rows, spec.future_slots
     future = np.zeros((rows, slots, len(spec.future_flags)), dtype=np.float32)
     for index, flag in enumerate(spec.future_flags):
-        flag_offsets, flag_values = _list_values(table.column(f"future_{flag}"), f"future_{flag}", where)
-        if not np.all(np.diff(flag_offsets) == slots):
+        offsets, values = _list_values(table.column(f"future_{flag}"), f"future_{flag}", where)
+        if not np.all(np.diff(offsets) == slots):
             raise UsageError(f"{where}: future_{flag} arrays must have {slots} elements (one per decoder slot)")
-        future[:, :, index] = flag_values.reshape(rows, slots)
-    padding = int(base[-1])
-    numeric = np.zeros((padding + 1, len(spec.token_numeric)), dtype=np.float32)
-    for index, name in enumerate(spec.token_numeric):
-        numeric[:padding, index] = values[name]
-    return _Columns(
-        starts=base[:-1],
-        lengths=np.diff(base),
-        padding=padding,
-        tokens={name: _with_padding(values[name]) for name in spec.token_categorical},
-        numeric=numeric,
-        static_categorical={name: _plain(table, name, where).astype(np.int64) for name in spec.static_categorical},
-        static_numeric=_stack(table, spec.static_numeric, rows, where),
-        future=future,
-        next_item=_next_item(table) if spec.next_item else np.zeros(rows, dtype=np.int64),
-        act=_stack(table, [f"act_{days}d" for days in spec.horizons_days], rows, where),
-        value=_stack(table, [f"value_{days}d" for days in spec.horizons_days], rows, where),
-    )
+        future[:, :, index] = values.reshape(rows, slots)
+    return future
 
 
 def _list_values(column: pa.ChunkedArray, name: str, where: str) -> tuple[np.ndarray, np.ndarray]:
@@ -339,13 +398,6 @@ def _list_values(column: pa.ChunkedArray, name: str, where: str) -> tuple[np.nda
     return offsets - offsets[0], flat.to_numpy()
 
 
-def _with_padding(ids: np.ndarray) -> np.ndarray:
-    padded = np.empty(len(ids) + 1, dtype=np.int64)
-    padded[:-1] = ids
-    padded[-1] = 0
-    return padded
-
-
 def _plain(table: pa.Table, name: str, where: str) -> np.ndarray:
     column = table.column(name)
     if column.null_count:
@@ -353,9 +405,9 @@ def _plain(table: pa.Table, name: str, where: str) -> np.ndarray:
     return column.to_numpy()
 
 
-def _stack(table: pa.Table, names: list[str] | tuple[str, ...], rows: int, where: str) -> np.ndarray:
+def _stack(table: pa.Table, names: list[str] | tuple[str, ...], where: str) -> np.ndarray:
     """(rows, len(names)) float32 from scalar columns."""
-    out = np.zeros((rows, len(names)), dtype=np.float32)
+    out = np.zeros((table.num_rows, len(names)), dtype=np.float32)
     for index, name in enumerate(names):
         out[:, index] = _plain(table, name, where)
     return out
@@ -367,10 +419,10 @@ def _next_item(table: pa.Table) -> np.ndarray:
 
 
 # ---------------------------------------------------------------------------------------------
-# Building one batch: gather/scatter with offset arithmetic
+# Building one batch: a gather with offset arithmetic
 
 
-def build_batch(columns: _Columns, rows: np.ndarray, spec: FeatureSpec) -> Batch:
+def build_batch(columns: _Columns, rows: np.ndarray) -> Batch:
     """The Batch of `rows` (indices into the chunk), histories right-padded to the longest one."""
     lengths = columns.lengths[rows]
     positions = np.arange(max(int(lengths.max(initial=0)), 1))
@@ -379,15 +431,11 @@ def build_batch(columns: _Columns, rows: np.ndarray, spec: FeatureSpec) -> Batch
     # or the trailing 0 for padding. One gather per column then builds the padded array.
     source = np.where(mask, columns.starts[rows][:, None] + positions, columns.padding)  # (B, T)
     return Batch(
-        tokens={name: torch.from_numpy(np.take(values, source)) for name, values in columns.tokens.items()},
+        tokens={name: torch.from_numpy(np.take(ids, source)) for name, ids in columns.tokens.items()},
         numeric=torch.from_numpy(np.take(columns.numeric, source, axis=0)),  # (B, T, F)
         mask=torch.from_numpy(mask),
         static_categorical={name: torch.from_numpy(ids[rows]) for name, ids in columns.static_categorical.items()},
-        static_numeric=torch.from_numpy(columns.static_numeric[rows]),
-        future=torch.from_numpy(columns.future[rows]),
-        next_item=torch.from_numpy(columns.next_item[rows]),
-        act=torch.from_numpy(columns.act[rows]),
-        value=torch.from_numpy(columns.value[rows]),
+        **{field: torch.from_numpy(values[rows]) for field, values in columns.per_row.items()},
     )
 
 
@@ -434,7 +482,10 @@ class SequenceLoader:
         self.batch_size, self.shuffle, self.seed, self.drop_last = batch_size, shuffle, seed, drop_last
         self.rank, self.world_size = rank, world_size
         self.num_workers, self.prefetch = num_workers, prefetch
-        self.chunk_rows = math.ceil(chunk_rows / batch_size) * batch_size
+        # Chunks hold whole global batches (all ranks' rows of one step), so that chunk boundaries,
+        # and with them the epoch's row order, do not depend on how many ranks share the batch.
+        global_batch = batch_size * world_size
+        self.chunk_rows = math.ceil(chunk_rows / global_batch) * global_batch
         self.pin_memory = torch.cuda.is_available() if pin_memory is None else pin_memory
         self.columns = _spec_columns(spec)
         self._paths = [data_file.path for data_file in snapshot.files]
@@ -489,7 +540,7 @@ class SequenceLoader:
             self.epoch, self._position = self.epoch + 1, 0
         chunks = self._chunks(self.epoch)
         planned = self._planned_batches(chunks, self._position)
-        reader = _RowGroupReader(self._paths, self._metadata, self.columns, self.split)
+        reader = _RowGroupReader(self._paths, self._metadata, self.spec, self.split, str(self.snapshot))
         batches = self._serial(chunks, planned, reader) if self.num_workers == 0 else self._threaded(chunks, planned, reader)
         try:
             for batch in batches:
@@ -506,21 +557,28 @@ class SequenceLoader:
     def _chunks(self, epoch: int) -> list[_Chunk]:
         groups = len(self._row_groups)
         order = np.random.default_rng([self.seed, epoch, 0]).permutation(groups) if self.shuffle else np.arange(groups)
-        return _rank_chunks(self._rows_per_group, order, epoch, self.rank, self.world_size, self.chunk_rows)
+        # Chunks cover every row, so their shuffles do not depend on the world size; the W-dependent
+        # remainder is cut from the end of the shuffled order instead (see _planned_batches).
+        return _epoch_chunks(self._rows_per_group, order, epoch, self.rows, self.chunk_rows)
 
     def _planned_batches(self, chunks: list[_Chunk], start: int) -> Iterator[_PlannedBatch]:
-        """Batches `start` … len(self) - 1; chunks hold whole batches, the last one may be short."""
-        per_chunk = self.chunk_rows // self.batch_size
+        """Batches `start` … len(self) - 1: batch k of rank r is the r-th of W equal parts of the
+        epoch's global batch k (W × batch_size rows; the last one may be short, by a multiple of W)."""
+        global_batch = self.batch_size * self.world_size
+        per_chunk = self.chunk_rows // global_batch
+        usable = self.rows_per_rank * self.world_size
         for number in range(start, len(self)):
             chunk, first = divmod(number, per_chunk)
-            first *= self.batch_size
-            yield _PlannedBatch(chunk, slice(first, min(first + self.batch_size, chunks[chunk].rows)))
+            first *= global_batch
+            rows = min(chunks[chunk].rows, usable - chunks[chunk].first_row)
+            share = min(global_batch, rows - first) // self.world_size
+            first += self.rank * share
+            yield _PlannedBatch(chunk, slice(first, first + share))
 
     def _load_chunk(self, chunk: _Chunk, reader: _RowGroupReader) -> tuple[_Columns, np.ndarray]:
         """Decoded columns of a chunk and its row order."""
-        parts = [reader.read(s.row_group, self._row_groups[s.row_group]).slice(s.start, s.stop - s.start) for s in chunk.segments]
-        table = pa.concat_tables(parts).combine_chunks()
-        columns = _decode(table, self.spec, str(self.snapshot))
+        parts = [(reader.read(s.row_group, self._row_groups[s.row_group]), slice(s.start, s.stop)) for s in chunk.segments]
+        columns = _assemble(parts, self.spec)
         order = np.arange(chunk.rows)
         if self.shuffle:
             order = np.random.default_rng([self.seed, chunk.epoch, 1, chunk.first_row]).permutation(chunk.rows)
@@ -528,7 +586,7 @@ class SequenceLoader:
 
     def _finish(self, loaded: tuple[_Columns, np.ndarray], rows: slice) -> Batch:
         columns, order = loaded
-        batch = build_batch(columns, order[rows], self.spec)
+        batch = build_batch(columns, order[rows])
         return batch.pin_memory() if self.pin_memory else batch
 
     def _serial(self, chunks: list[_Chunk], planned: Iterator[_PlannedBatch], reader: _RowGroupReader) -> Iterator[Batch]:
@@ -546,7 +604,7 @@ class SequenceLoader:
         loads: dict[int, Future] = {}
         pending: deque[Future] = deque()
 
-        def load(number: int) -> Future:
+        def load(number: int) -> Future | None:
             if number not in loads and number < len(chunks):
                 loads[number] = reading.submit(self._load_chunk, chunks[number], reader)
             return loads.get(number)
@@ -558,16 +616,14 @@ class SequenceLoader:
                 del loads[old]  # queued batches keep their chunk alive; let go of the rest
             pending.append(building.submit(lambda: self._finish(loaded.result(), item.rows)))
 
-        upcoming = planned
         try:
-            for item in upcoming:
+            for item in planned:
                 submit(item)
                 if len(pending) >= self.prefetch:
                     break
             while pending:
                 batch = pending.popleft().result()
-                following = next(upcoming, None)
-                if following is not None:
+                if (following := next(planned, None)) is not None:
                     submit(following)
                 yield batch
         finally:
@@ -625,15 +681,10 @@ def _rows_by_statistics(statistics, split: str, total: int) -> int | None:
 
 
 def _check_arguments(batch_size: int, seed: int, rank: int, world_size: int, num_workers: int, prefetch: int, chunk_rows: int) -> None:
-    problems = []
-    if batch_size < 1:
-        problems.append(f"batch_size must be at least 1, got {batch_size}")
-    if seed < 0:
-        problems.append(f"seed must be non-negative, got {seed}")
-    if world_size < 1 or not 0 <= rank < world_size:
-        problems.append(f"rank must be in 0 … world_size - 1, got rank {rank} of {world_size}")
-    if num_workers < 0 or prefetch < 1 or chunk_rows < 1:
-        problems.append("num_workers must be ≥ 0, prefetch and chunk_rows ≥ 1")
+    problems = [f"batch_size must be at least 1, got {batch_size}"] if batch_size < 1 else []
+    problems += [f"seed must be non-negative, got {seed}"] if seed < 0 else []
+    problems += [f"rank must be in 0 … world_size - 1, got rank {rank} of {world_size}"] if not 0 <= rank < world_size else []
+    problems += ["num_workers must be ≥ 0, prefetch and chunk_rows ≥ 1"] if min(num_workers + 1, prefetch, chunk_rows) < 1 else []
     if problems:
         raise ValueError("; ".join(problems))
 

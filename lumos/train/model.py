@@ -204,7 +204,9 @@ class LumosModel(nn.Module):
         self.embedding_dropout = nn.Dropout(config.dropout)
         self.encoder = nn.ModuleList([EncoderBlock(config) for _ in range(config.encoder_layers)])
         self.encoder_ln = nn.LayerNorm(C)
-        self.pool_ln = nn.LayerNorm(C)
+        # No affine: no loss reaches the pooled embedding, so learned scale and shift would never
+        # train (and DDP rejects parameters that get no gradient).
+        self.pool_ln = nn.LayerNorm(C, elementwise_affine=False)
 
         # Decoder slots: [next item] + one per horizon, each with its own averaging of the calendar.
         slot_weights = []

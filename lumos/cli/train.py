@@ -1,0 +1,84 @@
+"""`lumos train`: train the user model on a sequences table version and log the run to MLflow."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from lumos.cli.output import echo, emit_json, handles_errors, print_table, progress, state
+from lumos.core.config import load_config
+from lumos.core.workspace import open_workspace
+
+
+@handles_errors
+def train(
+    ctx: typer.Context,
+    config_file: Annotated[Path, typer.Option("--config", "-c", help="The training recipe (train.toml).")],
+    data: Annotated[
+        str | None, typer.Option("--data", help="Sequences table, dataset.sequences[@VERSION]; overrides data.table.")
+    ] = None,
+    nproc: Annotated[int, typer.Option("--nproc", help="Ranks on this machine (DDP: gloo on CPU, nccl on GPU).")] = 1,
+    overrides: Annotated[
+        list[str] | None, typer.Option("--set", help="Override a field, e.g. --set run.max_steps=50 (repeatable).")
+    ] = None,
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="Print the memory estimate and batch size, then stop without training.")
+    ] = False,
+    resume: Annotated[
+        str | None, typer.Option("--resume", help="Continue this MLflow run from its latest checkpoint.")
+    ] = None,
+    json_output: Annotated[bool, typer.Option("--json", help="Print a JSON summary on stdout.")] = False,
+) -> None:
+    """Train the encoder-decoder user model; every run is an MLflow run with its lineage.
+
+    The run records the exact data version, the resolved config and its hash, the data recipe and
+    the seed, logs losses, learning rate, samples/s and data-wait every few steps, and keeps
+    checkpoints (safetensors) from which the model rebuilds alone. Ctrl-C writes a checkpoint;
+    `--resume RUN_ID` continues it. See examples/quickstart/train.toml.
+    """
+    from lumos.train.config import TrainConfig
+    from lumos.train.run import train as run_training
+
+    overrides = list(overrides or [])
+    if data is not None:
+        overrides.append(f"data.table={data}")
+    config = load_config(TrainConfig, config_file, overrides)
+    workspace = open_workspace(state(ctx).workspace_dir)
+    with progress("training") as report:
+        summary = run_training(config, workspace, nproc=nproc, resume_run_id=resume, dry_run=dry_run, report=report)
+    result = summary.result
+    if json_output:
+        emit_json({
+            "run_id": summary.run_id,
+            "experiment": summary.experiment,
+            "data": summary.data,
+            "batch_size": summary.batch_size,
+            "batch_size_search": summary.batch_size_search,
+            "parameters": summary.parameters,
+            "world_size": summary.world_size,
+            "dry_run": summary.dry_run,
+            "memory_estimate_bytes": dict(summary.memory_estimate),
+            "step": result.step if result else 0,
+            "interrupted": result.interrupted if result else False,
+            "train_losses": result.train_losses if result else {},
+            "valid_losses": result.valid_losses if result else {},
+            "samples_per_second": result.samples_per_second if result else 0.0,
+            "data_wait_fraction": result.data_wait_fraction if result else 0.0,
+        })
+        return
+    print_table(
+        f"memory per rank at batch {summary.batch_size // max(summary.world_size * config.run.grad_accum, 1)}",
+        ["", "MiB"], [(name, f"{size / 2**20:,.1f}") for name, size in summary.memory_estimate],
+    )
+    if summary.dry_run:
+        echo(f"would train {summary.parameters:,} parameters on {summary.data} with batch size {summary.batch_size}")
+        return
+    losses = ", ".join(f"{task} {value:.4f}" for task, value in (result.valid_losses or result.train_losses).items())
+    verb = "interrupted at" if result.interrupted else "trained"
+    echo(f"{verb} step {result.step}: {losses}")
+    echo(f"run {summary.run_id} in experiment {summary.experiment}; resume with --resume {summary.run_id}")
+    echo(f"see it: mlflow ui --backend-store-uri {workspace.mlflow_tracking_uri}")
+    if result.interrupted:
+        raise typer.Exit(130)

@@ -1,0 +1,109 @@
+"""Checkpoints: everything needed to rebuild the model, and to resume training exactly, without pickle.
+
+A checkpoint is a folder, written under a temporary name and renamed into place (atomic):
+
+    model.safetensors   the weights
+    config.toml         the resolved TrainConfig (the model rebuilds from this and features.json)
+    features.json       the FeatureSpec of the data it was trained on
+    state.pt            optimizer, scheduler, loader position, step and RNG states; tensors and
+                        plain containers only, read back with torch.load(weights_only=True)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import random
+import shutil
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from lumos.core.config import from_dict, read_toml, to_toml
+from lumos.core.errors import UsageError
+from lumos.train.config import TrainConfig
+from lumos.train.features import FeatureSpec
+from lumos.train.model import LumosModel
+
+MODEL_FILE = "model.safetensors"
+CONFIG_FILE = "config.toml"
+FEATURES_FILE = "features.json"
+STATE_FILE = "state.pt"
+
+
+@dataclass
+class TrainingState:
+    step: int
+    optimizer: dict[str, Any]
+    scheduler: dict[str, Any]
+    loader: dict[str, Any]
+    rng: dict[str, Any]
+
+
+def save_checkpoint(folder: Path, model: LumosModel, config: TrainConfig, state: TrainingState) -> Path:
+    """Write a checkpoint folder atomically; an existing folder of that name is replaced."""
+    folder = Path(folder)
+    staging = folder.with_name(f".{folder.name}.tmp-{uuid.uuid4().hex[:8]}")
+    staging.mkdir(parents=True)
+    try:
+        save_model(staging, model, config)
+        torch.save(dataclasses.asdict(state), staging / STATE_FILE)
+        if folder.exists():
+            shutil.rmtree(folder)
+        os.replace(staging, folder)
+    finally:
+        if staging.exists():
+            shutil.rmtree(staging)
+    return folder
+
+
+def save_model(folder: Path, model: LumosModel, config: TrainConfig) -> None:
+    """The rebuildable part of a checkpoint: weights, config and feature spec."""
+    weights = {name: tensor.detach().contiguous().cpu() for name, tensor in model.state_dict().items()}
+    save_file(weights, str(folder / MODEL_FILE))
+    (folder / CONFIG_FILE).write_text(to_toml(config), encoding="utf-8")
+    (folder / FEATURES_FILE).write_text(json.dumps(dataclasses.asdict(model.features), indent=2), encoding="utf-8")
+
+
+def load_model(folder: Path, map_location: str | torch.device = "cpu") -> tuple[LumosModel, TrainConfig]:
+    """Rebuild a model from a checkpoint folder alone."""
+    folder = Path(folder)
+    missing = [name for name in (MODEL_FILE, CONFIG_FILE, FEATURES_FILE) if not (folder / name).is_file()]
+    if missing:
+        raise UsageError(f"{folder} is not a Lumos checkpoint: missing {', '.join(missing)}")
+    config = from_dict(TrainConfig, read_toml(folder / CONFIG_FILE), source=str(folder / CONFIG_FILE))
+    features = load_features(folder / FEATURES_FILE)
+    model = LumosModel(config.model, features)
+    model.load_state_dict(load_file(str(folder / MODEL_FILE), device=str(map_location)))
+    return model, config
+
+
+def load_features(path: Path) -> FeatureSpec:
+    data = json.loads(Path(path).read_text(encoding="utf-8"))
+    tuples = {"token_numeric", "static_numeric", "future_flags", "horizons_days"}
+    return FeatureSpec(**{key: tuple(value) if key in tuples else value for key, value in data.items()})
+
+
+def load_training_state(folder: Path) -> TrainingState:
+    raw = torch.load(Path(folder) / STATE_FILE, map_location="cpu", weights_only=True)
+    return TrainingState(**raw)
+
+
+def capture_rng() -> dict[str, Any]:
+    state = {"torch": torch.get_rng_state(), "python": random.getstate()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def restore_rng(state: dict[str, Any]) -> None:
+    torch.set_rng_state(state["torch"])
+    python_state = state["python"]
+    random.setstate((python_state[0], tuple(python_state[1]), python_state[2]))
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])

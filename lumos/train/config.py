@@ -1,0 +1,110 @@
+"""The training recipe (`train.toml`): data, model, optimizer and run settings, all frozen dataclasses."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from lumos.core.config import require_valid
+from lumos.train.model import ModelConfig
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    table: str = "quickstart.sequences"
+    """The sequences table, dataset.sequences[@version]; without a version the latest is used and
+    the exact version is recorded. `--data` overrides it."""
+    train_split: str = "train"
+    """Rows of this split train the model."""
+    valid_split: str | None = "valid"
+    """Rows of this split give the validation loss; unset to skip validation."""
+    loader_workers: int | None = None
+    """Threads that build batches; unset means a share of the CPUs."""
+
+
+@dataclass(frozen=True)
+class OptimConfig:
+    lr: float = 1e-3
+    """Peak learning rate of AdamW."""
+    weight_decay: float = 0.01
+    """AdamW weight decay (not applied to biases, norms and embeddings)."""
+    betas: tuple[float, ...] = (0.9, 0.98)
+    """AdamW betas."""
+    warmup_steps: int = 50
+    """Linear warm-up from 0 to lr over this many optimizer steps."""
+    min_lr_ratio: float = 0.1
+    """The cosine schedule ends at lr * min_lr_ratio at the last step."""
+    grad_clip: float = 1.0
+    """Clip the global gradient norm to this; 0 disables clipping."""
+
+    def __post_init__(self) -> None:
+        problems = []
+        if self.lr <= 0:
+            problems.append(("lr", "must be positive"))
+        if len(self.betas) != 2 or not all(0 <= beta < 1 for beta in self.betas):
+            problems.append(("betas", "must be two numbers in [0, 1)"))
+        if self.warmup_steps < 0:
+            problems.append(("warmup_steps", "must be 0 or more"))
+        if not 0 <= self.min_lr_ratio <= 1:
+            problems.append(("min_lr_ratio", "must be between 0 and 1"))
+        if self.grad_clip < 0:
+            problems.append(("grad_clip", "must be 0 (off) or positive"))
+        require_valid(problems)
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    batch_size: int | Literal["auto"] = 128
+    """Global batch size (summed over ranks and accumulation steps), or "auto": the largest that fits
+    (GPU memory, or memory_budget_mb on CPU), found by trying growing sizes before training."""
+    grad_accum: int = 1
+    """Micro-batches accumulated per optimizer step."""
+    max_steps: int = 300
+    """Optimizer steps to train."""
+    eval_every: int = 50
+    """Compute the validation loss every this many steps (and at the end)."""
+    eval_batches: int = 20
+    """Validation batches per evaluation (0 means the whole split)."""
+    log_every: int = 10
+    """Log metrics every this many steps."""
+    checkpoint_every: int = 100
+    """Write a resumable checkpoint every this many steps (and at the end)."""
+    seed: int = 0
+    """Seeds model init, sampling, dropout and the loader's shuffle."""
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    """auto: CUDA when available, else CPU."""
+    precision: Literal["fp32", "bf16"] = "fp32"
+    """bf16 autocast (GPU only; CPU runs in fp32)."""
+    memory_budget_mb: int = 2048
+    """CPU only: the memory one training step may use when batch_size = "auto"."""
+    max_batch_size: int = 4096
+    """The largest batch size the "auto" search tries."""
+    experiment: str = "lumos-train"
+    """MLflow experiment of the run."""
+    run_name: str | None = None
+    """MLflow run name; unset lets MLflow choose."""
+
+    def __post_init__(self) -> None:
+        problems = []
+        if self.batch_size != "auto" and self.batch_size < 1:
+            problems.append(("batch_size", 'must be positive or "auto"'))
+        for name in ("grad_accum", "max_steps", "eval_every", "log_every", "checkpoint_every", "memory_budget_mb", "max_batch_size"):
+            if getattr(self, name) < 1:
+                problems.append((name, "must be at least 1"))
+        if self.eval_batches < 0:
+            problems.append(("eval_batches", "must be 0 (all) or more"))
+        require_valid(problems)
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """A whole training recipe; the resolved config is logged with the run and saved beside every checkpoint."""
+
+    data: DataConfig = field(default_factory=DataConfig)
+    """Which table and splits to train on."""
+    model: ModelConfig = field(default_factory=ModelConfig)
+    """The network."""
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    """AdamW with warm-up and cosine decay."""
+    run: RunConfig = field(default_factory=RunConfig)
+    """Batching, length, cadence, seed, device and tracking."""

@@ -1,0 +1,350 @@
+"""The training loop, one code path for 1 and N ranks (DDP: gloo on CPU, nccl on GPU).
+
+Each rank runs `fit`. The parent process (lumos.train.run) has already pinned the data version,
+chosen the batch size and opened the MLflow run; rank 0 logs metrics and writes checkpoints, the
+others only compute. Ctrl-C (SIGINT) is turned into a flag that every rank agrees on at the next
+step boundary, so the checkpoint written on the way out is a consistent one.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import random
+import signal
+import time
+from contextlib import nullcontext
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+
+from lumos.core.tables import TableRef
+from lumos.core.workspace import Workspace
+from lumos.data.loader import SequenceLoader, open_sequences
+from lumos.train.checkpoint import (
+    TrainingState,
+    capture_rng,
+    load_model,
+    load_training_state,
+    restore_rng,
+    save_checkpoint,
+)
+from lumos.train.config import TrainConfig
+from lumos.train.features import Batch
+from lumos.train.model import LumosModel
+
+
+@dataclass(frozen=True)
+class FitPlan:
+    """Everything a rank needs, decided once by the parent and identical on every rank."""
+
+    config: TrainConfig
+    workspace: Workspace
+    data: str
+    """The pinned sequences version, dataset.sequences@V."""
+    micro_batch: int
+    """Rows per rank per forward/backward: batch_size / (world size × grad_accum)."""
+    run_id: str | None
+    """The MLflow run rank 0 logs to (None: no tracking, as in benchmarks)."""
+    checkpoint_dir: str
+    """Local folder for checkpoints of this run."""
+    resume_from: str | None = None
+    """A checkpoint folder to continue from."""
+
+
+@dataclass
+class FitResult:
+    step: int
+    interrupted: bool
+    train_losses: dict[str, float] = field(default_factory=dict)
+    valid_losses: dict[str, float] = field(default_factory=dict)
+    samples_per_second: float = 0.0
+    data_wait_fraction: float = 0.0
+    checkpoint: str | None = None
+    history: list[dict[str, float]] = field(default_factory=list)
+    """Per logged step: step, loss and learning rate (used by tests and benchmarks)."""
+
+
+@dataclass(frozen=True)
+class Ranks:
+    rank: int
+    world_size: int
+    device: torch.device
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def setup_ranks(device_preference: str) -> Ranks:
+    """Join the process group when launched with several ranks (our launcher or torchrun)."""
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    rank = int(os.environ.get("RANK", "0"))
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    use_cuda = device_preference == "cuda" or (device_preference == "auto" and torch.cuda.is_available())
+    device = torch.device("cuda", local_rank) if use_cuda else torch.device("cpu")
+    if use_cuda:
+        torch.cuda.set_device(device)
+    if world_size > 1 and not dist.is_initialized():
+        dist.init_process_group("nccl" if use_cuda else "gloo", rank=rank, world_size=world_size)
+    return Ranks(rank, world_size, device)
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def lr_factor(step: int, warmup: int, total: int, min_ratio: float) -> float:
+    """Linear warm-up to 1, then cosine decay to min_ratio at `total` steps."""
+    if warmup and step < warmup:
+        return (step + 1) / warmup
+    progress = min((step - warmup) / max(total - warmup, 1), 1.0)
+    return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+def build_optimizer(model: LumosModel, config: TrainConfig) -> torch.optim.Optimizer:
+    # Weight decay on matrices only: decaying biases, norms and embeddings hurts and helps nothing.
+    decay, no_decay = [], []
+    for name, parameter in model.named_parameters():
+        is_matrix = parameter.dim() >= 2 and "embedding" not in name and "table" not in name
+        (decay if is_matrix else no_decay).append(parameter)
+    groups = [{"params": decay, "weight_decay": config.optim.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=config.optim.lr, betas=tuple(config.optim.betas))
+
+
+class _LossModule(torch.nn.Module):
+    """DDP synchronizes gradients of what runs through its forward, so the loss is the forward."""
+
+    def __init__(self, model: LumosModel):
+        super().__init__()
+        self.model = model
+
+    def forward(self, batch: Batch):
+        return self.model.loss(batch)
+
+
+class _InterruptFlag:
+    """SIGINT sets a flag instead of raising mid-step; the loop checkpoints and stops."""
+
+    def __init__(self) -> None:
+        self.raised = False
+        self._previous = None
+
+    def __enter__(self) -> _InterruptFlag:
+        try:
+            self._previous = signal.signal(signal.SIGINT, self._handle)
+        except ValueError:  # not the main thread: leave signals alone
+            self._previous = None
+        return self
+
+    def _handle(self, signum, frame) -> None:
+        self.raised = True
+
+    def __exit__(self, *exc) -> None:
+        if self._previous is not None:
+            signal.signal(signal.SIGINT, self._previous)
+
+
+def fit(plan: FitPlan, log_metrics=None, log_checkpoint=None, report=None) -> FitResult:
+    """Train one rank. `log_metrics(step, metrics)`, `log_checkpoint(folder, step)` and `report(line)`
+    are called on rank 0 only (tracking and progress live outside the loop)."""
+    config = plan.config
+    ranks = setup_ranks(config.run.device)
+    seed_everything(config.run.seed)
+    sequences = open_sequences(plan.workspace, TableRef.parse(plan.data))
+    if plan.resume_from:
+        model, _ = load_model(Path(plan.resume_from), map_location=ranks.device)
+    else:
+        model = LumosModel(config.model, sequences.spec)
+    model = model.to(ranks.device)
+    optimizer = build_optimizer(model, config)
+    schedule = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda step: lr_factor(step, config.optim.warmup_steps, config.run.max_steps, config.optim.min_lr_ratio)
+    )
+    loader = SequenceLoader(
+        sequences.snapshot, sequences.spec, plan.micro_batch, split=config.data.train_split, seed=config.run.seed,
+        drop_last=True, rank=ranks.rank, world_size=ranks.world_size, num_workers=config.data.loader_workers,
+    )
+    start_step = 0
+    if plan.resume_from:
+        state = load_training_state(Path(plan.resume_from))
+        optimizer.load_state_dict(state.optimizer)
+        schedule.load_state_dict(state.scheduler)
+        loader.load_state_dict({**state.loader, "plan": loader.state_dict()["plan"]})
+        restore_rng(state.rng)
+        start_step = state.step
+    else:
+        # Ranks differ in dropout and sampled negatives, like independent replicas; init is
+        # identical (seeded above) and DDP broadcasts rank 0's weights regardless.
+        torch.manual_seed(config.run.seed + ranks.rank)
+    trainer = DistributedDataParallel(_LossModule(model)) if ranks.world_size > 1 else _LossModule(model)
+    valid = _valid_loader(plan, sequences, ranks)
+    autocast = (
+        torch.autocast("cuda", dtype=torch.bfloat16)
+        if config.run.precision == "bf16" and ranks.device.type == "cuda"
+        else nullcontext()
+    )
+
+    result = FitResult(step=start_step, interrupted=False)
+    batches = iter(loader)
+    window = _Window()
+    with _InterruptFlag() as interrupt:
+        for step in range(start_step, config.run.max_steps):
+            model.train()
+            step_started = time.perf_counter()
+            losses: dict[str, float] = {}
+            for micro in range(config.run.grad_accum):
+                waited = time.perf_counter()
+                batch, batches = _next_batch(batches, loader)
+                batch = batch.to(ranks.device, non_blocking=True)
+                window.wait += time.perf_counter() - waited
+                sync = micro == config.run.grad_accum - 1 or ranks.world_size == 1
+                with (nullcontext() if sync else trainer.no_sync()), autocast:
+                    total, parts = trainer(batch)
+                (total / config.run.grad_accum).backward()
+                for task, value in parts.items():
+                    losses[task] = losses.get(task, 0.0) + float(value) / config.run.grad_accum
+                window.samples += batch.size * ranks.world_size
+            if config.optim.grad_clip:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), config.optim.grad_clip)
+            optimizer.step()
+            schedule.step()
+            optimizer.zero_grad(set_to_none=True)
+            window.seconds += time.perf_counter() - step_started
+            done = step + 1
+            result.step = done
+            result.train_losses = _mean_over_ranks(losses, ranks)
+
+            if done % config.run.log_every == 0 or done == config.run.max_steps:
+                metrics = {f"train/{task}": value for task, value in result.train_losses.items()}
+                metrics.update(window.metrics(ranks, optimizer))
+                result.history.append({"step": done, "loss": sum(result.train_losses.values()), "lr": optimizer.param_groups[0]["lr"]})
+                result.samples_per_second, result.data_wait_fraction = metrics["samples_per_second"], metrics["data_wait_fraction"]
+                if ranks.is_main and log_metrics:
+                    log_metrics(done, metrics)
+                if ranks.is_main and report:
+                    report(_progress_line(done, config.run.max_steps, result.train_losses, metrics))
+                window = _Window()
+            if valid is not None and (done % config.run.eval_every == 0 or done == config.run.max_steps):
+                result.valid_losses = _evaluate(model, valid, config, ranks)
+                if ranks.is_main and log_metrics:
+                    log_metrics(done, {f"valid/{task}": value for task, value in result.valid_losses.items()}
+                                | {"valid/loss": sum(result.valid_losses.values())})
+            stop = _agree(interrupt.raised, ranks)
+            if done % config.run.checkpoint_every == 0 or done == config.run.max_steps or stop:
+                result.checkpoint = _checkpoint(plan, model, optimizer, schedule, loader, done, ranks, log_checkpoint)
+            if stop:
+                result.interrupted = True
+                break
+    if ranks.world_size > 1:
+        dist.barrier()
+        dist.destroy_process_group()
+    return result
+
+
+@dataclass
+class _Window:
+    """Counters since the last log line."""
+
+    samples: int = 0
+    seconds: float = 0.0
+    wait: float = 0.0
+
+    def metrics(self, ranks: Ranks, optimizer) -> dict[str, float]:
+        metrics = {
+            "lr": optimizer.param_groups[0]["lr"],
+            "samples_per_second": self.samples / self.seconds if self.seconds else 0.0,
+            "data_wait_fraction": self.wait / self.seconds if self.seconds else 0.0,
+        }
+        if ranks.device.type == "cuda":
+            metrics["peak_memory_mb"] = torch.cuda.max_memory_allocated(ranks.device) / 2**20
+        else:
+            metrics["peak_memory_mb"] = _peak_rss_mb()
+        return metrics
+
+
+def _peak_rss_mb() -> float:
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
+
+
+def _next_batch(batches, loader: SequenceLoader):
+    """The next batch, starting the next epoch when this one is exhausted."""
+    try:
+        return next(batches), batches
+    except StopIteration:
+        batches = iter(loader)  # the loader advanced its epoch when the last one completed
+        return next(batches), batches
+
+
+def _valid_loader(plan: FitPlan, sequences, ranks: Ranks) -> SequenceLoader | None:
+    split = plan.config.data.valid_split
+    if split is None:
+        return None
+    return SequenceLoader(
+        sequences.snapshot, sequences.spec, plan.micro_batch, split=split, shuffle=False,
+        rank=ranks.rank, world_size=ranks.world_size, num_workers=plan.config.data.loader_workers,
+    )
+
+
+@torch.no_grad()
+def _evaluate(model: LumosModel, loader: SequenceLoader, config: TrainConfig, ranks: Ranks) -> dict[str, float]:
+    """Mean per-task validation loss over the first `eval_batches` batches (all with 0), all ranks."""
+    model.eval()
+    rng = capture_rng()  # sampled negatives draw from the global RNG; keep training's stream intact
+    sums: dict[str, float] = {}
+    count = 0
+    loader.set_epoch(0)
+    for index, batch in enumerate(loader):
+        if config.run.eval_batches and index >= config.run.eval_batches:
+            break
+        _, parts = model.loss(batch.to(ranks.device))
+        for task, value in parts.items():
+            sums[task] = sums.get(task, 0.0) + float(value)
+        count += 1
+    loader.load_state_dict({**loader.state_dict(), "epoch": 0, "batches_yielded": 0})
+    restore_rng(rng)
+    return _mean_over_ranks({task: total / max(count, 1) for task, total in sums.items()}, ranks)
+
+
+def _mean_over_ranks(values: dict[str, float], ranks: Ranks) -> dict[str, float]:
+    if ranks.world_size == 1 or not values:
+        return values
+    names = sorted(values)
+    tensor = torch.tensor([values[name] for name in names], dtype=torch.float64, device=ranks.device)
+    dist.all_reduce(tensor)
+    return {name: float(value) / ranks.world_size for name, value in zip(names, tensor.tolist(), strict=True)}
+
+
+def _agree(flag: bool, ranks: Ranks) -> bool:
+    """True on every rank when any rank was interrupted."""
+    if ranks.world_size == 1:
+        return flag
+    tensor = torch.tensor([int(flag)], device=ranks.device)
+    dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
+    return bool(tensor.item())
+
+
+def _checkpoint(plan: FitPlan, model, optimizer, schedule, loader, step: int, ranks: Ranks, log_checkpoint) -> str | None:
+    folder = None
+    if ranks.is_main:
+        state = TrainingState(step=step, optimizer=optimizer.state_dict(), scheduler=schedule.state_dict(),
+                              loader=loader.state_dict(), rng=capture_rng())
+        folder = save_checkpoint(Path(plan.checkpoint_dir) / f"step-{step:08d}", model, plan.config, state)
+        if log_checkpoint:
+            log_checkpoint(folder, step)
+    if ranks.world_size > 1:
+        dist.barrier()  # no rank runs ahead of a checkpoint it might need on resume
+    return str(folder) if folder else None
+
+
+def _progress_line(step: int, total: int, losses: dict[str, float], metrics: dict[str, float]) -> str:
+    parts = " ".join(f"{task}={value:.4f}" for task, value in losses.items())
+    return f"step {step}/{total} {parts} lr={metrics['lr']:.2e} {metrics['samples_per_second']:.0f} samples/s"

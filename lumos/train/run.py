@@ -1,0 +1,259 @@
+"""`lumos train`: plan the run once, launch 1..N ranks of the training loop, record everything in MLflow.
+
+The parent process pins the data version, rebuilds the model to size it, picks the batch size
+(fixed or "auto"), opens the MLflow run with params, lineage tags and artifacts, then runs
+`fit` itself (one rank) or spawns N ranks with torch.multiprocessing (gloo on CPU, nccl on GPU).
+Under torchrun (WORLD_SIZE set) every process is a rank and rank 0 does the parent's MLflow work.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import sys
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from lumos.core.config import config_hash, to_plain, to_toml
+from lumos.core.errors import UsageError
+from lumos.core.lineage import LineageInput, LineageRecord
+from lumos.core.tables import TableRef, table_location
+from lumos.core.tracking import ensure_experiment, flatten_params, tracking_client
+from lumos.core.workspace import Workspace
+from lumos.data.loader import SequenceLoader, open_sequences
+from lumos.train.config import TrainConfig
+from lumos.train.loop import FitPlan, FitResult, fit
+from lumos.train.memory import estimate_memory, find_batch_size
+from lumos.train.model import LumosModel
+
+Report = Callable[[str], None]
+STAGE = "train"
+
+
+@dataclass
+class TrainSummary:
+    run_id: str | None
+    experiment: str
+    data: str
+    batch_size: int
+    batch_size_search: list[tuple[int, int, bool]] = field(default_factory=list)
+    memory_estimate: list[tuple[str, int]] = field(default_factory=list)
+    parameters: int = 0
+    world_size: int = 1
+    result: FitResult | None = None
+    dry_run: bool = False
+
+
+def train(
+    config: TrainConfig,
+    workspace: Workspace,
+    nproc: int = 1,
+    resume_run_id: str | None = None,
+    dry_run: bool = False,
+    report: Report = lambda _: None,
+) -> TrainSummary:
+    world_size = int(os.environ.get("WORLD_SIZE", nproc))
+    if world_size < 1:
+        raise UsageError("--nproc must be at least 1")
+    resume_dir = None
+    if resume_run_id:
+        config, resume_dir = _resume_source(workspace, resume_run_id, config)
+    sequences = open_sequences(workspace, TableRef.parse(config.data.table))
+    data = str(sequences.ref)
+    model = LumosModel(config.model, sequences.spec)
+    report(f"data {data}: {model.num_parameters():,} parameters")
+
+    summary = TrainSummary(run_id=resume_run_id, experiment=config.run.experiment, data=data, batch_size=0,
+                           parameters=model.num_parameters(), world_size=world_size, dry_run=dry_run)
+    train_rows = SequenceLoader(sequences.snapshot, sequences.spec, 1, split=config.data.train_split, num_workers=0).rows
+    global_batch, micro_batch = _batch_sizes(config, model, world_size, train_rows, summary, report)
+    summary.batch_size = global_batch
+    summary.memory_estimate = estimate_memory(model, micro_batch).rows()
+    config = replace(config, run=replace(config.run, batch_size=global_batch))
+    _check_loader_fits(sequences, config, micro_batch, world_size)
+    if dry_run:
+        return summary
+
+    if int(os.environ.get("RANK", "0")) != 0:
+        # A torchrun rank other than 0: it computes; rank 0 owns the MLflow run and checkpoints.
+        plan = FitPlan(config=config, workspace=workspace, data=data, micro_batch=micro_batch, run_id=None,
+                       checkpoint_dir=tempfile.mkdtemp(prefix="lumos-rank-"), resume_from=str(resume_dir) if resume_dir else None)
+        summary.result = fit(plan)
+        return summary
+    client, run_id = _open_run(workspace, config, sequences, resume_run_id, summary)
+    summary.run_id = run_id
+    checkpoint_dir = str(Path(workspace.path("runs", run_id, "checkpoints")))
+    plan = FitPlan(config=config, workspace=workspace, data=data, micro_batch=micro_batch, run_id=run_id,
+                   checkpoint_dir=checkpoint_dir, resume_from=str(resume_dir) if resume_dir else None)
+    status = "FAILED"
+    try:
+        result = launch(plan, world_size, report)
+        status = "KILLED" if result.interrupted else "FINISHED"
+        summary.result = result
+        return summary
+    finally:
+        client.set_terminated(run_id, status)
+
+
+# ---------------------------------------------------------------------------------------------
+# Planning
+
+
+def _batch_sizes(
+    config: TrainConfig, model: LumosModel, world_size: int, train_rows: int, summary: TrainSummary, report: Report
+) -> tuple[int, int]:
+    """(global batch, per-rank micro-batch): global = micro × ranks × grad_accum."""
+    per_step = world_size * config.run.grad_accum
+    if config.run.batch_size == "auto":
+        # No batch larger than the split: the search stops there too.
+        largest = max(1, min(config.run.max_batch_size, train_rows) // per_step)
+        device = torch.device("cuda" if config.run.device != "cpu" and torch.cuda.is_available() else "cpu")
+        budget = torch.cuda.get_device_properties(device).total_memory if device.type == "cuda" else config.run.memory_budget_mb * 2**20
+        report("finding the largest batch that fits")
+        search = find_batch_size(model, device, largest, budget)
+        summary.batch_size_search = search.tried
+        micro = search.batch_size
+        report(f"batch size: {micro} per rank (stopped by {search.limit})")
+        return micro * per_step, micro
+    if config.run.batch_size % per_step:
+        raise UsageError(
+            f"run.batch_size = {config.run.batch_size} must divide evenly over {world_size} rank(s) × "
+            f"run.grad_accum = {config.run.grad_accum}; try {max(per_step, config.run.batch_size // per_step * per_step)}"
+        )
+    return config.run.batch_size, config.run.batch_size // per_step
+
+
+def _check_loader_fits(sequences, config: TrainConfig, micro_batch: int, world_size: int) -> None:
+    loader = SequenceLoader(sequences.snapshot, sequences.spec, micro_batch, split=config.data.train_split,
+                            drop_last=True, world_size=world_size, num_workers=0)
+    if len(loader) == 0:
+        raise UsageError(
+            f"split {config.data.train_split!r} of {sequences.ref} has {loader.rows} rows, fewer than one batch of "
+            f"{micro_batch} per rank × {world_size} rank(s); lower run.batch_size"
+        )
+
+
+def _resume_source(workspace: Workspace, run_id: str, config: TrainConfig) -> tuple[TrainConfig, Path]:
+    """The run's own config (the one given must not change the run) and its latest checkpoint."""
+    import mlflow
+
+    client = tracking_client(workspace)
+    try:
+        run = client.get_run(run_id)
+    except mlflow.exceptions.MlflowException:
+        raise UsageError(f"--resume {run_id}: no such run in {workspace.mlflow_tracking_uri}") from None
+    latest = run.data.tags.get("lumos.checkpoint")
+    if run.data.tags.get("lumos.stage") != STAGE or not latest:
+        raise UsageError(f"--resume {run_id}: not a Lumos training run with a checkpoint")
+    local = Path(tempfile.mkdtemp(prefix="lumos-resume-"))
+    folder = Path(mlflow.artifacts.download_artifacts(run_id=run_id, artifact_path=latest, dst_path=str(local)))
+    from lumos.train.checkpoint import load_model
+
+    _, saved = load_model(folder)
+    return saved, folder
+
+
+def _open_run(workspace: Workspace, config: TrainConfig, sequences, resume_run_id: str | None, summary: TrainSummary):
+    client = tracking_client(workspace)
+    if resume_run_id:
+        client.update_run(resume_run_id, status="RUNNING")
+        return client, resume_run_id
+    experiment_id = ensure_experiment(client, workspace, config.run.experiment)
+    recipe = sequences.recipe
+    lineage = LineageRecord(
+        stage=STAGE,
+        config=to_plain(config),
+        config_hash=config_hash(config),
+        inputs=[LineageInput("delta", table_location(workspace, sequences.ref), sequences.ref.version)],
+        stats={"parameters": summary.parameters, "batch_size": summary.batch_size, "world_size": summary.world_size},
+        seed=config.run.seed,
+    )
+    tags = {
+        "lumos.stage": STAGE,
+        "lumos.data": str(sequences.ref),
+        "lumos.data.version": str(sequences.ref.version),
+        "lumos.config_hash": lineage.config_hash,
+        "lumos.recipe_hash": config_hash(recipe),
+        "lumos.code_version": lineage.code_version,
+        "lumos.seed": str(config.run.seed),
+    }
+    run = client.create_run(experiment_id, run_name=config.run.run_name, tags=tags)
+    run_id = run.info.run_id
+    for key, value in flatten_params(to_plain(config)).items():
+        client.log_param(run_id, key, value)
+    client.log_param(run_id, "batch_size.resolved", str(summary.batch_size))
+    client.log_param(run_id, "world_size", str(summary.world_size))
+    client.log_text(run_id, to_toml(config), "config.toml")
+    client.log_text(run_id, json.dumps(recipe, indent=2, sort_keys=True), "recipe.json")
+    client.log_text(run_id, json.dumps(json.loads(lineage.to_json()), indent=2, sort_keys=True), "lineage.json")
+    return client, run_id
+
+
+# ---------------------------------------------------------------------------------------------
+# Launch
+
+
+def launch(plan: FitPlan, world_size: int, report: Report) -> FitResult:
+    """Run `fit` here (one rank, or a torchrun rank) or spawn `world_size` local ranks."""
+    if world_size == 1 or "WORLD_SIZE" in os.environ:
+        return fit(plan, **_rank0_hooks(plan, report))
+    import torch.multiprocessing as mp
+
+    with tempfile.TemporaryDirectory(prefix="lumos-ranks-") as scratch:
+        result_file = Path(scratch) / "result.json"
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        os.environ.setdefault("MASTER_PORT", str(_free_port()))
+        mp.spawn(_rank_main, args=(world_size, plan, str(result_file)), nprocs=world_size, join=True)
+        raw = json.loads(result_file.read_text())
+    return FitResult(**raw)
+
+
+def _rank_main(rank: int, world_size: int, plan: FitPlan, result_file: str) -> None:
+    os.environ.update({"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world_size)})
+    # Ranks share the machine's cores; oversubscribed threads slow every rank down.
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size))
+    result = fit(plan, **_rank0_hooks(plan, _print_line))
+    if rank == 0:
+        Path(result_file).write_text(json.dumps(result.__dict__))
+
+
+def _print_line(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)  # stdout is reserved for --json
+
+
+def _rank0_hooks(plan: FitPlan, report: Report) -> dict[str, Any]:
+    """Callbacks rank 0 uses to log to MLflow; built inside the rank (clients do not pickle)."""
+    if plan.run_id is None:
+        return {"report": report}
+    client = tracking_client(plan.workspace)
+
+    def log_metrics(step: int, metrics: dict[str, float]) -> None:
+        client.log_batch(plan.run_id, metrics=[_metric(key, value, step) for key, value in metrics.items()])
+
+    def log_checkpoint(folder: Path, step: int) -> None:
+        artifact_path = f"checkpoints/{Path(folder).name}"
+        client.log_artifacts(plan.run_id, str(folder), artifact_path)
+        client.set_tag(plan.run_id, "lumos.checkpoint", artifact_path)
+        client.set_tag(plan.run_id, "lumos.step", str(step))
+
+    return {"log_metrics": log_metrics, "log_checkpoint": log_checkpoint, "report": report}
+
+
+def _metric(key: str, value: float, step: int):
+    import time
+
+    from mlflow.entities import Metric
+
+    return Metric(key=key, value=float(value), timestamp=int(time.time() * 1000), step=step)
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
