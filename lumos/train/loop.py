@@ -217,6 +217,7 @@ def fit(plan: FitPlan, log_metrics=None, log_checkpoint=None, report=None) -> Fi
             schedule.step()
             optimizer.zero_grad(set_to_none=True)
             window.seconds += time.perf_counter() - step_started
+            window.steps += 1
             done = step + 1
             result.step = done
             result.train_losses = _mean_over_ranks(losses, ranks)
@@ -229,7 +230,8 @@ def fit(plan: FitPlan, log_metrics=None, log_checkpoint=None, report=None) -> Fi
                 if ranks.is_main and log_metrics:
                     log_metrics(done, metrics)
                 if ranks.is_main and report:
-                    report(_progress_line(done, config.run.max_steps, result.train_losses, metrics))
+                    eta = (config.run.max_steps - done) * window.seconds / max(window.steps, 1)
+                    report(_progress_line(done, config.run.max_steps, result.train_losses, metrics, eta))
                 window = _Window()
             if valid is not None and (done % config.run.eval_every == 0 or done == config.run.max_steps):
                 result.valid_losses = _evaluate(model, valid, config, ranks)
@@ -253,6 +255,7 @@ class _Window:
     """Counters since the last log line."""
 
     samples: int = 0
+    steps: int = 0
     seconds: float = 0.0
     wait: float = 0.0
 
@@ -345,6 +348,8 @@ def _checkpoint(plan: FitPlan, model, optimizer, schedule, loader, step: int, ra
     return str(folder) if folder else None
 
 
-def _progress_line(step: int, total: int, losses: dict[str, float], metrics: dict[str, float]) -> str:
+def _progress_line(step: int, total: int, losses: dict[str, float], metrics: dict[str, float], eta: float) -> str:
     parts = " ".join(f"{task}={value:.4f}" for task, value in losses.items())
-    return f"step {step}/{total} {parts} lr={metrics['lr']:.2e} {metrics['samples_per_second']:.0f} samples/s"
+    minutes, seconds = divmod(int(eta), 60)
+    return (f"step {step}/{total} {parts} lr={metrics['lr']:.2e} {metrics['samples_per_second']:.0f} samples/s "
+            f"data-wait {metrics['data_wait_fraction']:.0%} eta {minutes}:{seconds:02d}")
