@@ -37,8 +37,9 @@ from lumos.core.spark import workspace_spark
 from lumos.core.tables import TableRef, table_location
 from lumos.core.workspace import open_workspace
 from lumos.data.ingest import run_ingest
-from lumos.data.loader import SequenceLoader, SequencesVersion, default_workers, open_sequences
+from lumos.data.loader import SequenceLoader, default_workers
 from lumos.data.recipe import IngestRecipe
+from lumos.data.sequences_version import SequencesVersion, open_sequences
 from lumos.data.synthetic import SyntheticSpec, generate_quickstart
 from lumos.train.features import FeatureSpec
 

@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import math
 import os
-import re
 from collections import deque
 from collections.abc import Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -56,130 +55,8 @@ import pyarrow.parquet as pq
 import torch
 
 from lumos.core.errors import UsageError
-from lumos.core.lineage import LineageRecord
-from lumos.core.tables import TableRef, table_location
-from lumos.core.workspace import Workspace
-from lumos.data.delta_log import DeltaSnapshot, active_files, commit_info
-from lumos.train.features import TIME_FEATURES, Batch, FeatureSpec
-
-# Columns of the sequences table that are neither features nor targets.
-KEY_COLUMNS = ("user_id", "split", "as_of", "length")
-# History id columns with a vocabulary (event features); the time features have fixed sizes.
-_VOCAB_TOKEN = re.compile(r"^(item|event_type|cat_.+)$")
-_HORIZON = re.compile(r"^(act|value)_(\d+)d$")
-MIN_VOCAB_SIZE = 2  # padding and OOV exist even when no token made the vocabulary
-
-
-# ---------------------------------------------------------------------------------------------
-# FeatureSpec from a table version
-
-
-def feature_spec_for(
-    sequences: DeltaSnapshot | str | Path, vocab: DeltaSnapshot | str | Path, recipe: Mapping[str, Any]
-) -> FeatureSpec:
-    """Derive the FeatureSpec of a sequences table from its Parquet schema and its vocab table.
-
-    History list<int> columns are categorical (vocab size = max id + 1, at least 2; hour, weekday
-    and gap_bucket have fixed sizes), other history lists numeric (value, num_*, count,
-    age_days); user_<name> ints are static categorical, floats static numeric; future_<flag>
-    arrays are calendar flags; act_<K>d/value_<K>d give the horizons; max_len is the recipe's
-    tokens.max_len. `sequences`/`vocab` are snapshots or table folders (latest version).
-    """
-    sequences, vocab = _snapshot(sequences), _snapshot(vocab)
-    schema = _arrow_schema(sequences)
-    sizes = vocab_sizes(vocab)
-    token_categorical: dict[str, int] = {}
-    token_numeric: list[str] = []
-    static_categorical: dict[str, int] = {}
-    static_numeric: list[str] = []
-    future_flags: list[str] = []
-    horizons: dict[str, list[int]] = {"act": [], "value": []}
-    for column in schema:
-        name, kind = column.name, column.type
-        if name in KEY_COLUMNS or name == "next_item":
-            continue
-        if match := _HORIZON.match(name):
-            horizons[match[1]].append(int(match[2]))
-        elif name.startswith("future_") and _is_list_of(kind, pa.types.is_integer):
-            future_flags.append(name.removeprefix("future_"))
-        elif name.startswith("user_") and pa.types.is_integer(kind):
-            static_categorical[name] = max(sizes.get(name, 0), MIN_VOCAB_SIZE)
-        elif name.startswith("user_") and pa.types.is_floating(kind):
-            static_numeric.append(name)
-        elif name in TIME_FEATURES and _is_list_of(kind, pa.types.is_integer):
-            token_categorical[name] = TIME_FEATURES[name]
-        elif _VOCAB_TOKEN.match(name) and _is_list_of(kind, pa.types.is_integer):
-            token_categorical[name] = max(sizes.get(name, 0), MIN_VOCAB_SIZE)
-        elif _is_list_of(kind, lambda t: pa.types.is_integer(t) or pa.types.is_floating(t)):
-            token_numeric.append(name)
-        else:
-            raise UsageError(f"{sequences}: column {name} ({kind}) is not a sequences column the loader knows")
-    if horizons["act"] != horizons["value"]:
-        raise UsageError(f"{sequences}: act_<K>d columns {horizons['act']} do not match value_<K>d {horizons['value']}")
-    return FeatureSpec(
-        token_categorical=token_categorical,
-        token_numeric=tuple(token_numeric),
-        static_categorical=static_categorical,
-        static_numeric=tuple(static_numeric),
-        future_flags=tuple(future_flags),
-        horizons_days=tuple(horizons["act"]),
-        next_item="next_item" in schema.names,
-        max_len=int(recipe["tokens"]["max_len"]),
-    )
-
-
-def vocab_sizes(vocab: DeltaSnapshot) -> dict[str, int]:
-    """Feature → max id + 1 over the vocab table's rows."""
-    if not vocab.files:
-        return {}
-    table = pq.read_table([data_file.path for data_file in vocab.files], columns=["feature", "id"])
-    maxima = table.group_by("feature").aggregate([("id", "max")])
-    return {feature: int(top) + 1 for feature, top in zip(maxima["feature"].to_pylist(), maxima["id_max"].to_pylist(), strict=True)}
-
-
-@dataclass(frozen=True)
-class SequencesVersion:
-    """A pinned sequences version with everything needed to load it."""
-
-    ref: TableRef
-    snapshot: DeltaSnapshot
-    recipe: dict[str, Any]
-    """The ingest recipe that wrote it (from the commit's lineage record)."""
-    spec: FeatureSpec
-
-
-def open_sequences(workspace: Workspace, ref: TableRef) -> SequencesVersion:
-    """Resolve `dataset.sequences[@version]` in a local workspace, with its recipe, vocab version
-    (both from the commit's lineage) and FeatureSpec."""
-    snapshot = active_files(table_location(workspace, ref), ref.version)
-    pinned = ref.at(snapshot.version)
-    info = commit_info(snapshot.table_path, snapshot.version) or {}
-    try:
-        lineage = LineageRecord.from_json(info["userMetadata"])
-        vocab_ref = TableRef.parse(lineage.stats["tables"]["vocab"])
-    except (KeyError, TypeError, ValueError) as error:
-        raise UsageError(
-            f"{pinned} has no ingest lineage naming its recipe and vocab version; "
-            "call feature_spec_for(sequences, vocab, recipe) with them"
-        ) from error
-    vocab = active_files(table_location(workspace, vocab_ref), vocab_ref.version)
-    spec = feature_spec_for(snapshot, vocab, lineage.config)
-    return SequencesVersion(pinned, snapshot, lineage.config, spec)
-
-
-def _snapshot(table: DeltaSnapshot | str | Path) -> DeltaSnapshot:
-    return table if isinstance(table, DeltaSnapshot) else active_files(table)
-
-
-def _arrow_schema(snapshot: DeltaSnapshot) -> pa.Schema:
-    if not snapshot.files:
-        raise UsageError(f"{snapshot} has no data files")
-    return pq.read_schema(snapshot.files[0].path)
-
-
-def _is_list_of(kind: pa.DataType, predicate) -> bool:
-    return (pa.types.is_list(kind) or pa.types.is_large_list(kind)) and predicate(kind.value_type)
-
+from lumos.data.delta_log import DeltaSnapshot
+from lumos.train.features import Batch, FeatureSpec
 
 # ---------------------------------------------------------------------------------------------
 # The plan: which rows each rank reads, in which order

@@ -42,7 +42,8 @@ class TrainingState:
     optimizer: dict[str, Any]
     scheduler: dict[str, Any]
     loader: dict[str, Any]
-    rng: dict[str, Any]
+    rng: list[dict[str, Any]]
+    """RNG states by rank, so that every rank resumes its own dropout and sampling stream."""
 
 
 def save_checkpoint(folder: Path, model: LumosModel, config: TrainConfig, state: TrainingState) -> Path:

@@ -24,7 +24,8 @@ from torch.nn.parallel import DistributedDataParallel
 
 from lumos.core.tables import TableRef
 from lumos.core.workspace import Workspace
-from lumos.data.loader import SequenceLoader, open_sequences
+from lumos.data.loader import SequenceLoader
+from lumos.data.sequences_version import open_sequences
 from lumos.train.checkpoint import (
     TrainingState,
     capture_rng,
@@ -177,7 +178,7 @@ def fit(plan: FitPlan, log_metrics=None, log_checkpoint=None, report=None) -> Fi
         optimizer.load_state_dict(state.optimizer)
         schedule.load_state_dict(state.scheduler)
         loader.load_state_dict({**state.loader, "plan": loader.state_dict()["plan"]})
-        restore_rng(state.rng)
+        restore_rng(state.rng[ranks.rank])  # each rank continues its own dropout and sampling stream
         start_step = state.step
     else:
         # Ranks differ in dropout and sampled negatives, like independent replicas; init is
@@ -337,9 +338,13 @@ def _agree(flag: bool, ranks: Ranks) -> bool:
 
 def _checkpoint(plan: FitPlan, model, optimizer, schedule, loader, step: int, ranks: Ranks, log_checkpoint) -> str | None:
     folder = None
+    rng = [capture_rng()]
+    if ranks.world_size > 1:
+        rng = [None] * ranks.world_size
+        dist.all_gather_object(rng, capture_rng())
     if ranks.is_main:
         state = TrainingState(step=step, optimizer=optimizer.state_dict(), scheduler=schedule.state_dict(),
-                              loader=loader.state_dict(), rng=capture_rng())
+                              loader=loader.state_dict(), rng=rng)
         folder = save_checkpoint(Path(plan.checkpoint_dir) / f"step-{step:08d}", model, plan.config, state)
         if log_checkpoint:
             log_checkpoint(folder, step)

@@ -26,7 +26,9 @@ from lumos.core.lineage import LineageInput, LineageRecord
 from lumos.core.tables import TableRef, table_location
 from lumos.core.tracking import ensure_experiment, flatten_params, tracking_client
 from lumos.core.workspace import Workspace
-from lumos.data.loader import SequenceLoader, open_sequences
+from lumos.data.loader import SequenceLoader
+from lumos.data.sequences_version import open_sequences
+from lumos.train.checkpoint import load_model, load_training_state
 from lumos.train.config import TrainConfig
 from lumos.train.loop import FitPlan, FitResult, fit
 from lumos.train.memory import estimate_memory, find_batch_size
@@ -63,7 +65,10 @@ def train(
         raise UsageError("--nproc must be at least 1")
     resume_dir = None
     if resume_run_id:
-        config, resume_dir = _resume_source(workspace, resume_run_id, config)
+        config, resume_dir = _resume_source(workspace, resume_run_id)
+        started_with = len(load_training_state(resume_dir).rng)  # one RNG state per rank
+        if started_with != world_size:
+            raise UsageError(f"--resume {resume_run_id}: the run trained on {started_with} rank(s); resume it with --nproc {started_with}")
     sequences = open_sequences(workspace, TableRef.parse(config.data.table))
     data = str(sequences.ref)
     model = LumosModel(config.model, sequences.spec)
@@ -139,7 +144,7 @@ def _check_loader_fits(sequences, config: TrainConfig, micro_batch: int, world_s
         )
 
 
-def _resume_source(workspace: Workspace, run_id: str, config: TrainConfig) -> tuple[TrainConfig, Path]:
+def _resume_source(workspace: Workspace, run_id: str) -> tuple[TrainConfig, Path]:
     """The run's own config (the one given must not change the run) and its latest checkpoint."""
     import mlflow
 
@@ -153,8 +158,6 @@ def _resume_source(workspace: Workspace, run_id: str, config: TrainConfig) -> tu
         raise UsageError(f"--resume {run_id}: not a Lumos training run with a checkpoint")
     local = Path(tempfile.mkdtemp(prefix="lumos-resume-"))
     folder = Path(mlflow.artifacts.download_artifacts(run_id=run_id, artifact_path=latest, dst_path=str(local)))
-    from lumos.train.checkpoint import load_model
-
     _, saved = load_model(folder)
     return saved, folder
 
