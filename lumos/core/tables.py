@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from lumos.core.errors import UsageError
@@ -114,8 +115,8 @@ def table_history(spark, workspace: Workspace, ref: TableRef, limit: int | None 
     """Versions of a table, newest first, with the lineage record of each commit parsed."""
     from delta.tables import DeltaTable
 
-    location = require_table(spark, workspace, ref)
-    history = DeltaTable.forPath(spark, location).history(limit) if limit else DeltaTable.forPath(spark, location).history()
+    table = DeltaTable.forPath(spark, require_table(spark, workspace, ref))
+    history = table.history(limit) if limit else table.history()
     rows = history.select("version", "timestamp", "operation", "userMetadata").orderBy("version", ascending=False)
     return [
         TableVersion(
@@ -162,8 +163,6 @@ def describe_table(spark, workspace: Workspace, ref: TableRef) -> dict[str, Any]
 
 def list_tables(workspace: Workspace) -> list[str]:
     """Names of the Delta tables under a local workspace (remote roots: use your storage's tools)."""
-    from pathlib import Path
-
     root = Path(workspace.tables_root)
     if not root.is_dir():
         return []

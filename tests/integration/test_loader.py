@@ -19,8 +19,9 @@ from lumos.core.tables import TableRef
 from lumos.core.workspace import open_workspace
 from lumos.data.delta_log import active_files, latest_version
 from lumos.data.ingest import run_ingest
-from lumos.data.loader import SequenceLoader, feature_spec_for, open_sequences
+from lumos.data.loader import SequenceLoader
 from lumos.data.recipe import IngestRecipe
+from lumos.data.sequences_version import feature_spec_for, open_sequences
 from lumos.data.synthetic import SyntheticSpec, generate_quickstart
 from lumos.train.features import Batch, FeatureSpec
 

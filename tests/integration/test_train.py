@@ -151,7 +151,7 @@ def test_two_ranks_match_one_rank_with_the_same_global_batch(project):
 def test_batch_size_finder_picks_the_largest_under_the_budget(project):
     workspace = open_workspace(project)
     from lumos.core.tables import TableRef
-    from lumos.data.loader import open_sequences
+    from lumos.data.sequences_version import open_sequences
 
     spec = open_sequences(workspace, TableRef.parse("quickstart.sequences")).spec
     model = LumosModel(tiny_config().model, spec)

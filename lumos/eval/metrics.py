@@ -1,0 +1,334 @@
+"""Evaluation metrics: small, pure, vectorized functions, one per metric, plus the no-model baselines.
+
+Three task families, matching the model's heads:
+
+- **Retrieval** (next item over the full item corpus). `target_ranks` turns a (B, V) score matrix into
+  the 1-based rank of each row's target, batched in torch so it runs on the scores' device; the rank
+  metrics (`hit_rate_at_k`, `ndcg_at_k`, `mrr`) then work on ranks alone. Ids 0 (padding) and 1 (OOV)
+  are never recommended: they never compete, and a row whose target is 0 or 1 gets rank NaN and is
+  skipped by every aggregate (`scored_rows` says how many rows counted).
+- **Binary** (labels y in {0, 1}, predicted probabilities p): `auc_roc`, `pr_auc`, `log_loss`,
+  `accuracy`.
+- **Regression** (targets y, predictions yhat): `rmse`, `mae`, `mape`.
+
+Tie rules (the one place where metric code silently differs between libraries):
+
+- A target tied with other items gets its *expected* rank under random tie-breaking:
+  rank = 1 + #(competitors scoring strictly higher) + #(competitors scoring exactly equal) / 2.
+  A constant scorer therefore ranks every target in the middle, not first (optimistic) or last
+  (pessimistic), so a degenerate model cannot look good.
+- HR@k, NDCG@k and MRR apply their formulas to that (possibly fractional) rank: HR@k = [rank ≤ k],
+  NDCG@k = [rank ≤ k] / log2(rank + 1), MRR = 1 / rank. This is not the exact expectation over tie
+  orders (which would need the tie counts, not only the rank), but it coincides with it whenever
+  the target is not tied, which is the case for any real-valued model score.
+- AUC-ROC uses average ranks for tied probabilities (a tied positive/negative pair counts 1/2);
+  PR-AUC treats tied probabilities as one threshold, as scikit-learn's average_precision_score.
+
+Undefined values are NaN, never an exception: an empty input, AUC with a single class, PR-AUC with
+no positives, MAPE with no non-zero target. Aggregates over NaN rows drop them first.
+
+Names produced by the `*_metrics` functions, and whether larger is better, are in
+`METRIC_DIRECTIONS` / `direction()`; row counts (`COUNT_KEYS`) have no direction.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Sequence
+from typing import Literal
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from lumos.train.model import FIRST_ITEM_ID
+
+ArrayLike = np.ndarray | Tensor | Sequence[float]
+
+# -- retrieval ------------------------------------------------------------------------------------
+
+
+def target_ranks(
+    scores: Tensor, targets: Tensor, history: Tensor | None = None, exclude_history: bool = True
+) -> Tensor:
+    """(B,) float64 1-based rank of each row's target among all recommendable items; NaN when unscored.
+
+    scores: (B, V) item scores (higher is better), any float dtype, on any device.
+    targets: (B,) item ids; rows whose target is 0 (no next item) or 1 (OOV) get NaN.
+    history: (B, T) item ids the user already interacted with (0-padded), or None.
+    exclude_history: remove history items (ids ≥ 2) from the competition, the usual protocol when
+        already-seen items are filtered out before recommending. The target itself is never removed:
+        a repeat purchase of the target stays rankable.
+
+    Competitors are items 2 .. V-1 other than the target (and, with exclude_history, not in the
+    row's history); rank = 1 + #(competitors scoring higher) + #(competitors scoring equal) / 2, the
+    expected rank under random tie-breaking. Memory is O(B·V) booleans: chunk B for huge corpora.
+    """
+    if scores.ndim != 2:
+        raise ValueError(f"scores must be (B, V), got shape {tuple(scores.shape)}")
+    B, V = scores.shape
+    device = scores.device
+    targets = targets.to(device=device, dtype=torch.long).reshape(-1)  # (B,)
+    if targets.shape[0] != B:
+        raise ValueError(f"targets has {targets.shape[0]} rows but scores has {B}")
+    _check_ids(targets, V, "targets")
+    if torch.isnan(scores).any():
+        raise ValueError("scores contain NaN; a NaN score cannot be ranked (check the model's outputs)")
+
+    scored = targets >= FIRST_ITEM_ID  # (B,)
+    safe_targets = torch.where(scored, targets, FIRST_ITEM_ID)[:, None]  # (B, 1); gather needs valid ids
+    competes = (torch.arange(V, device=device) >= FIRST_ITEM_ID).expand(B, V).clone()  # (B, V)
+    if history is not None and exclude_history:
+        history = history.to(device=device, dtype=torch.long)
+        if history.ndim != 2 or history.shape[0] != B:
+            raise ValueError(f"history must be (B={B}, T), got shape {tuple(history.shape)}")
+        _check_ids(history, V, "history")
+        competes.scatter_(1, history, False)  # padding and OOV are already out
+    competes.scatter_(1, safe_targets, False)  # the target never competes with itself
+
+    target_score = scores.gather(1, safe_targets)  # (B, 1)
+    higher = ((scores > target_score) & competes).sum(dim=1)  # (B,)
+    equal = ((scores == target_score) & competes).sum(dim=1)  # (B,)
+    ranks = 1.0 + higher.to(torch.float64) + equal.to(torch.float64) / 2
+    return ranks.masked_fill(~scored, math.nan)
+
+
+def _check_ids(ids: Tensor, V: int, name: str) -> None:
+    if ids.numel() and (ids.min() < 0 or ids.max() >= V):
+        raise ValueError(
+            f"{name} holds ids outside [0, {V}) (min {int(ids.min())}, max {int(ids.max())}); "
+            "scores and ids must come from the same item vocabulary"
+        )
+
+
+def hit_rate_at_k(ranks: ArrayLike, k: int) -> float:
+    """Share of scored rows whose target ranks within the top k (k may exceed the corpus: then 1)."""
+    ranks = _scored_ranks(ranks, k)
+    return _mean(ranks <= k)
+
+
+def ndcg_at_k(ranks: ArrayLike, k: int) -> float:
+    """Mean NDCG@k with one relevant item: 1 / log2(rank + 1) if rank ≤ k, else 0 (ideal DCG is 1)."""
+    ranks = _scored_ranks(ranks, k)
+    return _mean(np.where(ranks <= k, 1.0 / np.log2(ranks + 1.0), 0.0))
+
+
+def mrr(ranks: ArrayLike) -> float:
+    """Mean reciprocal rank over scored rows (no cut-off)."""
+    return _mean(1.0 / _scored_ranks(ranks))
+
+
+def retrieval_metrics(ranks: ArrayLike, ks: Sequence[int] = (10, 50)) -> dict[str, float]:
+    """hr@k and ndcg@k for each k, mrr, and the row counts: rows (all) and scored_rows (non-NaN ranks)."""
+    all_ranks = _as_float_array(ranks)
+    metrics: dict[str, float] = {}
+    for k in ks:
+        metrics[f"hr@{k}"] = hit_rate_at_k(all_ranks, k)
+        metrics[f"ndcg@{k}"] = ndcg_at_k(all_ranks, k)
+    metrics["mrr"] = mrr(all_ranks)
+    metrics["rows"] = all_ranks.size
+    metrics["scored_rows"] = int(np.count_nonzero(~np.isnan(all_ranks)))
+    return metrics
+
+
+def popularity_scores(
+    train_item_counts: np.ndarray, batch: int, device: torch.device | str | None = None
+) -> Tensor:
+    """(batch, V) float64 scores of the "no model" baseline: every user gets the training counts.
+
+    Ids 0 and 1 score -inf, as in the model's score_items. The result is a broadcast view of one
+    (V,) row: clone it before writing to it. float64 keeps counts above 2^24 exact, so no false ties.
+    """
+    counts = torch.as_tensor(np.asarray(train_item_counts, dtype=np.float64), device=device)  # (V,)
+    if counts.ndim != 1:
+        raise ValueError(f"train_item_counts must be (V,), got shape {tuple(counts.shape)}")
+    counts = counts.clone()
+    counts[:FIRST_ITEM_ID] = -math.inf
+    return counts.expand(batch, -1)  # (batch, V)
+
+
+def _scored_ranks(ranks: ArrayLike, k: int | None = None) -> np.ndarray:
+    if k is not None and k < 1:
+        raise ValueError(f"k must be ≥ 1, got {k}")
+    ranks = _as_float_array(ranks)
+    return ranks[~np.isnan(ranks)]
+
+
+# -- binary ---------------------------------------------------------------------------------------
+
+
+def auc_roc(y: ArrayLike, p: ArrayLike) -> float:
+    """Area under the ROC curve by the rank-sum (Mann–Whitney U) formula, average ranks for ties.
+
+    AUC = (sum of positives' ranks - n_pos (n_pos + 1) / 2) / (n_pos · n_neg): the probability that a
+    random positive scores above a random negative, a tie counting 1/2. NaN when y has one class only.
+    """
+    y, p = _binary_inputs(y, p)
+    n_pos = int(y.sum())
+    n_neg = y.size - n_pos
+    if n_pos == 0 or n_neg == 0:
+        return math.nan
+    ranks = _average_ranks(p)
+    return float((ranks[y == 1].sum() - n_pos * (n_pos + 1) / 2) / (n_pos * n_neg))
+
+
+def _average_ranks(values: np.ndarray) -> np.ndarray:
+    """1-based ranks of values in ascending order; tied values share the mean of their ranks."""
+    unique, inverse, counts = np.unique(values, return_inverse=True, return_counts=True)
+    ends = np.cumsum(counts)  # rank of each distinct value's last member
+    return (ends - (counts - 1) / 2.0)[inverse]
+
+
+def pr_auc(y: ArrayLike, p: ArrayLike) -> float:
+    """Average precision: sum over distinct thresholds of (recall gain) × precision, step-wise.
+
+    Equals scikit-learn's average_precision_score (no interpolation; tied probabilities form one
+    threshold). NaN when there is no positive label.
+    """
+    y, p = _binary_inputs(y, p)
+    n_pos = int(y.sum())
+    if n_pos == 0:
+        return math.nan
+    order = np.argsort(-p, kind="stable")
+    p_sorted, y_sorted = p[order], y[order]
+    last_of_threshold = np.flatnonzero(np.diff(p_sorted) != 0)
+    last_of_threshold = np.append(last_of_threshold, p.size - 1)  # one index per distinct threshold
+    true_positives = np.cumsum(y_sorted)[last_of_threshold]
+    precision = true_positives / (last_of_threshold + 1)
+    recall = true_positives / n_pos
+    return float(np.sum(np.diff(recall, prepend=0.0) * precision))
+
+
+def log_loss(y: ArrayLike, p: ArrayLike, eps: float = 1e-7) -> float:
+    """Mean binary cross-entropy, with p clipped to [eps, 1 - eps] so a confident miss costs -log(eps)."""
+    y, p = _binary_inputs(y, p)
+    p = np.clip(p, eps, 1.0 - eps)
+    return _mean(-(y * np.log(p) + (1.0 - y) * np.log1p(-p)))
+
+
+def accuracy(y: ArrayLike, p: ArrayLike, threshold: float = 0.5) -> float:
+    """Share of rows where (p ≥ threshold) equals the label."""
+    y, p = _binary_inputs(y, p)
+    return _mean((p >= threshold) == (y == 1))
+
+
+def binary_metrics(y: ArrayLike, p: ArrayLike, threshold: float = 0.5) -> dict[str, float]:
+    """auc_roc, pr_auc, log_loss, accuracy, and rows."""
+    y, p = _binary_inputs(y, p)
+    return {
+        "auc_roc": auc_roc(y, p),
+        "pr_auc": pr_auc(y, p),
+        "log_loss": log_loss(y, p),
+        "accuracy": accuracy(y, p, threshold),
+        "rows": y.size,
+    }
+
+
+def prior_rate_probabilities(train_positive_rate: float, n: int) -> np.ndarray:
+    """(n,) baseline probabilities: the training positive rate for everyone (AUC 0.5 by the tie rule)."""
+    if not 0.0 <= train_positive_rate <= 1.0:
+        raise ValueError(f"train_positive_rate must be in [0, 1], got {train_positive_rate}")
+    return np.full(n, float(train_positive_rate))
+
+
+def _binary_inputs(y: ArrayLike, p: ArrayLike) -> tuple[np.ndarray, np.ndarray]:
+    y, p = _paired(y, p)
+    if not np.isin(y, (0.0, 1.0)).all():
+        raise ValueError("binary labels must be 0 or 1")
+    if np.isnan(p).any():
+        raise ValueError("predicted probabilities contain NaN (check the model's outputs)")
+    return y, p
+
+
+# -- regression -----------------------------------------------------------------------------------
+
+
+def rmse(y: ArrayLike, yhat: ArrayLike) -> float:
+    """Root mean squared error."""
+    y, yhat = _paired(y, yhat)
+    return math.sqrt(_mean((y - yhat) ** 2))
+
+
+def mae(y: ArrayLike, yhat: ArrayLike) -> float:
+    """Mean absolute error."""
+    y, yhat = _paired(y, yhat)
+    return _mean(np.abs(y - yhat))
+
+
+def mape(y: ArrayLike, yhat: ArrayLike, eps: float = 1e-8) -> float:
+    """Mean absolute percentage error as a fraction (0.1 = 10 %), over rows with |y| ≥ eps only.
+
+    Rows with a (near-)zero target have no defined percentage error and are skipped; NaN if none is
+    left. Many zero targets (users who spend nothing) make MAPE describe the spenders only: read it
+    beside mape_rows in regression_metrics.
+    """
+    y, yhat = _paired(y, yhat)
+    keep = np.abs(y) >= eps
+    return _mean(np.abs(y[keep] - yhat[keep]) / np.abs(y[keep]))
+
+
+def regression_metrics(y: ArrayLike, yhat: ArrayLike, eps: float = 1e-8) -> dict[str, float]:
+    """rmse, mae, mape, rows, and mape_rows (rows with |y| ≥ eps, the ones MAPE averages over)."""
+    y, yhat = _paired(y, yhat)
+    return {
+        "rmse": rmse(y, yhat),
+        "mae": mae(y, yhat),
+        "mape": mape(y, yhat, eps),
+        "rows": y.size,
+        "mape_rows": int(np.count_nonzero(np.abs(y) >= eps)),
+    }
+
+
+# -- shared helpers -------------------------------------------------------------------------------
+
+
+def _as_float_array(values: ArrayLike) -> np.ndarray:
+    if isinstance(values, Tensor):
+        values = values.detach().to("cpu", torch.float64).numpy()
+    return np.asarray(values, dtype=np.float64).reshape(-1)
+
+
+def _paired(a: ArrayLike, b: ArrayLike) -> tuple[np.ndarray, np.ndarray]:
+    a, b = _as_float_array(a), _as_float_array(b)
+    if a.shape != b.shape:
+        raise ValueError(f"targets and predictions differ in length: {a.size} vs {b.size}")
+    return a, b
+
+
+def _mean(values: np.ndarray) -> float:
+    """Mean as a Python float; NaN (without numpy's empty-slice warning) when there are no values."""
+    return float(values.mean()) if values.size else math.nan
+
+
+# -- directions -----------------------------------------------------------------------------------
+
+METRIC_DIRECTIONS: dict[str, Literal["max", "min"]] = {
+    "mrr": "max",
+    "auc_roc": "max",
+    "pr_auc": "max",
+    "accuracy": "max",
+    "log_loss": "min",
+    "rmse": "min",
+    "mae": "min",
+    "mape": "min",
+}
+"""Whether larger ("max") or smaller ("min") is better, for each fixed metric name; hr@k and ndcg@k
+(any k) are "max" via direction()."""
+
+COUNT_KEYS = frozenset({"rows", "scored_rows", "mape_rows"})
+"""Row counts in the *_metrics dicts: bookkeeping, not quality, so they have no direction."""
+
+_AT_K = re.compile(r"(hr|ndcg)@\d+")
+
+
+def direction(metric_name: str) -> Literal["max", "min"]:
+    """"max" or "min" for a metric name, also with a prefix such as "test/hr@10" or "act_7d/auc_roc"."""
+    name = metric_name.rsplit("/", 1)[-1]
+    if _AT_K.fullmatch(name):
+        return "max"
+    if name in METRIC_DIRECTIONS:
+        return METRIC_DIRECTIONS[name]
+    if name in COUNT_KEYS:
+        raise ValueError(f"{metric_name!r} is a row count, not a quality metric; skip names in COUNT_KEYS")
+    raise ValueError(f"unknown metric {metric_name!r}; known: hr@<k>, ndcg@<k>, {', '.join(METRIC_DIRECTIONS)}")
