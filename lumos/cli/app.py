@@ -7,7 +7,7 @@ from typing import Annotated
 import typer
 
 import lumos
-from lumos.cli import config, data, doctor, ingest, train, workspace
+from lumos.cli import config, data, doctor, evaluate, ingest, train, workspace
 from lumos.cli.output import state
 
 app = typer.Typer(
@@ -52,6 +52,7 @@ app.command("ingest")(ingest.ingest)
 app.command("train")(train.train)
 app.add_typer(config.app, name="config")
 app.add_typer(data.app, name="data")
+app.add_typer(evaluate.app, name="eval")
 
 
 def main() -> None:

@@ -132,9 +132,7 @@ def retrieval_metrics(ranks: ArrayLike, ks: Sequence[int] = (10, 50)) -> dict[st
     return metrics
 
 
-def popularity_scores(
-    train_item_counts: np.ndarray, batch: int, device: torch.device | str | None = None
-) -> Tensor:
+def popularity_scores(train_item_counts: np.ndarray, batch: int, device: torch.device | str | None = None) -> Tensor:
     """(batch, V) float64 scores of the "no model" baseline: every user gets the training counts.
 
     Ids 0 and 1 score -inf, as in the model's score_items. The result is a broadcast view of one
@@ -175,7 +173,7 @@ def auc_roc(y: ArrayLike, p: ArrayLike) -> float:
 
 def _average_ranks(values: np.ndarray) -> np.ndarray:
     """1-based ranks of values in ascending order; tied values share the mean of their ranks."""
-    unique, inverse, counts = np.unique(values, return_inverse=True, return_counts=True)
+    _, inverse, counts = np.unique(values, return_inverse=True, return_counts=True)
     ends = np.cumsum(counts)  # rank of each distinct value's last member
     return (ends - (counts - 1) / 2.0)[inverse]
 
@@ -312,6 +310,7 @@ METRIC_DIRECTIONS: dict[str, Literal["max", "min"]] = {
     "rmse": "min",
     "mae": "min",
     "mape": "min",
+    "r2": "max",
 }
 """Whether larger ("max") or smaller ("min") is better, for each fixed metric name; hr@k and ndcg@k
 (any k) are "max" via direction()."""
@@ -323,7 +322,10 @@ _AT_K = re.compile(r"(hr|ndcg)@\d+")
 
 
 def direction(metric_name: str) -> Literal["max", "min"]:
-    """"max" or "min" for a metric name, also with a prefix such as "test/hr@10" or "act_7d/auc_roc"."""
+    """Whether larger ("max") or smaller ("min") is better for metric_name.
+
+    A prefix before the last "/" is ignored, so "test/hr@10" and "act_7d/auc_roc" work.
+    """
     name = metric_name.rsplit("/", 1)[-1]
     if _AT_K.fullmatch(name):
         return "max"

@@ -1,0 +1,149 @@
+"""`lumos eval`: score runs and models on the task registry; `eval list`; `eval leaderboard`."""
+
+from __future__ import annotations
+
+import csv
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from lumos.cli.output import echo, emit_json, handles_errors, print_table, progress, state
+from lumos.core.errors import UsageError
+from lumos.core.workspace import open_workspace
+
+app = typer.Typer(
+    help="Evaluate runs and models on tasks; list tasks; show leaderboards.",
+    invoke_without_command=True,
+    no_args_is_help=False,
+)
+
+TasksOption = Annotated[
+    Path | None, typer.Option("--tasks", help="Folder of task specs (default: tasks/ and examples/*/tasks/ of the project).")
+]
+JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON on stdout.")]
+
+
+def _load(ctx: typer.Context, tasks_dir: Path | None):
+    from lumos.eval.tasks import load_tasks, task_folders
+
+    workspace = open_workspace(state(ctx).workspace_dir)
+    folders = [tasks_dir] if tasks_dir else task_folders(workspace.project_dir)
+    if tasks_dir and not tasks_dir.is_dir():
+        raise UsageError(f"--tasks {tasks_dir}: no such folder")
+    return workspace, load_tasks(folders)
+
+
+@app.callback()
+@handles_errors
+def run_eval(
+    ctx: typer.Context,
+    task: Annotated[list[str] | None, typer.Option("--task", "-t", help="Task to score (repeatable).")] = None,
+    all_tasks: Annotated[bool, typer.Option("--all", help="Score every task.")] = False,
+    run: Annotated[str | None, typer.Option("--run", help="The MLflow training run to score.")] = None,
+    model: Annotated[str | None, typer.Option("--model", help="A registered model, NAME@alias.")] = None,
+    fail_below: Annotated[
+        list[str] | None, typer.Option("--fail-below", help="METRIC=VALUE: exit 3 when a score is under it (repeatable).")
+    ] = None,
+    tasks_dir: TasksOption = None,
+    json_output: JsonOption = False,
+) -> None:
+    """Score a training run (--run) or registered model (--model) on tasks (--task T, or --all).
+
+    Each (task, model, data version) becomes one entry of the task's leaderboard, the MLflow
+    experiment lumos-eval/T, replacing an earlier entry of the same triple; the task's "no model"
+    baseline is refreshed beside it, and the scores are also logged into the training run as
+    eval/T/<metric>. Exit code 3 when a task threshold or --fail-below bar is missed.
+    """
+    if ctx.invoked_subcommand is not None:
+        return
+    from lumos.eval.evaluate import evaluate, resolve_subject
+    from lumos.eval.tasks import find_task
+
+    if not task and not all_tasks:
+        raise UsageError("name the tasks to score: --task T (repeatable) or --all; `lumos eval list` shows them")
+    if (run is None) == (model is None):
+        raise UsageError("name exactly one of --run RUN_ID or --model NAME@alias")
+    bars = _parse_bars(fail_below or [])
+    workspace, tasks = _load(ctx, tasks_dir)
+    chosen = list(tasks.values()) if all_tasks else [find_task(tasks, name) for name in task]
+    subject = resolve_subject(workspace, run, model)
+    with progress(f"evaluating {subject.label}") as report:
+        results = evaluate(workspace, chosen, subject, bars, report)
+    if json_output:
+        emit_json({"subject": subject.key, "run_id": subject.run_id, "model": subject.model, "results": [
+            {"task": r.task, "data": r.data, "rows": r.rows, "metrics": r.metrics, "eval_run_id": r.eval_run_id,
+             "baseline": r.baseline, "baseline_metrics": r.baseline_metrics} for r in results]})
+        return
+    for result in results:
+        rows = [(name, f"{value:.4f}", f"{result.baseline_metrics[name]:.4f}" if name in result.baseline_metrics else "")
+                for name, value in result.metrics.items()]
+        print_table(f"{result.task} on {result.data} ({result.rows:,} rows)", ["metric", subject.label, result.baseline or ""], rows)
+    echo("leaderboards: lumos eval leaderboard --task " + results[0].task if results else "")
+
+
+@app.command("list")
+@handles_errors
+def list_tasks(ctx: typer.Context, tasks_dir: TasksOption = None, json_output: JsonOption = False) -> None:
+    """The tasks of the project, with kind, data, split and primary metric."""
+    _, tasks = _load(ctx, tasks_dir)
+    if json_output:
+        emit_json({"tasks": [{"name": t.spec.name, "kind": t.spec.kind, "data": t.spec.data, "split": t.spec.split,
+                              "metrics": list(t.spec.metric_names), "primary_metric": t.spec.primary_metric,
+                              "direction": t.spec.primary_direction, "description": t.spec.description,
+                              "file": str(t.path)} for t in tasks.values()]})
+        return
+    print_table(f"{len(tasks)} task(s)", ["task", "kind", "data", "split", "primary", "description"],
+                [(t.spec.name, t.spec.kind, t.spec.data, t.spec.split,
+                  f"{t.spec.primary_metric} ({t.spec.primary_direction})", t.spec.description) for t in tasks.values()])
+
+
+@app.command("leaderboard")
+@handles_errors
+def show_leaderboard(
+    ctx: typer.Context,
+    task: Annotated[str, typer.Option("--task", "-t", help="The task whose leaderboard to show.")],
+    top: Annotated[int | None, typer.Option("--top", help="Show only the best N entries.")] = None,
+    tasks_dir: TasksOption = None,
+    json_output: JsonOption = False,
+    csv_output: Annotated[bool, typer.Option("--csv", help="Print CSV on stdout.")] = False,
+) -> None:
+    """Entries of a task ranked by its primary metric; reads only the MLflow store."""
+    from lumos.eval.leaderboard import entry_json, leaderboard
+    from lumos.eval.tasks import find_task
+
+    workspace, tasks = _load(ctx, tasks_dir)
+    spec = find_task(tasks, task).spec
+    entries = leaderboard(workspace, spec, top)
+    metrics = list(spec.metric_names)
+    if json_output:
+        emit_json({"task": spec.name, "primary_metric": spec.primary_metric, "direction": spec.primary_direction,
+                   "entries": [entry_json(entry) for entry in entries]})
+        return
+    header = ["rank", "entry", "run", "model", *metrics, "data", "date"]
+    rows = [[e.rank, e.label, e.run_id or "", e.model or "", *[_cell(e.metrics.get(m)) for m in metrics], e.data, e.date]
+            for e in entries]
+    if csv_output:
+        writer = csv.writer(sys.stdout)
+        writer.writerow(header)
+        writer.writerows(rows)
+        return
+    print_table(f"{spec.name}: ranked by {spec.primary_metric} ({spec.primary_direction})", header, rows)
+
+
+def _cell(value: float | None) -> str:
+    return "" if value is None else f"{value:.4f}"
+
+
+def _parse_bars(items: list[str]) -> dict[str, float]:
+    bars = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        try:
+            bars[name.strip()] = float(value)
+        except ValueError:
+            raise UsageError(f"--fail-below {item!r}: expected METRIC=NUMBER, e.g. ndcg@10=0.05") from None
+        if not sep:
+            raise UsageError(f"--fail-below {item!r}: expected METRIC=NUMBER")
+    return bars

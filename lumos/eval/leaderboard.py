@@ -1,0 +1,135 @@
+"""Leaderboards live in MLflow: one experiment per task (`lumos-eval/<task>`), one run per entry.
+
+An entry is (task, evaluated model, data version). Evaluating the same triple again replaces its
+entry (the old run is deleted), so a leaderboard never shows a model twice for one data version.
+Reading a leaderboard touches only the tracking store, so it works against a remote server too.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from lumos.core.tracking import ensure_experiment, tracking_client
+from lumos.core.workspace import Workspace
+from lumos.eval.tasks import TaskSpec
+
+TAG = "lumos.eval."
+
+
+@dataclass(frozen=True)
+class Subject:
+    """What is evaluated: a training run, a registered model version, or a baseline."""
+
+    key: str
+    """Identifies the entry: run:<id>, model:<name>/<version> or baseline:<name>."""
+    label: str
+    """How the leaderboard names it."""
+    run_id: str | None = None
+    """The training run (none for baselines)."""
+    model: str | None = None
+    """name/version when a registered model version was named."""
+
+
+@dataclass(frozen=True)
+class Entry:
+    rank: int
+    label: str
+    run_id: str | None
+    model: str | None
+    data: str
+    metrics: dict[str, float]
+    date: str
+    eval_run_id: str
+
+
+def experiment_name(task: str) -> str:
+    return f"lumos-eval/{task}"
+
+
+def record(workspace: Workspace, spec: TaskSpec, subject: Subject, data: str, metrics: dict[str, float], rows: int) -> str:
+    """Log one leaderboard entry (replacing an earlier one for the same subject and data)."""
+    client = tracking_client(workspace)
+    experiment_id = ensure_experiment(client, workspace, experiment_name(spec.name))
+    for old in client.search_runs(
+        [experiment_id],
+        filter_string=f"tags.`{TAG}subject` = '{_quote(subject.key)}' and tags.`{TAG}data` = '{_quote(data)}'",
+    ):
+        client.delete_run(old.info.run_id)
+    tags = {
+        f"{TAG}task": spec.name,
+        f"{TAG}kind": spec.kind,
+        f"{TAG}subject": subject.key,
+        f"{TAG}label": subject.label,
+        f"{TAG}data": data,
+        f"{TAG}primary_metric": spec.primary_metric,
+        f"{TAG}rows": str(rows),
+    }
+    if subject.run_id:
+        tags[f"{TAG}run"] = subject.run_id
+    if subject.model:
+        tags[f"{TAG}model"] = subject.model
+    run = client.create_run(experiment_id, run_name=f"{spec.name}:{subject.label}", tags=tags)
+    for name, value in metrics.items():
+        if not math.isnan(value):
+            client.log_metric(run.info.run_id, mlflow_key(name), value)
+    client.set_terminated(run.info.run_id, "FINISHED")
+    if subject.run_id:
+        # The training run carries its scores too, so a run's page shows how it evaluated.
+        for name, value in metrics.items():
+            if not math.isnan(value):
+                client.log_metric(subject.run_id, f"eval/{spec.name}/{mlflow_key(name)}", value)
+    return run.info.run_id
+
+
+def leaderboard(workspace: Workspace, spec: TaskSpec, top: int | None = None) -> list[Entry]:
+    """Entries ranked by the task's primary metric (entries without it last)."""
+    client = tracking_client(workspace)
+    experiment = client.get_experiment_by_name(experiment_name(spec.name))
+    if experiment is None:
+        return []
+    runs = client.search_runs([experiment.experiment_id], max_results=5000)
+    sign = -1.0 if spec.primary_direction == "max" else 1.0
+
+    def order(run) -> tuple[int, float, str]:
+        value = run.data.metrics.get(mlflow_key(spec.primary_metric))
+        return (value is None, sign * value if value is not None else 0.0, run.info.run_id)
+
+    entries = []
+    for rank, run in enumerate(sorted(runs, key=order)[:top] if top else sorted(runs, key=order), start=1):
+        tags = run.data.tags
+        entries.append(Entry(
+            rank=rank, label=tags.get(f"{TAG}label", run.info.run_id), run_id=tags.get(f"{TAG}run"),
+            model=tags.get(f"{TAG}model"), data=tags.get(f"{TAG}data", ""),
+            metrics={metric_name(key): value for key, value in run.data.metrics.items()},
+            date=_date(run.info.start_time), eval_run_id=run.info.run_id,
+        ))
+    return entries
+
+
+def entry_json(entry: Entry) -> dict[str, Any]:
+    return {"rank": entry.rank, "label": entry.label, "run_id": entry.run_id, "model": entry.model,
+            "data": entry.data, "metrics": entry.metrics, "date": entry.date, "eval_run_id": entry.eval_run_id}
+
+
+def _quote(text: str) -> str:
+    """MLflow filter strings quote with '; ids and table names never hold one, but be exact."""
+    return text.replace("'", "\\'")
+
+
+def mlflow_key(name: str) -> str:
+    """MLflow metric names may not hold "@": hr@10 is logged as hr_at_10."""
+    return name.replace("@", "_at_")
+
+
+def metric_name(key: str) -> str:
+    return key.replace("_at_", "@")
+
+
+def _date(millis: int | None) -> str:
+    import datetime
+
+    if not millis:
+        return ""
+    return datetime.datetime.fromtimestamp(millis / 1000, datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")

@@ -1,0 +1,155 @@
+"""Evaluation task specs: TOML files that define, before any modelling, how models are scored.
+
+Tasks live in a `tasks/` folder (the workspace's project folder, or beside an example), one file
+per task, named after the task. Relative paths in a spec are read relative to its file.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+from lumos.core.config import load_config, require_valid
+from lumos.core.errors import ConfigError, Problem, UsageError
+from lumos.eval.metrics import direction
+
+NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_]*$")
+Kind = Literal["retrieval", "binary", "regression", "embedding_probe"]
+DEFAULT_METRICS = {
+    "retrieval": ("hr@10", "ndcg@10", "hr@50", "ndcg@50", "mrr"),
+    "binary": ("auc_roc", "pr_auc", "log_loss", "accuracy"),
+    "regression": ("rmse", "mae", "mape"),
+    "embedding_probe": (),
+}
+
+
+@dataclass(frozen=True)
+class ProbeLabels:
+    path: str
+    """Labels table: a Parquet/CSV file (relative to the task file) with one row per user."""
+    label: str
+    """Column holding the label."""
+    user_id: str = "user_id"
+    """Column holding the user id."""
+    probe: Literal["logistic", "linear"] = "logistic"
+    """logistic for classes (accuracy, log_loss, auc for two), linear for numbers (rmse, mae, r2)."""
+    test_fraction: float = 0.3
+    """Share of users held out to score the probe; the split is seeded by user id."""
+    seed: int = 0
+    """Seed of the user split and the probe fit."""
+
+    def __post_init__(self) -> None:
+        require_valid([("test_fraction", "must be between 0 and 1")] if not 0 < self.test_fraction < 1 else [])
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    name: str
+    """Task name: the MLflow experiment is lumos-eval/<name>."""
+    kind: Kind
+    """retrieval (next item over the full corpus), binary, regression, or embedding_probe."""
+    primary_metric: str
+    """The metric leaderboards rank by."""
+    description: str = ""
+    """What the task measures, for people reading the leaderboard."""
+    data: str = "quickstart.sequences"
+    """The sequences table, dataset.sequences[@version]; the latest version is resolved and recorded."""
+    split: str = "test"
+    """Rows of this split are scored."""
+    metrics: tuple[str, ...] = ()
+    """Metrics to report; empty means the kind's defaults."""
+    direction: Literal["max", "min"] | None = None
+    """Whether a larger primary metric is better; unset means the metric's natural direction."""
+    thresholds: dict[str, float] = field(default_factory=dict)
+    """Bars a model must clear, metric → value (at least it for max metrics, at most for min ones);
+    a miss exits with code 3."""
+    ks: tuple[int, ...] = (10, 50)
+    """retrieval: the cut-offs k of HR@k and NDCG@k."""
+    exclude_history: bool = True
+    """retrieval: items already in the user's history are not candidates (the target stays one)."""
+    horizon_days: int = 7
+    """binary and regression: which horizon's head and target (act_<K>d, value_<K>d)."""
+    decision_threshold: float = 0.5
+    """binary: probability at which accuracy counts a positive."""
+    labels: ProbeLabels | None = None
+    """embedding_probe: the labels table and the probe."""
+    batch_size: int = 512
+    """Rows scored at once."""
+
+    def __post_init__(self) -> None:
+        problems = []
+        if not NAME.match(self.name):
+            problems.append(("name", "must start with a letter and hold only letters, digits and _"))
+        if self.kind == "embedding_probe" and self.labels is None:
+            problems.append(("labels", "an embedding_probe task needs a [labels] table"))
+        if self.kind != "embedding_probe" and self.labels is not None:
+            problems.append(("labels", f"only embedding_probe tasks take labels, not {self.kind}"))
+        if self.primary_metric not in self.metric_names:
+            problems.append(("primary_metric", f"{self.primary_metric!r} is not among the metrics: {', '.join(self.metric_names)}"))
+        for key, names in (("metrics", self.metric_names), ("thresholds", tuple(self.thresholds))):
+            for name in names:
+                try:
+                    direction(name)
+                except ValueError as error:
+                    problems.append((key, str(error)))
+        if any(k < 1 for k in self.ks):
+            problems.append(("ks", "every k must be at least 1"))
+        if self.batch_size < 1:
+            problems.append(("batch_size", "must be at least 1"))
+        require_valid(problems)
+
+    @property
+    def metric_names(self) -> tuple[str, ...]:
+        if self.metrics:
+            return self.metrics
+        if self.kind == "retrieval":
+            return (*[f"{m}@{k}" for k in self.ks for m in ("hr", "ndcg")], "mrr")
+        if self.kind == "embedding_probe":
+            return ("accuracy", "log_loss", "auc_roc") if self.labels and self.labels.probe == "logistic" else ("rmse", "mae", "r2")
+        return DEFAULT_METRICS[self.kind]
+
+    @property
+    def primary_direction(self) -> str:
+        return self.direction or direction(self.primary_metric)
+
+
+@dataclass(frozen=True)
+class LoadedTask:
+    spec: TaskSpec
+    path: Path
+
+
+def task_folders(project_dir: Path) -> list[Path]:
+    """Where tasks are looked for: <project>/tasks, then examples/*/tasks under the project."""
+    folders = [project_dir / "tasks"]
+    folders += sorted(project_dir.glob("examples/*/tasks"))
+    return [folder for folder in folders if folder.is_dir()]
+
+
+def load_tasks(folders: list[Path]) -> dict[str, LoadedTask]:
+    """Every task spec in `folders`, by name; all bad specs are reported together."""
+    tasks: dict[str, LoadedTask] = {}
+    errors: list[Problem] = []
+    for folder in folders:
+        for path in sorted(folder.glob("*.toml")):
+            try:
+                spec = load_config(TaskSpec, path)
+            except ConfigError as error:
+                errors += [Problem(f"{path}: {problem.key}", problem.message) for problem in error.problems]
+                continue
+            if spec.name in tasks:
+                errors.append(Problem(f"{path}: name", f"task {spec.name!r} is also defined in {tasks[spec.name].path}"))
+                continue
+            tasks[spec.name] = LoadedTask(spec, path)
+    if errors:
+        raise ConfigError("task specs", errors)
+    return tasks
+
+
+def find_task(tasks: dict[str, LoadedTask], name: str) -> LoadedTask:
+    if name not in tasks:
+        known = ", ".join(sorted(tasks)) or "none found"
+        raise UsageError(f"no task {name!r}; known tasks: {known} (`lumos eval list` shows them)")
+    return tasks[name]

@@ -1,0 +1,126 @@
+"""`lumos eval` on a real quickstart ingest, real trained runs and a real SQLite MLflow store."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from lumos.cli.app import app
+from lumos.core.config import from_dict, load_config
+from lumos.core.workspace import open_workspace
+from lumos.data.ingest import run_ingest
+from lumos.data.recipe import IngestRecipe
+from lumos.data.synthetic import SyntheticSpec, generate_quickstart
+from lumos.train.config import TrainConfig
+from lumos.train.run import train
+
+QUICKSTART = Path(__file__).resolve().parents[2] / "examples" / "quickstart"
+runner = CliRunner()
+
+
+def tiny(steps: int, d_model: int) -> TrainConfig:
+    return from_dict(TrainConfig, {
+        "data": {"loader_workers": 1},
+        "model": {"d_model": d_model, "n_heads": 2, "encoder_layers": 1, "decoder_layers": 1, "d_ff": 32,
+                  "dropout": 0.0, "max_len": 20},
+        "optim": {"lr": 3e-3, "warmup_steps": 5},
+        "run": {"batch_size": 64, "max_steps": steps, "eval_every": 1000, "log_every": 10, "checkpoint_every": 1000,
+                "experiment": "test-eval"},
+    })
+
+
+@pytest.fixture(scope="module")
+def project(spark, tmp_path_factory) -> Path:
+    """Quickstart data, its tasks, one ingest and two differently configured trained runs."""
+    folder = tmp_path_factory.mktemp("eval")
+    generate_quickstart(folder / "examples" / "quickstart" / "data", SyntheticSpec(users=300, events=15_000, seed=2))
+    shutil.copytree(QUICKSTART / "tasks", folder / "examples" / "quickstart" / "tasks")
+    data = folder / "examples" / "quickstart" / "data"
+    recipe = load_config(IngestRecipe, QUICKSTART / "ingest.toml", [
+        f"source.path={data / 'events'}", f"users.path={data / 'users.parquet'}",
+        f"calendar.path={data / 'calendar.csv'}", "tokens.max_len=20",
+    ])
+    run_ingest(spark, open_workspace(folder), recipe, QUICKSTART)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        for name, config in (("short", tiny(5, 8)), ("longer", tiny(60, 16))):
+            summary = train(config, open_workspace(folder))
+            (folder / f"{name}.run").write_text(summary.run_id)
+    finally:
+        torch.set_num_threads(threads)
+    return folder
+
+
+def lumos(project: Path, *args: str):
+    return runner.invoke(app, ["--workspace", str(project), *args])
+
+
+def run_id(project: Path, name: str) -> str:
+    return (project / f"{name}.run").read_text()
+
+
+def test_eval_all_logs_every_task_with_baselines(project):
+    result = lumos(project, "eval", "--all", "--run", run_id(project, "longer"), "--json")
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.stdout)
+    by_task = {item["task"]: item for item in summary["results"]}
+    assert set(by_task) == {"next_item", "will_purchase_7d", "spend_7d", "segment_probe", "churn_probe"}
+    assert set(by_task["next_item"]["metrics"]) == {"hr@10", "ndcg@10", "hr@50", "ndcg@50", "mrr"}
+    assert by_task["next_item"]["baseline"] == "popularity" and by_task["will_purchase_7d"]["baseline"] == "prior_rate"
+    assert by_task["will_purchase_7d"]["baseline_metrics"]["auc_roc"] == pytest.approx(0.5)
+    assert by_task["segment_probe"]["baseline"] is None and "accuracy" in by_task["segment_probe"]["metrics"]
+    assert all(item["data"] == "quickstart.sequences@0" for item in summary["results"])
+
+
+def test_leaderboard_ranks_runs_and_baseline_and_reevaluation_replaces(project):
+    for name in ("short", "longer", "longer"):  # the second "longer" replaces the first
+        assert lumos(project, "eval", "--task", "next_item", "--run", run_id(project, name)).exit_code == 0
+    board = json.loads(lumos(project, "eval", "leaderboard", "--task", "next_item", "--json").stdout)
+    entries = board["entries"]
+    assert len(entries) == 3  # two runs and the popularity baseline, none twice
+    values = [entry["metrics"]["ndcg@10"] for entry in entries]
+    assert values == sorted(values, reverse=True) and [entry["rank"] for entry in entries] == [1, 2, 3]
+    assert {entry["run_id"] for entry in entries} == {run_id(project, "short"), run_id(project, "longer"), None}
+    assert {entry["label"] for entry in entries if entry["run_id"] is None} == {"baseline: popularity"}
+
+    table = list(csv.reader(io.StringIO(lumos(project, "eval", "leaderboard", "--task", "next_item", "--csv").stdout)))
+    assert table[0][:2] == ["rank", "entry"] and len(table) == 4
+    top = json.loads(lumos(project, "eval", "leaderboard", "--task", "next_item", "--top", "1", "--json").stdout)
+    assert len(top["entries"]) == 1 and top["entries"][0] == entries[0]
+
+
+def test_training_run_carries_its_eval_metrics(project):
+    from lumos.core.tracking import tracking_client
+
+    lumos(project, "eval", "--task", "will_purchase_7d", "--run", run_id(project, "longer"))
+    run = tracking_client(open_workspace(project)).get_run(run_id(project, "longer"))
+    assert "eval/will_purchase_7d/auc_roc" in run.data.metrics
+
+
+def test_fail_below_exits_3_after_logging(project):
+    result = lumos(project, "eval", "--task", "next_item", "--run", run_id(project, "short"), "--fail-below", "ndcg@10=0.99")
+    assert result.exit_code == 3
+    assert "ndcg@10" in result.stderr and "below --fail-below 0.99" in result.stderr
+
+
+def test_bad_task_spec_names_file_and_key(project, tmp_path):
+    (tmp_path / "broken.toml").write_text('name = "broken"\nkind = "ranking"\nprimary_metric = "hr@10"\nsplt = "test"\n')
+    result = lumos(project, "eval", "list", "--tasks", str(tmp_path))
+    assert result.exit_code == 2
+    assert f"{tmp_path / 'broken.toml'}: kind" in result.stderr and "splt" in result.stderr
+
+
+def test_eval_list_and_usage_errors(project):
+    listed = json.loads(lumos(project, "eval", "list", "--json").stdout)
+    assert {task["name"] for task in listed["tasks"]} >= {"next_item", "churn_probe"}
+    assert lumos(project, "eval", "--task", "next_item").exit_code == 2  # neither --run nor --model
+    assert lumos(project, "eval", "--task", "nope", "--run", run_id(project, "short")).exit_code == 2
+    assert lumos(project, "eval", "--task", "next_item", "--run", "0" * 32).exit_code == 2
