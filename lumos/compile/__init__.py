@@ -1,1 +1,1 @@
-"""Placeholder; see the project issues for what lands here."""
+"""The search-based tensor compiler (primitive-op IR, e-graph rewrites, C/CUDA kernels): not built yet."""

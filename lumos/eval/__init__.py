@@ -1,1 +1,1 @@
-"""Placeholder; see the project issues for what lands here."""
+"""Evaluation: task specs, metrics, probes, scoring and per-task leaderboards in MLflow."""

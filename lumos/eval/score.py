@@ -37,23 +37,26 @@ class Scores:
 def score_model(model: LumosModel, task: LoadedTask, data: SequencesVersion) -> Scores:
     spec = task.spec
     _check_compatible(model, spec, data)
-    model.eval()
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")  # full-corpus ranking is (B, V) work
+    model = model.to(device).eval()
     if spec.kind == "embedding_probe":
-        return _score_probe(model, task, data)
+        return _score_probe(model, task, data, device)
     ranks, labels, predictions = [], [], []
     horizon = _horizon_index(spec, data)
     with torch.no_grad():
         for batch in _loader(data, spec):
+            batch = batch.to(device)
             output = model(batch)
             if spec.kind == "retrieval":
                 history = batch.tokens["item"].masked_fill(~batch.mask, 0)
-                ranks.append(M.target_ranks(model.score_items(batch, output), batch.next_item, history, spec.exclude_history))
+                scores = model.score_items(batch, output)
+                ranks.append(M.target_ranks(scores, batch.next_item, history, spec.exclude_history).cpu())
             elif spec.kind == "binary":
-                labels.append(batch.act[:, horizon].numpy())
-                predictions.append(torch.sigmoid(output.act_logits[:, horizon]).numpy())
+                labels.append(batch.act[:, horizon].cpu().numpy())
+                predictions.append(torch.sigmoid(output.act_logits[:, horizon]).cpu().numpy())
             else:
-                labels.append(batch.value[:, horizon].numpy())
-                predictions.append(signed_expm1(output.value_pred[:, horizon]).numpy())
+                labels.append(batch.value[:, horizon].cpu().numpy())
+                predictions.append(signed_expm1(output.value_pred[:, horizon]).cpu().numpy())
     return _metrics(spec, ranks, labels, predictions)
 
 
@@ -93,12 +96,12 @@ def _metrics(spec: TaskSpec, ranks, labels, predictions) -> Scores:
     return Scores({name: float(values[name]) for name in spec.metric_names if name in values}, rows)
 
 
-def _score_probe(model: LumosModel, task: LoadedTask, data: SequencesVersion) -> Scores:
+def _score_probe(model: LumosModel, task: LoadedTask, data: SequencesVersion, device: torch.device) -> Scores:
     spec, labels_spec = task.spec, task.spec.labels
     embeddings = []
     with torch.no_grad():
         for batch in _loader(data, spec):
-            embeddings.append(model.embed_users(batch).numpy())
+            embeddings.append(model.embed_users(batch.to(device)).cpu().numpy())
     users, as_of = split_keys(data, spec.split)
     table = _read_labels(task.path.parent, labels_spec.path, [labels_spec.user_id, labels_spec.label])
     label_of = dict(zip(map(str, table[labels_spec.user_id].to_pylist()), table[labels_spec.label].to_pylist(), strict=True))
