@@ -124,3 +124,20 @@ def test_eval_list_and_usage_errors(project):
     assert lumos(project, "eval", "--task", "next_item").exit_code == 2  # neither --run nor --model
     assert lumos(project, "eval", "--task", "nope", "--run", run_id(project, "short")).exit_code == 2
     assert lumos(project, "eval", "--task", "next_item", "--run", "0" * 32).exit_code == 2
+
+
+def test_registered_model_is_evaluated_through_its_alias(project):
+    from lumos.core.tracking import tracking_client
+
+    client = tracking_client(open_workspace(project))
+    run = run_id(project, "longer")
+    client.create_registered_model("quickstart_eval")
+    version = client.create_model_version("quickstart_eval", source=f"runs:/{run}/checkpoints", run_id=run)
+    client.set_registered_model_alias("quickstart_eval", "production", version.version)
+    result = lumos(project, "eval", "--task", "will_purchase_7d", "--model", "quickstart_eval@production", "--json")
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.stdout)
+    assert summary["model"] == f"quickstart_eval/{version.version}" and summary["run_id"] == run
+    board = json.loads(lumos(project, "eval", "leaderboard", "--task", "will_purchase_7d", "--json").stdout)
+    assert f"quickstart_eval/{version.version}" in {entry["model"] for entry in board["entries"]}
+    assert lumos(project, "eval", "--task", "next_item", "--model", "quickstart_eval@staging").exit_code == 2
