@@ -22,9 +22,7 @@ from lumos.data.sequences_version import SequencesVersion
 from lumos.eval import metrics as M
 from lumos.eval.probe import run_probe
 from lumos.eval.tasks import LoadedTask, TaskSpec
-from lumos.train.model import LumosModel, signed_expm1
-
-FIRST_ITEM_ID = 2
+from lumos.train.model import FIRST_ITEM_ID, LumosModel, signed_expm1
 
 
 @dataclass(frozen=True)
