@@ -1,13 +1,15 @@
 """How much memory a training step takes, and the largest batch that fits.
 
-`estimate_memory` is the analytic table `lumos train --dry-run` prints. `find_batch_size` measures
-instead: it runs one forward and backward at growing batch sizes on a worst-case batch (every
-history at max_len) and keeps the largest that fits: on GPU until CUDA runs out of memory, on CPU
-until the step's peak resident memory passes the configured budget.
+`estimate_memory` is the analytic table `lumos train --dry-run` prints. `find_batch_size` runs one
+forward and backward at growing batch sizes on a worst-case batch (every history at max_len) and
+keeps the largest that fits: on GPU until CUDA runs out of memory (or the budget), on CPU until
+the step's memory passes the configured budget, taking the larger of the measured peak resident
+growth and the analytic estimate (the measurement alone undercounts reused memory).
 """
 
 from __future__ import annotations
 
+import ctypes
 import gc
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -149,17 +151,26 @@ def _try_step(model: LumosModel, device: torch.device, size: int, seq_len: int, 
             model.zero_grad(set_to_none=True)
         peak = torch.cuda.max_memory_allocated(device)
         return peak, peak <= budget or budget <= 0
-    # CPU: no out-of-memory signal short of the kernel's OOM killer, so measure the step's peak
-    # resident memory and compare it with the budget; an estimate stands in where Linux's peak
-    # counter cannot be reset.
+    # CPU: no out-of-memory signal short of the kernel's OOM killer, so compare the step's memory
+    # with the budget. The measured peak resident growth undercounts when the allocator reuses
+    # memory freed by an earlier try, so the analytic estimate of the same step is a floor.
+    _release_free_memory()
     baseline = _resident_bytes()
-    if _reset_peak_resident():
-        model.loss(batch)[0].backward()
-        peak = max(_peak_resident_bytes() - baseline, 0)
-    else:
-        peak = estimate_memory(model, size, seq_len).activations
+    counting = _reset_peak_resident()
+    model.loss(batch)[0].backward()
+    measured = max(_peak_resident_bytes() - baseline, 0) if counting else 0
     model.zero_grad(set_to_none=True)
+    estimate = estimate_memory(model, size, seq_len)
+    peak = max(measured, estimate.activations + estimate.gradients)
     return peak, peak <= budget
+
+
+def _release_free_memory() -> None:
+    """Hand memory freed by earlier tries back to the OS (glibc), so the next peak is its own."""
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
 
 
 def _status_bytes(field_name: str) -> int:
