@@ -13,11 +13,7 @@ from lumos.cli.output import echo, emit_json, handles_errors, print_table, progr
 from lumos.core.errors import UsageError
 from lumos.core.workspace import open_workspace
 
-app = typer.Typer(
-    help="Evaluate runs and models on tasks; list tasks; show leaderboards.",
-    invoke_without_command=True,
-    no_args_is_help=False,
-)
+app = typer.Typer(invoke_without_command=True)  # the callback's docstring is the help
 
 TasksOption = Annotated[
     Path | None, typer.Option("--tasks", help="Folder of task specs (default: tasks/ and examples/*/tasks/ of the project).")
@@ -54,7 +50,7 @@ def run_eval(
     Each (task, model, data version) becomes one entry of the task's leaderboard, the MLflow
     experiment lumos-eval/T, replacing an earlier entry of the same triple; the task's "no model"
     baseline is refreshed beside it, and the scores are also logged into the training run as
-    eval/T/<metric>. Exit code 3 when a task threshold or --fail-below bar is missed.
+    eval/T/METRIC. Exit code 3 when a task threshold or --fail-below bar is missed.
     """
     if ctx.invoked_subcommand is not None:
         return

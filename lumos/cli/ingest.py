@@ -30,7 +30,7 @@ def ingest(
 ) -> None:
     """Validate events, build vocabularies and per-user sequences, and write them as new table versions.
 
-    Bad rows go to <dataset>.rejects with a reason; if too many are bad nothing is written (exit 2).
+    Bad rows go to DATASET.rejects with a reason; if too many are bad nothing is written (exit 2).
     Rerunning the same recipe over the same input versions writes nothing and reports the existing
     versions. See examples/quickstart/ingest.toml for a commented recipe.
     """
