@@ -7,10 +7,8 @@ are checked after everything is logged; a miss raises GateError (exit code 3).
 
 from __future__ import annotations
 
-import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from lumos.core.errors import GateError, UsageError
 from lumos.core.tables import TableRef
@@ -22,6 +20,7 @@ from lumos.eval.metrics import direction
 from lumos.eval.score import score_baseline, score_model
 from lumos.eval.tasks import LoadedTask
 from lumos.train.checkpoint import load_model
+from lumos.train.run import download_checkpoint, training_run
 
 Report = Callable[[str], None]
 
@@ -55,12 +54,7 @@ def resolve_subject(workspace: Workspace, run_id: str | None, model: str | None)
         run_id, model_label = version.run_id, f"{name}/{version.version}"
     if run_id is None:
         raise UsageError("name what to evaluate: --run RUN_ID or --model NAME@alias")
-    try:
-        run = client.get_run(run_id)
-    except mlflow.exceptions.MlflowException:
-        raise UsageError(f"--run {run_id}: no such run in {workspace.mlflow_tracking_uri}") from None
-    if run.data.tags.get("lumos.stage") != "train" or "lumos.checkpoint" not in run.data.tags:
-        raise UsageError(f"run {run_id} is not a Lumos training run with a checkpoint")
+    run = training_run(workspace, run_id, "--run")
     label = model_label or run.info.run_name or run_id
     key = f"model:{model_label}" if model_label else f"run:{run_id}"
     return Subject(key=key, label=label, run_id=run_id, model=model_label)
@@ -109,12 +103,5 @@ def _gate_failures(thresholds: dict[str, float], fail_below: dict[str, float], m
 
 
 def _load_run_model(workspace: Workspace, run_id: str):
-    import mlflow
-
-    client = tracking_client(workspace)
-    checkpoint = client.get_run(run_id).data.tags["lumos.checkpoint"]
-    folder = mlflow.artifacts.download_artifacts(run_id=run_id, artifact_path=checkpoint,
-                                                 dst_path=tempfile.mkdtemp(prefix="lumos-eval-"),
-                                                 tracking_uri=workspace.mlflow_tracking_uri)
-    model, _ = load_model(Path(folder))
+    model, _ = load_model(download_checkpoint(workspace, run_id, "--run"))
     return model

@@ -305,7 +305,6 @@ def _evaluate(model: LumosModel, loader: SequenceLoader, config: TrainConfig, ra
     rng = capture_rng()  # sampled negatives draw from the global RNG; keep training's stream intact
     sums: dict[str, float] = {}
     count = 0
-    loader.set_epoch(0)
     for index, batch in enumerate(loader):
         if config.run.eval_batches and index >= config.run.eval_batches:
             break

@@ -81,7 +81,7 @@ def train(
     summary.batch_size = global_batch
     summary.memory_estimate = estimate_memory(model, micro_batch).rows()
     config = replace(config, run=replace(config.run, batch_size=global_batch))
-    _check_loader_fits(sequences, config, micro_batch, world_size)
+    _check_batch_fits(config, data, train_rows, micro_batch, world_size)
     if dry_run:
         return summary
 
@@ -134,30 +134,42 @@ def _batch_sizes(
     return config.run.batch_size, config.run.batch_size // per_step
 
 
-def _check_loader_fits(sequences, config: TrainConfig, micro_batch: int, world_size: int) -> None:
-    loader = SequenceLoader(sequences.snapshot, sequences.spec, micro_batch, split=config.data.train_split,
-                            drop_last=True, world_size=world_size, num_workers=0)
-    if len(loader) == 0:
+def _check_batch_fits(config: TrainConfig, data: str, train_rows: int, micro_batch: int, world_size: int) -> None:
+    """Each rank needs at least one whole batch (the loader drops a short last one in training)."""
+    if train_rows // world_size < micro_batch:
         raise UsageError(
-            f"split {config.data.train_split!r} of {sequences.ref} has {loader.rows} rows, fewer than one batch of "
+            f"split {config.data.train_split!r} of {data} has {train_rows} rows, fewer than one batch of "
             f"{micro_batch} per rank × {world_size} rank(s); lower run.batch_size"
         )
 
 
-def _resume_source(workspace: Workspace, run_id: str) -> tuple[TrainConfig, Path]:
-    """The run's own config (the one given must not change the run) and its latest checkpoint."""
+def training_run(workspace: Workspace, run_id: str, flag: str):
+    """The MLflow run `run_id`, checked to be a Lumos training run with a checkpoint."""
     import mlflow
 
-    client = tracking_client(workspace)
     try:
-        run = client.get_run(run_id)
+        run = tracking_client(workspace).get_run(run_id)
     except mlflow.exceptions.MlflowException:
-        raise UsageError(f"--resume {run_id}: no such run in {workspace.mlflow_tracking_uri}") from None
-    latest = run.data.tags.get("lumos.checkpoint")
-    if run.data.tags.get("lumos.stage") != STAGE or not latest:
-        raise UsageError(f"--resume {run_id}: not a Lumos training run with a checkpoint")
-    local = Path(tempfile.mkdtemp(prefix="lumos-resume-"))
-    folder = Path(mlflow.artifacts.download_artifacts(run_id=run_id, artifact_path=latest, dst_path=str(local)))
+        raise UsageError(f"{flag} {run_id}: no such run in {workspace.mlflow_tracking_uri}") from None
+    if run.data.tags.get("lumos.stage") != STAGE or "lumos.checkpoint" not in run.data.tags:
+        raise UsageError(f"{flag} {run_id}: not a Lumos training run with a checkpoint")
+    return run
+
+
+def download_checkpoint(workspace: Workspace, run_id: str, flag: str) -> Path:
+    """A local copy of the run's latest checkpoint folder."""
+    import mlflow
+
+    latest = training_run(workspace, run_id, flag).data.tags["lumos.checkpoint"]
+    folder = mlflow.artifacts.download_artifacts(run_id=run_id, artifact_path=latest,
+                                                 dst_path=tempfile.mkdtemp(prefix="lumos-checkpoint-"),
+                                                 tracking_uri=workspace.mlflow_tracking_uri)
+    return Path(folder)
+
+
+def _resume_source(workspace: Workspace, run_id: str) -> tuple[TrainConfig, Path]:
+    """The run's own config (the one given must not change the run) and its latest checkpoint."""
+    folder = download_checkpoint(workspace, run_id, "--resume")
     _, saved = load_model(folder)
     return saved, folder
 
