@@ -7,7 +7,7 @@ from typing import Annotated
 import typer
 
 import lumos
-from lumos.cli import config, data, doctor, evaluate, ingest, train, workspace
+from lumos.cli import config, data, doctor, evaluate, infer, ingest, promote, train, workspace
 from lumos.cli.output import state
 
 app = typer.Typer(
@@ -53,6 +53,9 @@ app.command("train")(train.train)
 app.add_typer(config.app, name="config")
 app.add_typer(data.app, name="data")
 app.add_typer(evaluate.app, name="eval")
+app.command("promote")(promote.promote)
+app.command("models")(promote.models)
+app.command("infer")(infer.infer)
 
 
 def main() -> None:

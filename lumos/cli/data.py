@@ -112,3 +112,35 @@ def _entry_json(entry) -> dict:
 def _short_stats(stats: dict) -> str:
     keys = ("rows_read", "rows_rejected", "users", "tokens", "rows")
     return ", ".join(f"{key}={stats[key]}" for key in keys if key in stats)
+
+
+@app.command("trace")
+@handles_errors
+def trace(
+    ctx: typer.Context,
+    table: Annotated[str, typer.Argument(help="A predictions table, e.g. quickstart.predictions[@VERSION]")],
+    user: Annotated[str, typer.Option("--user", help="The user id of the prediction.")],
+    as_of: Annotated[str, typer.Option("--as-of", help="The prediction's date, YYYY-MM-DD.")],
+    json_output: JsonOption = False,
+) -> None:
+    """Walk one prediction back to the model version, training run, config, data version and recipe."""
+    from lumos.cli.infer import parse_date
+    from lumos.infer.trace import trace_prediction
+
+    ref = TableRef.parse(table)
+    workspace = open_workspace(state(ctx).workspace_dir)
+    with progress(f"tracing {user} in {ref}"):
+        result = trace_prediction(workspace_spark(workspace), workspace, ref, user, parse_date(as_of, "--as-of"))
+    if json_output:
+        emit_json(result)
+        return
+    commit, run, data = result["prediction"]["commit"], result["run"], result["data"]
+    rows = [
+        ("prediction", f"{result['prediction']['table']} version {commit['version']}, engine {commit['engine']}, "
+                       f"written {commit['created_at']}"),
+        ("model", f"{result['model']['version']} (aliases: {', '.join(result['model']['aliases']) or 'none'})"),
+        ("training run", f"{run['id']} {run['name'] or ''}, config {run['config_hash']}, code {run['code_version']}"),
+        ("training data", f"{data['table']}, recipe {data['recipe_hash']}"),
+        *[("  input", f"{item['kind']} {item['uri']} @ {item['version']}") for item in data["inputs"]],
+    ]
+    print_table(f"lineage of {user} as of {as_of}", ["step", "what"], rows)

@@ -84,6 +84,11 @@ def write_table(spark, workspace: Workspace, ref: TableRef, frame, lineage: Line
         .option("userMetadata", lineage.to_json())
         .save(location)
     )
+    return committed_version(spark, workspace, ref, lineage)
+
+
+def committed_version(spark, workspace: Workspace, ref: TableRef, lineage: LineageRecord) -> TableRef:
+    """The version whose commit carries `lineage` (found by its record id among the latest commits)."""
     for entry in table_history(spark, workspace, ref, limit=20):
         if entry.lineage is not None and entry.lineage.record_id == lineage.record_id:
             return ref.at(entry.version)

@@ -47,8 +47,8 @@ def run_ingest(spark, workspace: Workspace, recipe: IngestRecipe, recipe_dir: Pa
     report(f"reading {recipe.source.path}")
     raw, events_input = read_source(spark, workspace, recipe.source.path, recipe.source.format, recipe_dir, "source.path")
     check_columns(raw, [c.source for c in event_columns(recipe)], "columns", recipe.source.path)
-    users, users_input = _read_users(spark, workspace, recipe, recipe_dir)
-    calendar, calendar_input = _read_calendar(spark, workspace, recipe, recipe_dir)
+    users, users_input = read_users(spark, workspace, recipe, recipe_dir)
+    calendar, calendar_input = read_calendar(spark, workspace, recipe, recipe_dir)
     inputs = [item for item in (events_input, users_input, calendar_input) if item is not None]
     lineage_base = dict(stage="ingest", config=to_plain(recipe), config_hash=config_hash(recipe), inputs=inputs)
 
@@ -130,7 +130,7 @@ def _find_earlier_ingest(spark, workspace: Workspace, sequences: TableRef, wante
     return None
 
 
-def _read_users(spark, workspace: Workspace, recipe: IngestRecipe, recipe_dir: Path):
+def read_users(spark, workspace: Workspace, recipe: IngestRecipe, recipe_dir: Path):
     from pyspark.sql import functions as F
 
     spec = recipe.users
@@ -150,7 +150,7 @@ def _read_users(spark, workspace: Workspace, recipe: IngestRecipe, recipe_dir: P
     return users, source_input
 
 
-def _read_calendar(spark, workspace: Workspace, recipe: IngestRecipe, recipe_dir: Path):
+def read_calendar(spark, workspace: Workspace, recipe: IngestRecipe, recipe_dir: Path):
     from pyspark.sql import functions as F
 
     spec = recipe.calendar

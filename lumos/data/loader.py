@@ -316,6 +316,16 @@ def build_batch(columns: _Columns, rows: np.ndarray) -> Batch:
     )
 
 
+def table_batches(table: pa.Table, spec: FeatureSpec, batch_size: int, where: str) -> Iterator[Batch]:
+    """Batches of an in-memory Arrow table with the sequences columns, in row order (batch
+    inference: Spark hands each task its rows as Arrow)."""
+    if table.num_rows == 0:
+        return
+    columns = _assemble([(_row_group_arrays(table, np.arange(table.num_rows), spec, where), slice(None))], spec)
+    for start in range(0, table.num_rows, batch_size):
+        yield build_batch(columns, np.arange(start, min(start + batch_size, table.num_rows)))
+
+
 # ---------------------------------------------------------------------------------------------
 # The loader
 

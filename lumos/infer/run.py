@@ -1,0 +1,156 @@
+"""`lumos infer`: score every user for one as-of date with a registered model, into a Delta partition.
+
+The model is named by alias (what cron uses) or version. Its training run names the data version
+it learned from; that version's lineage names the recipe, the vocabulary version and the sources.
+Features are rebuilt from those for the date, scored by Spark (one model load per worker), and
+written as partition as_of = DATE of `<dataset>.predictions`, replacing any earlier run for it.
+The commit's lineage names the model version and run, every input version, the recipe hash and
+the engine; each row names its model version, so any prediction walks back to its data.
+"""
+
+from __future__ import annotations
+
+import datetime
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from lumos.core.config import config_hash
+from lumos.core.errors import UsageError
+from lumos.core.lineage import LineageInput, LineageRecord
+from lumos.core.registry import resolve_model
+from lumos.core.tables import TableRef, read_table, table_location
+from lumos.core.workspace import Workspace
+from lumos.infer.features import inference_rows, training_data
+from lumos.infer.predictions import partition_lock, write_partition
+from lumos.infer.scoring import ENGINES, ScoringJob, read_checkpoint, schema_for, score_arrow
+from lumos.train.checkpoint import load_model
+from lumos.train.run import download_checkpoint, training_run
+
+Report = Callable[[str], None]
+STAGE = "infer"
+
+
+@dataclass(frozen=True)
+class InferOptions:
+    as_of: datetime.date
+    source: str | None = None
+    """Events to read instead of the source recorded in the model's data lineage."""
+    output: str | None = None
+    """dataset.table to write; default <training dataset>.predictions."""
+    engine: str = "torch"
+    top_k: int = 10
+    exclude_history: bool = True
+    """Leave items already in a user's history out of their top-k."""
+    batch_size: int = 512
+    torch_threads: int = 1
+
+    def __post_init__(self) -> None:
+        if self.engine not in ENGINES:
+            raise UsageError(f"--engine {self.engine!r}: choose one of {', '.join(ENGINES)}")
+        if self.top_k < 1 or self.batch_size < 1 or self.torch_threads < 1:
+            raise UsageError("--top-k, --batch-size and --threads must be at least 1")
+
+
+@dataclass
+class InferSummary:
+    model: str
+    run_id: str
+    as_of: datetime.date
+    output: str
+    """The predictions table version written, e.g. quickstart.predictions@3."""
+    rows: int
+    engine: str
+    training_data: str
+    inputs: list[LineageInput] = field(default_factory=list)
+    seconds: float = 0.0
+    warnings: list[str] = field(default_factory=list)
+
+
+def infer(workspace: Workspace, model_ref: str, options: InferOptions, report: Report = lambda _: None) -> InferSummary:
+    started = time.perf_counter()
+    version = resolve_model(workspace, model_ref)
+    run = training_run(workspace, version.run_id, "--model")
+    data = training_data(workspace, TableRef.parse(run.data.tags["lumos.data"]))
+    output = TableRef.parse(options.output or f"{data.recipe.dataset}.predictions")
+    if output.version is not None:
+        raise UsageError(f"--output {output}: name a table without @version; infer always writes a new version")
+    report(f"model {version.label} (run {run.info.run_id}, trained on {data.sequences})")
+    checkpoint = download_checkpoint(workspace, run.info.run_id, "--model")
+    model, _ = load_model(checkpoint)
+    engine, warnings = _choose_engine(workspace, options.engine, run.info.run_id, model, report)
+
+    from lumos.core.spark import workspace_spark
+
+    spark = workspace_spark(workspace)
+    with partition_lock(workspace, output, options.as_of):
+        report(f"building features as of {options.as_of}")
+        rows, inputs = inference_rows(spark, workspace, data, options.as_of, options.source)
+        job = ScoringJob(
+            model_key=version.label, checkpoint=read_checkpoint(checkpoint),
+            item_tokens=_item_tokens(spark, workspace, data.vocab, model.features.item_vocab_size),
+            as_of=options.as_of, top_k=options.top_k, exclude_history=options.exclude_history,
+            batch_size=options.batch_size, torch_threads=options.torch_threads,
+            compiled=(workspace, run.info.run_id) if engine == "compiled" else None,
+        )
+        predictions = _score(spark, rows, job, model)
+        request = {"model": version.label, "as_of": options.as_of.isoformat(), "engine": engine,
+                   "top_k": options.top_k, "exclude_history": options.exclude_history}
+        lineage = LineageRecord(
+            stage=STAGE,
+            config=request,
+            config_hash=config_hash(request),
+            inputs=[LineageInput("model-version", f"models:/{version.name}/{version.version}", version.version),
+                    LineageInput("mlflow-run", f"runs:/{run.info.run_id}", run.info.run_id),
+                    LineageInput("delta", table_location(workspace, data.sequences), data.sequences.version),
+                    *inputs],
+            stats={"training_data": str(data.sequences), "recipe_hash": run.data.tags.get("lumos.recipe_hash"),
+                   "config_hash": run.data.tags.get("lumos.config_hash")},
+        )
+        report(f"scoring and writing {output.name} partition as_of={options.as_of}")
+        written = write_partition(spark, workspace, output, predictions, options.as_of, lineage)
+    rows_written = _rows_written(spark, workspace, written)
+    return InferSummary(model=version.label, run_id=run.info.run_id, as_of=options.as_of, output=str(written),
+                        rows=rows_written, engine=engine, training_data=str(data.sequences), inputs=lineage.inputs,
+                        seconds=time.perf_counter() - started, warnings=warnings)
+
+
+def _choose_engine(workspace: Workspace, engine: str, run_id: str, model, report: Report) -> tuple[str, list[str]]:
+    """The compiled engine when a verified plan is stored for the run; otherwise torch, with a warning."""
+    if engine != "compiled":
+        return engine, []
+    from lumos.compile.engine import load_compiled
+
+    if load_compiled(workspace, run_id, model) is not None:
+        return engine, []
+    warning = f"no compiled plan is stored for run {run_id}; scoring with torch (run `lumos compile --run {run_id}` first)"
+    report(f"warning: {warning}")
+    return "torch", [warning]
+
+
+def _item_tokens(spark, workspace: Workspace, vocab: TableRef, size: int) -> tuple[str, ...]:
+    """Vocabulary id → item token ("" for padding and OOV, which are never recommended)."""
+    from pyspark.sql import functions as F
+
+    tokens = [""] * size
+    for row in read_table(spark, workspace, vocab).where(F.col("feature") == "item").select("id", "token").collect():
+        if row["id"] < size:
+            tokens[row["id"]] = row["token"]
+    return tuple(tokens)
+
+
+def _score(spark, rows, job: ScoringJob, model):
+    from pyspark.sql.pandas.types import from_arrow_schema
+
+    broadcast = spark.sparkContext.broadcast(job)
+    schema = from_arrow_schema(schema_for(model))
+    return rows.mapInArrow(lambda batches: score_arrow(broadcast.value, batches), schema)
+
+
+def _rows_written(spark, workspace: Workspace, ref: TableRef) -> int:
+    from delta.tables import DeltaTable
+
+    history = DeltaTable.forPath(spark, table_location(workspace, ref)).history(5).collect()
+    metrics: dict[str, Any] = next((row["operationMetrics"] for row in history if row["version"] == ref.version), {}) or {}
+    return int(metrics.get("numOutputRows", 0))

@@ -1,0 +1,145 @@
+"""Scoring inside Spark: each Python worker loads the model once and scores Arrow batches.
+
+The driver packs the checkpoint's three files (weights, config, feature spec) and the item tokens
+into one broadcast, so executors on any cluster need no access to the MLflow store. `mapInArrow`
+hands each task its rows as Arrow record batches; the loader's vectorized Arrow → Batch code
+builds the model's tensors, and results go back as Arrow with one row per user.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import torch
+
+from lumos.train.checkpoint import CONFIG_FILE, FEATURES_FILE, MODEL_FILE, load_model
+from lumos.train.features import Batch, FeatureSpec
+from lumos.train.model import LumosModel, signed_expm1
+
+ENGINES = ("torch", "compiled")
+
+
+@dataclass(frozen=True)
+class ScoringJob:
+    """Everything an executor needs to score, shipped once per job as a Spark broadcast."""
+
+    model_key: str
+    """Identifies the model (name/version): workers cache one loaded model per key."""
+    checkpoint: dict[str, bytes]
+    """File name → bytes of the checkpoint's model.safetensors, config.toml and features.json."""
+    item_tokens: tuple[str, ...]
+    """Item token of each vocabulary id (padding and OOV included), for readable top-k output."""
+    as_of: object
+    """The as-of date (datetime.date) written to every row."""
+    top_k: int
+    exclude_history: bool
+    batch_size: int
+    torch_threads: int
+    """Threads per task: Spark already runs one task per core, so more threads oversubscribe."""
+    compiled: object | None = None
+    """(workspace, run_id) when the compiled engine is used; each worker loads the stored plan."""
+
+
+def read_checkpoint(folder: Path) -> dict[str, bytes]:
+    return {name: (folder / name).read_bytes() for name in (MODEL_FILE, CONFIG_FILE, FEATURES_FILE)}
+
+
+def output_schema(features: FeatureSpec, has_retrieval: bool, has_binary: bool, has_regression: bool) -> pa.Schema:
+    """One row per user: keys, the model, the user embedding, then one column per head's task."""
+    fields = [
+        pa.field("user_id", pa.string(), nullable=False),
+        pa.field("as_of", pa.date32(), nullable=False),
+        pa.field("model", pa.string(), nullable=False),
+        pa.field("user_embedding", pa.list_(pa.float32()), nullable=False),
+    ]
+    if has_retrieval:
+        fields += [pa.field("top_items", pa.list_(pa.string())), pa.field("top_scores", pa.list_(pa.float32()))]
+    for days in features.horizons_days:
+        if has_binary:
+            fields.append(pa.field(f"p_act_{days}d", pa.float32()))
+        if has_regression:
+            fields.append(pa.field(f"value_{days}d", pa.float32()))
+    return pa.schema(fields)
+
+
+def schema_for(model: LumosModel) -> pa.Schema:
+    heads = model.config.heads
+    return output_schema(model.features, "retrieval" in heads, "binary" in heads, "regression" in heads)
+
+
+# Loaded models per Python worker (Spark reuses workers across tasks), keyed by ScoringJob.model_key.
+_LOADED: dict[str, tuple[LumosModel, object | None]] = {}
+
+
+def _load(job: ScoringJob) -> tuple[LumosModel, object | None]:
+    if job.model_key not in _LOADED:
+        with tempfile.TemporaryDirectory(prefix="lumos-infer-") as folder:
+            for name, content in job.checkpoint.items():
+                (Path(folder) / name).write_bytes(content)
+            model, _ = load_model(Path(folder))
+        device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        model = model.to(device).eval()
+        compiled = None
+        if job.compiled is not None:
+            from lumos.compile.engine import load_compiled
+
+            workspace, run_id = job.compiled
+            compiled = load_compiled(workspace, run_id, model)
+        _LOADED.clear()  # one model per worker: a new job's model replaces the last one
+        _LOADED[job.model_key] = (model, compiled)
+    return _LOADED[job.model_key]
+
+
+def score_arrow(job: ScoringJob, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """The mapInArrow function: sequences rows in, prediction rows out."""
+    from lumos.data.loader import table_batches
+
+    torch.set_num_threads(job.torch_threads)
+    model, compiled = _load(job)
+    schema = schema_for(model)
+    device = next(model.parameters()).device
+    item_tokens = np.asarray(job.item_tokens, dtype=object)
+    for record_batch in batches:
+        table = pa.Table.from_batches([record_batch])
+        users = table.column("user_id").to_pylist()
+        start = 0
+        for batch in table_batches(table, model.features, job.batch_size, "inference rows"):
+            columns = score_batch(model, compiled, batch.to(device), job.top_k, job.exclude_history)
+            rows = batch.size
+            columns = {
+                "user_id": users[start:start + rows],
+                "as_of": [job.as_of] * rows,
+                "model": [job.model_key] * rows,
+                **columns,
+            }
+            if "top_ids" in columns:
+                columns["top_items"] = list(item_tokens[columns.pop("top_ids")])
+            start += rows
+            yield pa.RecordBatch.from_pydict(columns, schema=schema)
+
+
+@torch.no_grad()
+def score_batch(model: LumosModel, compiled, batch: Batch, top_k: int, exclude_history: bool) -> dict[str, object]:
+    """Column name → values for one batch (top_ids: (B, k) vocabulary ids of the best items)."""
+    output = compiled(batch) if compiled is not None else model(batch)
+    columns: dict[str, object] = {"user_embedding": list(output.user_embedding.float().cpu().numpy())}
+    if output.item_query is not None:
+        scores = model.score_items(batch, output)  # (B, V), padding and OOV at -inf
+        if exclude_history:
+            history = batch.tokens[model.features.item_feature].masked_fill(~batch.mask, 0)  # (B, T)
+            scores = scores.scatter(1, history, float("-inf"))
+        k = min(top_k, scores.shape[1])
+        top = torch.topk(scores, k, dim=1)
+        columns["top_ids"] = top.indices.cpu().numpy()
+        columns["top_scores"] = list(top.values.float().cpu().numpy())
+    for index, days in enumerate(model.features.horizons_days):
+        if output.act_logits is not None:
+            columns[f"p_act_{days}d"] = torch.sigmoid(output.act_logits[:, index]).float().cpu().numpy()
+        if output.value_pred is not None:
+            columns[f"value_{days}d"] = signed_expm1(output.value_pred[:, index]).float().cpu().numpy()
+    return columns

@@ -1,0 +1,62 @@
+"""Walk one prediction back: row → infer commit → model version → training run → config → data
+version → the recipe and source versions that made that data."""
+
+from __future__ import annotations
+
+import datetime
+import json
+from dataclasses import asdict
+from typing import Any
+
+from lumos.core.errors import UsageError
+from lumos.core.registry import resolve_model
+from lumos.core.tables import TableRef, read_table, resolve, table_history, version_lineage
+from lumos.core.tracking import tracking_client
+from lumos.core.workspace import Workspace
+from lumos.infer.predictions import PARTITION
+from lumos.train.run import training_run
+
+
+def trace_prediction(spark, workspace: Workspace, table: TableRef, user_id: str, as_of: datetime.date) -> dict[str, Any]:
+    from pyspark.sql import functions as F
+
+    table = resolve(spark, workspace, table)
+    frame = read_table(spark, workspace, table)
+    row = frame.where((F.col("user_id") == user_id) & (F.col(PARTITION) == F.lit(as_of))).select("model").first()
+    if row is None:
+        raise UsageError(f"{table} has no prediction for user {user_id!r} as of {as_of}")
+    commit = _partition_commit(spark, workspace, table, as_of)
+    version = resolve_model(workspace, row["model"], "model")
+    run = training_run(workspace, version.run_id, "model")
+    config = json.loads(_run_text(workspace, run.info.run_id, "lineage.json"))["config"]
+    data = TableRef.parse(run.data.tags["lumos.data"])
+    data_lineage = version_lineage(spark, workspace, data)
+    return {
+        "prediction": {"table": str(table), "user_id": user_id, "as_of": as_of.isoformat(),
+                       "commit": {"version": commit[0], **commit[1]}},
+        "model": {"version": version.label, "aliases": list(version.aliases), "tags": version.tags},
+        "run": {"id": run.info.run_id, "name": run.info.run_name, "config_hash": run.data.tags.get("lumos.config_hash"),
+                "code_version": run.data.tags.get("lumos.code_version"), "seed": run.data.tags.get("lumos.seed"),
+                "config": config},
+        "data": {"table": str(data), "recipe_hash": run.data.tags.get("lumos.recipe_hash"),
+                 "recipe": data_lineage.config if data_lineage else None,
+                 "inputs": [asdict(item) for item in data_lineage.inputs] if data_lineage else [],
+                 "stats": data_lineage.stats if data_lineage else {}},
+    }
+
+
+def _partition_commit(spark, workspace: Workspace, table: TableRef, as_of: datetime.date) -> tuple[int, dict[str, Any]]:
+    """The newest commit at or before `table`'s version that wrote partition `as_of`."""
+    for entry in table_history(spark, workspace, table):
+        lineage = entry.lineage
+        if entry.version <= table.version and lineage and lineage.stage == "infer" and lineage.config.get("as_of") == as_of.isoformat():
+            return entry.version, {**lineage.config, "inputs": [asdict(item) for item in lineage.inputs],
+                                   "stats": lineage.stats, "created_at": lineage.created_at}
+    raise UsageError(f"{table}: no lumos infer commit wrote as_of = {as_of}")
+
+
+def _run_text(workspace: Workspace, run_id: str, path: str) -> str:
+    import mlflow
+
+    tracking_client(workspace)  # points mlflow at the workspace's store
+    return mlflow.artifacts.load_text(f"runs:/{run_id}/{path}")

@@ -1,0 +1,252 @@
+"""`lumos promote`, `lumos models` and `lumos infer` on a real ingest, a real trained run, a SQLite
+MLflow store and real Delta partitions."""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import shutil
+import socket
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from lumos.cli.app import app
+from lumos.core.config import from_dict, load_config
+from lumos.core.tables import TableRef, read_table
+from lumos.core.workspace import open_workspace
+from lumos.data.ingest import run_ingest
+from lumos.data.recipe import IngestRecipe
+from lumos.data.synthetic import SyntheticSpec, generate_quickstart
+from lumos.infer.predictions import RunInProgress, partition_lock
+from lumos.infer.trace import trace_prediction
+from lumos.train.config import TrainConfig
+from lumos.train.run import train
+
+QUICKSTART = Path(__file__).resolve().parents[2] / "examples" / "quickstart"
+AS_OF = "2026-09-14"
+runner = CliRunner()
+
+
+@pytest.fixture(scope="module")
+def project(spark, tmp_path_factory) -> Path:
+    """Quickstart data, its next_item and will_purchase tasks, one ingest and one trained run."""
+    folder = tmp_path_factory.mktemp("infer")
+    data = folder / "data"
+    generate_quickstart(data, SyntheticSpec(users=200, events=8_000, seed=5))
+    (folder / "tasks").mkdir()
+    for task in ("next_item", "will_purchase_7d"):
+        shutil.copy(QUICKSTART / "tasks" / f"{task}.toml", folder / "tasks")
+    recipe = load_config(IngestRecipe, QUICKSTART / "ingest.toml", [
+        f"source.path={data / 'events'}", f"users.path={data / 'users.parquet'}",
+        f"calendar.path={data / 'calendar.csv'}", "tokens.max_len=20",
+    ])
+    run_ingest(spark, open_workspace(folder), recipe, QUICKSTART)
+    config = from_dict(TrainConfig, {
+        "data": {"loader_workers": 1},
+        "model": {"d_model": 8, "n_heads": 2, "encoder_layers": 1, "decoder_layers": 1, "d_ff": 16, "dropout": 0.0,
+                  "max_len": 20},
+        "run": {"batch_size": 32, "max_steps": 20, "eval_every": 1000, "log_every": 10, "checkpoint_every": 1000,
+                "experiment": "test-infer"},
+    })
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        summary = train(config, open_workspace(folder))
+    finally:
+        torch.set_num_threads(threads)
+    (folder / "run").write_text(summary.run_id)
+    return folder
+
+
+def lumos(project: Path, *args: str):
+    return runner.invoke(app, ["--workspace", str(project), *args])
+
+
+def model_names(project: Path) -> list[str]:
+    return [model["name"] for model in json.loads(lumos(project, "models", "--json").stdout)["models"]]
+
+
+def run_id(project: Path) -> str:
+    return (project / "run").read_text()
+
+
+@pytest.fixture(scope="module")
+def evaluated(project) -> Path:
+    result = lumos(project, "eval", "--all", "--run", run_id(project))
+    assert result.exit_code == 0, result.output
+    return project
+
+
+# -- promote --------------------------------------------------------------------------------------
+
+
+def test_promote_refuses_a_run_without_the_required_eval(project):
+    result = lumos(project, "promote", run_id(project), "--model", "gated", "--require", "spend_7d:mae<=100")
+    assert result.exit_code == 3
+    assert "no eval result for task 'spend_7d'" in result.output
+    assert "gated" not in model_names(project)
+
+
+def test_promote_refuses_a_missed_bar_and_passes_a_met_one(evaluated):
+    run = run_id(evaluated)
+    missed = lumos(evaluated, "promote", run, "--model", "bars", "--require", "will_purchase_7d:auc_roc>=0.999")
+    assert missed.exit_code == 3 and "measured" in missed.output
+    passed = lumos(evaluated, "promote", run, "--model", "bars", "--require", "will_purchase_7d:auc_roc>=0.0",
+                   "--require", "next_item:ndcg@10>=0", "--json")
+    assert passed.exit_code == 0, passed.output
+    summary = json.loads(passed.stdout)
+    assert summary["version"] == 1 and summary["alias"] == "production" and len(summary["checks"]) == 2
+    versions = json.loads(lumos(evaluated, "models", "bars", "--json").stdout)["versions"]
+    tags = versions[0]["tags"]
+    assert tags["lumos.run"] == run and tags["lumos.data"] == "quickstart.sequences@0"
+    assert tags["lumos.config_hash"].startswith("sha256:") and "lumos.eval.next_item.ndcg_at_10" in tags
+
+
+def test_promote_twice_reuses_the_version_and_rollback_moves_the_alias(evaluated):
+    run = run_id(evaluated)
+    first = json.loads(lumos(evaluated, "promote", run, "--model", "roll", "--json").stdout)
+    again = json.loads(lumos(evaluated, "promote", run, "--model", "roll", "--alias", "staging", "--json").stdout)
+    assert first["version"] == again["version"] == 1 and again["reused_version"]
+    dry = lumos(evaluated, "promote", run, "--model", "other", "--dry-run", "--json")
+    assert dry.exit_code == 0 and json.loads(dry.stdout)["dry_run"]
+    assert "other" not in model_names(evaluated)
+    rollback = lumos(evaluated, "promote", "--model", "roll", "--alias", "production", "--version", "1", "--json")
+    assert rollback.exit_code == 0, rollback.output
+    missing = lumos(evaluated, "promote", "--model", "roll", "--version", "9")
+    assert missing.exit_code == 2 and "roll/9" in missing.output
+
+
+def test_promote_refuses_an_unfinished_or_foreign_run(project):
+    from lumos.core.tracking import tracking_client
+
+    client = tracking_client(open_workspace(project))
+    experiment = client.create_experiment("not-lumos")
+    foreign = client.create_run(experiment).info.run_id
+    result = lumos(project, "promote", foreign, "--model", "foreign")
+    assert result.exit_code == 3 and "not a Lumos training run" in result.output
+    assert lumos(project, "promote", "no-such-run", "--model", "foreign").exit_code == 2
+
+
+# -- infer ----------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def promoted(evaluated) -> Path:
+    result = lumos(evaluated, "promote", run_id(evaluated), "--model", "quickstart")
+    assert result.exit_code == 0, result.output
+    return evaluated
+
+
+def predictions(spark, project: Path, as_of: str = AS_OF):
+    frame = read_table(spark, open_workspace(project), TableRef.parse("quickstart.predictions"))
+    return frame.where(frame["as_of"] == datetime.date.fromisoformat(as_of)).collect()
+
+
+def test_infer_is_idempotent_per_date_and_leaves_other_dates(spark, promoted):
+    first = lumos(promoted, "infer", "--model", "quickstart@production", "--as-of", AS_OF, "--json")
+    assert first.exit_code == 0, first.output
+    summary = json.loads(first.stdout)
+    assert summary["rows"] > 100 and summary["engine"] == "torch" and summary["model"] == "quickstart/1"
+    other = lumos(promoted, "infer", "--model", "quickstart@production", "--as-of", "2026-08-01", "--json")
+    assert other.exit_code == 0, other.output
+    rows = predictions(spark, promoted)
+    again = lumos(promoted, "infer", "--model", "quickstart@production", "--as-of", AS_OF, "--json")
+    assert again.exit_code == 0, again.output
+    rerun = predictions(spark, promoted)
+    assert len(rerun) == len(rows) == summary["rows"]
+    assert len({row["user_id"] for row in rerun}) == len(rerun)  # one row per user, no duplicates
+    assert sorted(row["user_id"] for row in rerun) == sorted(row["user_id"] for row in rows)
+    assert len(predictions(spark, promoted, "2026-08-01")) == json.loads(other.stdout)["rows"]
+    row = rerun[0]
+    assert len(row["user_embedding"]) == 8 and len(row["top_items"]) == 10 and 0 <= row["p_act_7d"] <= 1
+    assert all(item.startswith("i") for item in row["top_items"])  # item tokens, not vocabulary ids
+
+
+def test_one_prediction_traces_back_to_run_config_and_data(spark, promoted):
+    assert lumos(promoted, "infer", "--model", "quickstart@production", "--as-of", AS_OF).exit_code == 0
+    user = predictions(spark, promoted)[0]["user_id"]
+    trace = trace_prediction(spark, open_workspace(promoted), TableRef.parse("quickstart.predictions"), user,
+                             datetime.date.fromisoformat(AS_OF))
+    assert trace["model"]["version"] == "quickstart/1" and trace["run"]["id"] == run_id(promoted)
+    assert trace["run"]["config"]["model"]["d_model"] == 8
+    assert trace["run"]["config_hash"] == trace["model"]["tags"]["lumos.config_hash"]
+    assert trace["data"]["table"] == "quickstart.sequences@0"
+    assert trace["data"]["recipe"]["dataset"] == "quickstart" and trace["data"]["inputs"][0]["kind"] == "files"
+    assert trace["prediction"]["commit"]["engine"] == "torch"
+    cli = lumos(promoted, "data", "trace", "quickstart.predictions", "--user", user, "--as-of", AS_OF, "--json")
+    assert cli.exit_code == 0, cli.output
+    assert json.loads(cli.stdout)["run"]["id"] == run_id(promoted)
+
+
+def test_unseen_users_and_items_are_scored_with_oov_ids(spark, promoted, tmp_path):
+    events = pq.read_table(promoted / "data" / "events").to_pandas()
+    stranger = events[events["user_id"] == events["user_id"].iloc[0]].copy()
+    stranger["user_id"] = "never-seen-user"
+    stranger["item_id"] = "never-seen-item"
+    source = tmp_path / "events.parquet"
+    import pandas as pd
+
+    pd.concat([events, stranger]).to_parquet(source)
+    result = lumos(promoted, "infer", "--model", "quickstart@production", "--as-of", AS_OF, "--source", str(source),
+                   "--output", "quickstart.predictions_new", "--json")
+    assert result.exit_code == 0, result.output
+    frame = read_table(spark, open_workspace(promoted), TableRef.parse("quickstart.predictions_new"))
+    stranger_rows = frame.where(frame["user_id"] == "never-seen-user").collect()
+    assert len(stranger_rows) == 1 and "never-seen-item" not in stranger_rows[0]["top_items"]
+
+
+def test_missing_recorded_source_fails_with_exit_2_and_writes_nothing(promoted):
+    events = promoted / "data" / "events"
+    moved = promoted / "data" / "events-moved"
+    events.rename(moved)
+    try:
+        result = lumos(promoted, "infer", "--model", "quickstart@production", "--as-of", AS_OF,
+                       "--output", "quickstart.never_written")
+    finally:
+        moved.rename(events)
+    assert result.exit_code == 2
+    assert "does not exist" in result.output and "--source" in result.output
+    assert not (promoted / ".lumos" / "tables" / "quickstart" / "never_written").exists()
+
+
+def test_overlapping_runs_for_one_date_cannot_both_write(promoted):
+    workspace = open_workspace(promoted)
+    ref = TableRef.parse("quickstart.predictions")
+    day = datetime.date.fromisoformat("2026-09-07")
+    with partition_lock(workspace, ref, day) as lock:
+        result = lumos(promoted, "infer", "--model", "quickstart@production", "--as-of", day.isoformat())
+        assert result.exit_code == 1
+        assert "another lumos infer is writing quickstart.predictions for 2026-09-07" in result.output
+        with pytest.raises(RunInProgress):
+            with partition_lock(workspace, ref, day):
+                pass
+    assert not lock.exists()
+    # A lock left by a process that died on this host is taken over.
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    lock.write_text(json.dumps({"pid": _dead_pid(), "host": socket.gethostname(), "started_at": "earlier"}))
+    with partition_lock(workspace, ref, day):
+        pass
+
+
+def test_bad_model_and_engine_fall_back(promoted):
+    assert lumos(promoted, "infer", "--model", "nope@production", "--as-of", AS_OF).exit_code == 2
+    assert lumos(promoted, "infer", "--model", "quickstart", "--as-of", AS_OF).exit_code == 2
+    assert lumos(promoted, "infer", "--model", "quickstart@production", "--as-of", "yesterday").exit_code == 2
+    result = lumos(promoted, "infer", "--model", "quickstart@production", "--as-of", AS_OF, "--engine", "compiled",
+                   "--json")
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.stdout)
+    assert summary["engine"] == "torch" and "no compiled plan" in summary["warnings"][0]
+
+
+def _dead_pid() -> int:
+    pid = os.fork()
+    if pid == 0:
+        os._exit(0)
+    os.waitpid(pid, 0)
+    return pid
