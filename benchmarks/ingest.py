@@ -23,8 +23,9 @@ from lumos.core.workspace import open_workspace
 from lumos.data.ingest import run_ingest
 from lumos.data.recipe import IngestRecipe
 from lumos.data.synthetic import SyntheticSpec, generate_quickstart
+from lumos.quickstart import RECIPES
 
-RECIPE = Path(__file__).resolve().parent.parent / "examples" / "quickstart" / "ingest.toml"
+RECIPE = RECIPES / "ingest.toml"
 
 
 def measure(spark, events: int, scratch: Path) -> dict:

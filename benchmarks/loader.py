@@ -41,9 +41,10 @@ from lumos.data.loader import SequenceLoader, default_workers
 from lumos.data.recipe import IngestRecipe
 from lumos.data.sequences_version import SequencesVersion, open_sequences
 from lumos.data.synthetic import SyntheticSpec, generate_quickstart
+from lumos.quickstart import RECIPES
 from lumos.train.features import FeatureSpec
 
-RECIPE = Path(__file__).resolve().parent.parent / "examples" / "quickstart" / "ingest.toml"
+RECIPE = RECIPES / "ingest.toml"
 SEQUENCES = TableRef("quickstart", "sequences")
 SPLIT = "train"
 

@@ -4,7 +4,7 @@ the overhead of `lumos train`'s loop against a bare PyTorch loop over in-memory 
     python benchmarks/train.py [--workspace DIR] [--steps 60] [--out benchmarks/results/train.json]
 
 Without --workspace, quickstart data is generated and ingested into a temporary workspace first.
-Both loops train the same model (examples/quickstart/train.toml) on the same batches; the first
+Both loops train the same model (lumos/quickstart/train.toml) on the same batches; the first
 third of the steps is warm-up and not counted. No MLflow tracking in either, so the comparison is
 of the loop and loader alone.
 """
@@ -27,13 +27,14 @@ from lumos.core.tables import TableRef
 from lumos.core.workspace import open_workspace
 from lumos.data.loader import SequenceLoader
 from lumos.data.sequences_version import open_sequences
+from lumos.quickstart import RECIPES
 from lumos.train.config import TrainConfig
 from lumos.train.loop import FitPlan, build_optimizer, fit
 from lumos.train.model import LumosModel
 from lumos.train.run import launch
 
 ROOT = Path(__file__).resolve().parent.parent
-QUICKSTART = ROOT / "examples" / "quickstart"
+QUICKSTART = RECIPES
 
 
 def quickstart_workspace(folder: Path):
@@ -115,7 +116,7 @@ def main() -> None:
     report = {
         "benchmark": "train",
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "torch": torch.__version__},
-        "model": "examples/quickstart/train.toml",
+        "model": "lumos/quickstart/train.toml",
         "batch_size": config.run.batch_size,
         "steps_counted": args.steps - args.steps // 3,
         "bare_pytorch": bare,

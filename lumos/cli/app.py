@@ -7,7 +7,7 @@ from typing import Annotated
 import typer
 
 import lumos
-from lumos.cli import config, data, doctor, evaluate, infer, ingest, promote, train, workspace
+from lumos.cli import config, data, doctor, evaluate, infer, ingest, promote, quickstart, train, workspace
 from lumos.cli.output import state
 
 app = typer.Typer(
@@ -56,6 +56,7 @@ app.add_typer(evaluate.app, name="eval")
 app.command("promote")(promote.promote)
 app.command("models")(promote.models)
 app.command("infer")(infer.infer)
+app.command("quickstart")(quickstart.quickstart)
 
 
 def main() -> None:

@@ -32,7 +32,7 @@ def ingest(
 
     Bad rows go to DATASET.rejects with a reason; if too many are bad nothing is written (exit 2).
     Rerunning the same recipe over the same input versions writes nothing and reports the existing
-    versions. See examples/quickstart/ingest.toml for a commented recipe.
+    versions. See lumos/quickstart/ingest.toml for a commented recipe.
     """
     from lumos.data.ingest import run_ingest  # imports Spark's Python side; keep `lumos --help` fast
 

@@ -36,7 +36,7 @@ def train(
     The run records the exact data version, the resolved config and its hash, the data recipe and
     the seed, logs losses, learning rate, samples/s and data-wait every few steps, and keeps
     checkpoints (safetensors) from which the model rebuilds alone. Ctrl-C writes a checkpoint;
-    `--resume RUN_ID` continues it. See examples/quickstart/train.toml.
+    `--resume RUN_ID` continues it. See lumos/quickstart/train.toml.
     """
     from lumos.train.config import TrainConfig
     from lumos.train.run import train as run_training

@@ -18,10 +18,11 @@ from lumos.core.workspace import open_workspace
 from lumos.data.ingest import run_ingest
 from lumos.data.recipe import IngestRecipe
 from lumos.data.synthetic import SyntheticSpec, generate_quickstart
+from lumos.quickstart import RECIPES
 from lumos.train.config import TrainConfig
 from lumos.train.run import train
 
-QUICKSTART = Path(__file__).resolve().parents[2] / "examples" / "quickstart"
+QUICKSTART = RECIPES
 runner = CliRunner()
 
 

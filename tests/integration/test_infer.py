@@ -24,10 +24,11 @@ from lumos.data.recipe import IngestRecipe
 from lumos.data.synthetic import SyntheticSpec, generate_quickstart
 from lumos.infer.predictions import RunInProgress, partition_lock
 from lumos.infer.trace import trace_prediction
+from lumos.quickstart import RECIPES
 from lumos.train.config import TrainConfig
 from lumos.train.run import train
 
-QUICKSTART = Path(__file__).resolve().parents[2] / "examples" / "quickstart"
+QUICKSTART = RECIPES
 AS_OF = "2026-09-14"
 runner = CliRunner()
 

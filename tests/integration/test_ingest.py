@@ -13,8 +13,9 @@ from lumos.cli.app import app
 from lumos.core.config import config_hash, load_config
 from lumos.data.recipe import IngestRecipe
 from lumos.data.synthetic import SyntheticSpec, generate_quickstart
+from lumos.quickstart import RECIPES
 
-QUICKSTART = Path(__file__).resolve().parents[2] / "examples" / "quickstart"
+QUICKSTART = RECIPES
 runner = CliRunner()
 
 

@@ -23,9 +23,10 @@ from lumos.data.loader import SequenceLoader
 from lumos.data.recipe import IngestRecipe
 from lumos.data.sequences_version import feature_spec_for, open_sequences
 from lumos.data.synthetic import SyntheticSpec, generate_quickstart
+from lumos.quickstart import RECIPES
 from lumos.train.features import Batch, FeatureSpec
 
-RECIPE = Path(__file__).resolve().parents[2] / "examples" / "quickstart" / "ingest.toml"
+RECIPE = RECIPES / "ingest.toml"
 SEQUENCES = TableRef("quickstart", "sequences", 0)
 
 
