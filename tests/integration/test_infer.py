@@ -251,3 +251,16 @@ def _dead_pid() -> int:
         os._exit(0)
     os.waitpid(pid, 0)
     return pid
+
+
+def test_cron_script_writes_the_partition_and_passes_exit_codes_on(spark, promoted):
+    import subprocess
+
+    script = Path(__file__).resolve().parents[2] / "examples" / "cron" / "daily_infer.sh"
+    env = {**os.environ, "LUMOS_PROJECT": str(promoted), "LUMOS_AS_OF": "2026-09-01", "LUMOS_MODEL": "quickstart@production"}
+    ok = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True, timeout=600)
+    assert ok.returncode == 0, ok.stderr
+    assert "daily_infer: ok" in ok.stdout and len(predictions(spark, promoted, "2026-09-01")) > 100
+    unknown = subprocess.run(["bash", str(script)], env={**env, "LUMOS_MODEL": "missing@production"},
+                             capture_output=True, text=True, timeout=600)
+    assert unknown.returncode == 2 and "exited 2" in unknown.stderr

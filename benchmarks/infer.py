@@ -1,0 +1,125 @@
+"""Batch inference throughput: users/s of `lumos infer` end to end (features + model + Delta write)
+and of the model alone, at two user counts, on local[*]; and what 100M users a day would cost.
+
+    python benchmarks/infer.py [--users 5000 20000] [--events-per-user 40] [--out benchmarks/results/infer.json]
+
+A quickstart-sized model (lumos/quickstart/train.toml's model, a few training steps: throughput
+does not depend on how well it learned) is trained and promoted once on a small synthetic world.
+Each measured world is a fresh synthetic log of the given number of users, read through
+`--source` as a nightly job would read today's events. "Model only" scores the same users'
+feature rows in one process with every core, from in-memory Arrow, no Spark.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from lumos.core.config import load_config
+from lumos.core.registry import resolve_model
+from lumos.core.tables import TableRef
+from lumos.core.workspace import init_workspace, open_workspace
+from lumos.data.loader import table_batches
+from lumos.data.synthetic import SyntheticSpec, generate_quickstart
+from lumos.eval.promote import promote
+from lumos.infer.features import inference_rows, training_data
+from lumos.infer.run import InferOptions, infer
+from lumos.infer.scoring import score_batch
+from lumos.quickstart import RECIPES
+from lumos.train.checkpoint import load_model
+from lumos.train.config import TrainConfig
+from lumos.train.run import download_checkpoint, train, training_run
+
+AS_OF = datetime.date(2026, 9, 29)
+USERS_PER_DAY = 100_000_000
+
+
+def setup(folder: Path) -> None:
+    from lumos.core.spark import workspace_spark
+    from lumos.data.ingest import run_ingest
+    from lumos.data.recipe import IngestRecipe
+
+    init_workspace(folder)
+    generate_quickstart(folder / "train-data", SyntheticSpec(users=1000, events=40_000))
+    workspace = open_workspace(folder)
+    recipe = load_config(IngestRecipe, RECIPES / "ingest.toml", [
+        f"source.path={folder / 'train-data' / 'events'}", f"users.path={folder / 'train-data' / 'users.parquet'}",
+        f"calendar.path={folder / 'train-data' / 'calendar.csv'}",
+    ])
+    run_ingest(workspace_spark(workspace), workspace, recipe, RECIPES)
+    config = load_config(TrainConfig, RECIPES / "train.toml", ["run.max_steps=5", "run.eval_every=1000"])
+    summary = train(config, workspace)
+    promote(workspace, "bench", "production", run_id=summary.run_id)
+
+
+def model_only(workspace, users_source: Path) -> dict:
+    """Users/s of the model alone over the same rows infer scores (features built once, in memory)."""
+    from lumos.core.spark import workspace_spark
+
+    version = resolve_model(workspace, "bench@production")
+    model, _ = load_model(download_checkpoint(workspace, version.run_id, "bench"))
+    model.eval()
+    data = training_data(workspace, TableRef.parse(training_run(workspace, version.run_id, "bench").data.tags["lumos.data"]))
+    rows, _ = inference_rows(workspace_spark(workspace), workspace, data, AS_OF, str(users_source))
+    table = rows.toArrow()
+    batches = list(table_batches(table, model.features, 512, "bench"))
+    torch.set_num_threads(os.cpu_count() or 1)
+    score_batch(model, None, batches[0], 10, True)  # warm-up
+    started = time.perf_counter()
+    for batch in batches:
+        score_batch(model, None, batch, 10, True)
+    seconds = time.perf_counter() - started
+    return {"users": table.num_rows, "seconds": round(seconds, 3), "users_per_s": round(table.num_rows / seconds, 1)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--users", type=int, nargs="+", default=[5000, 20000])
+    parser.add_argument("--events-per-user", type=int, default=40)
+    parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "infer.json")
+    args = parser.parse_args()
+
+    folder = Path(tempfile.mkdtemp(prefix="lumos-bench-infer-"))
+    print(f"workspace {folder}: training and promoting a quickstart-sized model", flush=True)
+    setup(folder)
+    workspace = open_workspace(folder)
+    results = []
+    for users in args.users:
+        source = folder / f"world-{users}"
+        generate_quickstart(source, SyntheticSpec(users=users, events=users * args.events_per_user, seed=users))
+        options = InferOptions(as_of=AS_OF, source=str(source / "events"), output=f"bench.predictions_{users}")
+        started = time.perf_counter()
+        summary = infer(workspace, "bench@production", options)
+        end_to_end = time.perf_counter() - started
+        alone = model_only(workspace, source / "events")
+        result = {
+            "users": users, "events": users * args.events_per_user, "rows_written": summary.rows,
+            "end_to_end_seconds": round(end_to_end, 2), "end_to_end_users_per_s": round(summary.rows / end_to_end, 1),
+            "model_only": alone,
+        }
+        cores = os.cpu_count() or 1
+        hours = USERS_PER_DAY / result["end_to_end_users_per_s"] / 3600
+        result["machine_hours_for_100M_users"] = round(hours, 1)
+        result["core_hours_for_100M_users"] = round(hours * cores, 1)
+        results.append(result)
+        print(f"{users:>7,} users: end to end {result['end_to_end_users_per_s']:>8,.0f} users/s "
+              f"({end_to_end:.1f} s), model only {alone['users_per_s']:>8,.0f} users/s; "
+              f"100M users/day ≈ {hours:.1f} h on this {cores}-core machine", flush=True)
+    report = {"benchmark": "infer", "machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
+                                                "torch": torch.__version__},
+              "as_of": AS_OF.isoformat(), "results": results}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(report, indent=2))
+    print(f"saved {args.out}")
+
+
+if __name__ == "__main__":
+    main()
