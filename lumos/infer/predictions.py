@@ -37,6 +37,8 @@ def write_partition(spark, workspace: Workspace, ref: TableRef, frame, as_of: da
         .partitionBy(PARTITION)
         # The predicate is built from a date object, never from user text.
         .option("replaceWhere", f"{PARTITION} = DATE'{as_of.isoformat()}'")
+        # A newer model may add head columns; earlier dates keep theirs and read back as null.
+        .option("mergeSchema", "true")
         .option("userMetadata", lineage.to_json())
     )
     try:

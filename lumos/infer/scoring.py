@@ -118,9 +118,19 @@ def score_arrow(job: ScoringJob, batches: Iterator[pa.RecordBatch]) -> Iterator[
                 **columns,
             }
             if "top_ids" in columns:
-                columns["top_items"] = list(item_tokens[columns.pop("top_ids")])
+                columns["top_items"], columns["top_scores"] = _recommendable(
+                    item_tokens[columns.pop("top_ids")], columns["top_scores"])
             start += rows
             yield pa.RecordBatch.from_pydict(columns, schema=schema)
+
+
+def _recommendable(items: np.ndarray, scores: np.ndarray) -> tuple[list, list]:
+    """Per-row lists without the -inf entries: when a user's history leaves fewer than k
+    recommendable items, the top-k would otherwise pad with padding/OOV ids."""
+    finite = np.isfinite(scores)  # (B, k)
+    if finite.all():
+        return list(items), list(scores)
+    return [row[keep] for row, keep in zip(items, finite, strict=True)], [row[keep] for row, keep in zip(scores, finite, strict=True)]
 
 
 @torch.no_grad()
@@ -136,7 +146,7 @@ def score_batch(model: LumosModel, compiled, batch: Batch, top_k: int, exclude_h
         k = min(top_k, scores.shape[1])
         top = torch.topk(scores, k, dim=1)
         columns["top_ids"] = top.indices.cpu().numpy()
-        columns["top_scores"] = list(top.values.float().cpu().numpy())
+        columns["top_scores"] = top.values.float().cpu().numpy()
     for index, days in enumerate(model.features.horizons_days):
         if output.act_logits is not None:
             columns[f"p_act_{days}d"] = torch.sigmoid(output.act_logits[:, index]).float().cpu().numpy()

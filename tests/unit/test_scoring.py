@@ -1,0 +1,46 @@
+"""Inference scoring of one batch: columns per head, history left out of the top-k, no padding ids."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from lumos.infer.scoring import _recommendable, schema_for, score_batch
+from lumos.train.features import FeatureSpec
+from lumos.train.memory import synthetic_batch
+from lumos.train.model import FIRST_ITEM_ID, LumosModel, ModelConfig
+
+FEATURES = FeatureSpec(token_categorical={"item": 9, "hour": 24}, token_numeric=("value",), horizons_days=(7,), max_len=8)
+
+
+def model() -> LumosModel:
+    torch.manual_seed(0)
+    config = ModelConfig(d_model=8, n_heads=2, encoder_layers=1, decoder_layers=1, d_ff=16, dropout=0.0, max_len=8)
+    return LumosModel(config, FEATURES).eval()
+
+
+def test_columns_match_the_output_schema_and_history_is_left_out():
+    lumos_model = model()
+    batch = synthetic_batch(FEATURES, batch_size=3, seq_len=5, seed=1)
+    columns = score_batch(lumos_model, None, batch, top_k=4, exclude_history=True)
+    names = set(schema_for(lumos_model).names) - {"user_id", "as_of", "model", "top_items"}
+    assert set(columns) == names | {"top_ids"}
+    for row, scores, history in zip(columns["top_ids"], columns["top_scores"], batch.tokens["item"], strict=True):
+        recommended = row[np.isfinite(scores)]  # a history can leave fewer than k items; the rest are -inf
+        assert len(recommended) and not set(recommended.tolist()) & set(history.tolist())
+        assert (recommended >= FIRST_ITEM_ID).all()
+    assert ((columns["p_act_7d"] >= 0) & (columns["p_act_7d"] <= 1)).all()
+    kept = score_batch(lumos_model, None, batch, top_k=4, exclude_history=False)
+    assert not np.array_equal(kept["top_ids"], columns["top_ids"]) or not batch.mask.any()
+
+
+def test_top_k_beyond_the_recommendable_items_is_trimmed_per_row():
+    items = np.array([["a", "b", ""], ["c", "", ""]], dtype=object)
+    scores = np.array([[2.0, 1.0, -np.inf], [3.0, -np.inf, -np.inf]], dtype=np.float32)
+    kept_items, kept_scores = _recommendable(items, scores)
+    assert [list(row) for row in kept_items] == [["a", "b"], ["c"]]
+    assert [list(row) for row in kept_scores] == [[2.0, 1.0], [3.0]]
+    lumos_model = model()
+    columns = score_batch(lumos_model, None, synthetic_batch(FEATURES, 2, 8, seed=3), top_k=50, exclude_history=True)
+    assert columns["top_ids"].shape[1] == FEATURES.item_vocab_size  # k is capped at the vocabulary
+    assert np.isinf(columns["top_scores"]).any()  # padding, OOV and history sink to -inf, then get trimmed
