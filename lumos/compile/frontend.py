@@ -1,0 +1,435 @@
+"""Frontend: the Lumos model's inference forward, through torch.export, lowered to primitives.
+
+torch.export traces `LumosModel.forward` (eval mode, so dropout is the identity) at one concrete
+(batch, sequence) shape into aten ops; each aten op has one lowering below, written with the
+high-level ops of hl_ops.py. An aten op without a lowering stops the compile with a message naming
+the op and the model code it came from.
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import nn
+
+from lumos.compile.hl_ops import MASKED, Tensor, attention, cat
+from lumos.compile.ir import Graph, check_graph
+from lumos.core.errors import LumosError
+from lumos.train.features import TIME_FEATURES, Batch, FeatureSpec
+from lumos.train.model import LumosModel
+
+OUTPUTS = ("user_embedding", "item_query", "act_logits", "value_pred")
+LITERAL_PREFIX = "literal:"
+
+
+class UnsupportedOp(LumosError):
+    """The model uses a torch op the compiler cannot lower."""
+
+
+# ---------------------------------------------------------------------------------------------
+# Inputs: a Batch as named, flat float32 arrays
+
+
+def input_names(features: FeatureSpec) -> list[str]:
+    return (["mask", "numeric", "static_numeric", "future"]
+            + [f"tokens.{name}" for name in features.token_categorical]
+            + [f"static.{name}" for name in features.static_categorical])
+
+
+def batch_tensors(batch: Batch, features: FeatureSpec) -> dict[str, torch.Tensor]:
+    """The model inputs of a batch by name (targets are not inputs)."""
+    named = {"mask": batch.mask, "numeric": batch.numeric, "static_numeric": batch.static_numeric,
+             "future": batch.future}
+    named.update({f"tokens.{name}": batch.tokens[name] for name in features.token_categorical})
+    named.update({f"static.{name}": batch.static_categorical[name] for name in features.static_categorical})
+    return named
+
+
+def batch_from_tensors(named: dict[str, torch.Tensor], features: FeatureSpec) -> Batch:
+    B = named["mask"].shape[0]
+    H = len(features.horizons_days)
+    empty = named["mask"].new_zeros
+    return Batch(
+        tokens={name: named[f"tokens.{name}"] for name in features.token_categorical},
+        numeric=named["numeric"], mask=named["mask"],
+        static_categorical={name: named[f"static.{name}"] for name in features.static_categorical},
+        static_numeric=named["static_numeric"], future=named["future"],
+        next_item=empty(B, dtype=torch.int64), act=empty(B, H, dtype=torch.float32),
+        value=empty(B, H, dtype=torch.float32),
+    )
+
+
+def example_batch(features: FeatureSpec, batch_size: int, seq_len: int, seed: int = 0) -> Batch:
+    """Random right-padded histories of random lengths (0..seq_len), ids in range."""
+    generator = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(0, seq_len + 1, (batch_size,), generator=generator)
+    lengths[0] = seq_len  # at least one full row
+    mask = torch.arange(seq_len)[None, :] < lengths[:, None]  # (B, T)
+
+    def ids(size: int, low: int, shape) -> torch.Tensor:
+        return torch.randint(low, max(size, low + 1), shape, generator=generator)
+
+    tokens = {name: ids(size, 0 if name in TIME_FEATURES else 1, (batch_size, seq_len)) * mask
+              for name, size in features.token_categorical.items()}
+    numeric = torch.randn(batch_size, seq_len, len(features.token_numeric), generator=generator) * 3 * mask[:, :, None]
+    H = len(features.horizons_days)
+    return Batch(
+        tokens=tokens, numeric=numeric, mask=mask,
+        static_categorical={name: ids(size, 0, (batch_size,)) for name, size in features.static_categorical.items()},
+        static_numeric=torch.randn(batch_size, len(features.static_numeric), generator=generator) * 100,
+        future=(torch.rand(batch_size, features.future_slots, len(features.future_flags), generator=generator) < 0.3).float(),
+        next_item=torch.zeros(batch_size, dtype=torch.int64), act=torch.zeros(batch_size, H),
+        value=torch.zeros(batch_size, H),
+    )
+
+
+def output_names(model: LumosModel) -> list[str]:
+    present = {"user_embedding": True, "item_query": model.item_projection is not None,
+               "act_logits": model.act_head is not None, "value_pred": model.value_head is not None}
+    return [name for name in OUTPUTS if present[name]]
+
+
+class _Forward(nn.Module):
+    """The model's forward over flat, named tensors, returning its present outputs as a tuple."""
+
+    def __init__(self, model: LumosModel):
+        super().__init__()
+        self.model = model
+        self.names = input_names(model.features)
+        self.outputs = output_names(model)
+
+    def forward(self, *tensors):
+        output = self.model(batch_from_tensors(dict(zip(self.names, tensors, strict=True)), self.model.features))
+        return tuple(getattr(output, name) for name in self.outputs)
+
+
+# ---------------------------------------------------------------------------------------------
+# Lowering
+
+
+@dataclass
+class _Lowering:
+    graph: Graph
+    fx_node: torch.fx.Node
+
+    def where(self) -> str:
+        return describe(self.fx_node)
+
+
+def describe(fx_node: torch.fx.Node) -> str:
+    """`aten.op in module path (file:line: code)`: where an fx node came from in the model."""
+    stack = fx_node.meta.get("nn_module_stack") or {}
+    module = next(reversed(stack.values()))[0] if stack else ""
+    module = module.removeprefix("model.").removeprefix("model")
+    trace = (fx_node.meta.get("stack_trace") or "").strip().splitlines()
+    location = ""
+    for index in range(len(trace) - 1, -1, -1):
+        line = trace[index].strip()
+        if line.startswith("File "):
+            code = trace[index + 1].strip() if index + 1 < len(trace) else ""
+            location = f"{line.removeprefix('File ')}: {code}"
+            break
+    parts = [f"{fx_node.target}"] + ([f"in {module}"] if module else []) + ([f"({location})"] if location else [])
+    return " ".join(parts)
+
+
+def _sizes(values) -> tuple[int, ...]:
+    return tuple(int(v) for v in values)
+
+
+def _dtype(fx_arg) -> torch.dtype | None:
+    val = fx_arg.meta.get("val") if isinstance(fx_arg, torch.fx.Node) else None
+    return getattr(val, "dtype", None)
+
+
+def _slice(x: Tensor, dim: int = 0, start=None, end=None, step: int = 1) -> Tensor:
+    size = x.shape[dim]
+    start, end, _ = slice(start, end).indices(size)
+    return x.slice(dim, start, max(start, end), step)
+
+
+def _split(x: Tensor, split_size, dim: int = 0) -> tuple[Tensor, ...]:
+    size = x.shape[dim]
+    sizes = [split_size] * (size // split_size) + ([size % split_size] if size % split_size else []) \
+        if isinstance(split_size, int) else list(split_size)
+    parts, start = [], 0
+    for length in sizes:
+        parts.append(x.slice(dim, start, start + length))
+        start += length
+    return tuple(parts)
+
+
+def _sdpa(lower: _Lowering, q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, **_):
+    if is_causal:
+        raise UnsupportedOp(f"causal attention is not supported: {lower.where()}")
+    if attn_mask is None:
+        return attention(q, k, v, None, scale)
+    if _dtype(lower.fx_node.args[3] if len(lower.fx_node.args) > 3 else lower.fx_node.kwargs["attn_mask"]) is torch.bool:
+        return attention(q, k, v, attn_mask, scale)
+    scale = scale if scale is not None else 1.0 / math.sqrt(q.shape[-1])
+    return ((q.matmul(k.transpose(-1, -2)) * scale + attn_mask).softmax(-1)).matmul(v)
+
+
+def _layer_norm(lower: _Lowering, x, normalized_shape, weight=None, bias=None, eps=1e-5, *_):
+    if len(normalized_shape) != 1:
+        raise UnsupportedOp(f"layer_norm over {len(normalized_shape)} dims is not supported: {lower.where()}")
+    return x.layer_norm(weight, bias, eps)
+
+
+def _dropout(lower: _Lowering, x, p=0.0, train=False):
+    if train and p > 0:
+        raise UnsupportedOp(f"dropout in training mode (put the model in eval mode): {lower.where()}")
+    return x
+
+
+def _arange(lower: _Lowering, *args, **_):
+    values = np.arange(*args, dtype=np.float32)
+    name = f"{LITERAL_PREFIX}{lower.fx_node.name}"
+    return Tensor.constant(lower.graph, name, values)
+
+
+def _full_like(value: float):
+    def make(lower: _Lowering, x, size, **_):
+        return Tensor.full(lower.graph, value, _sizes(size))
+    return make
+
+
+def _sum(lower: _Lowering, x, dims=None, keepdim=False, **_):
+    dims = list(range(x.ndim)) if not dims else list(dims)
+    return x.sum(dims, keepdim)
+
+
+def _mean(lower: _Lowering, x, dims=None, keepdim=False, **_):
+    dims = list(range(x.ndim)) if not dims else list(dims)
+    return x.mean(dims, keepdim)
+
+
+def _binary(method: Callable) -> Callable:
+    def lower_binary(lower: _Lowering, a, b, alpha=1, **_):
+        if alpha != 1:
+            b = b * alpha
+        if not isinstance(a, Tensor):
+            a = Tensor.full(lower.graph, float(a))
+        return method(a, b)
+    return lower_binary
+
+
+def _div(lower: _Lowering, a, b, rounding_mode=None):
+    if rounding_mode is not None:
+        raise UnsupportedOp(f"division with rounding_mode={rounding_mode!r} is not supported: {lower.where()}")
+    return a / b
+
+
+IDENTITY = lambda lower, x, *args, **kwargs: x  # noqa: E731
+LOWERINGS: dict[str, Callable] = {
+    # arithmetic
+    "aten.add.Tensor": _binary(operator.add),
+    "aten.add.Scalar": _binary(operator.add),
+    "aten.sub.Tensor": _binary(operator.sub),
+    "aten.sub.Scalar": _binary(operator.sub),
+    "aten.rsub.Scalar": lambda lower, a, b, alpha=1: (a * -alpha) + b,
+    "aten.mul.Tensor": _binary(operator.mul),
+    "aten.mul.Scalar": _binary(operator.mul),
+    "aten.div.Tensor": _div,
+    "aten.div.Scalar": _div,
+    "aten.neg.default": lambda lower, x: -x,
+    "aten.abs.default": lambda lower, x: x.abs(),
+    "aten.sign.default": lambda lower, x: x.sign(),
+    "aten.exp.default": lambda lower, x: x.exp(),
+    "aten.log.default": lambda lower, x: x.log(),
+    "aten.log1p.default": lambda lower, x: x.log1p(),
+    "aten.expm1.default": lambda lower, x: x.exp() - 1.0,
+    "aten.sqrt.default": lambda lower, x: x.sqrt(),
+    "aten.rsqrt.default": lambda lower, x: x.sqrt().recip(),
+    "aten.reciprocal.default": lambda lower, x: x.recip(),
+    "aten.sin.default": lambda lower, x: x.sin(),
+    "aten.tanh.default": lambda lower, x: x.tanh(),
+    "aten.sigmoid.default": lambda lower, x: 1.0 / ((-x).exp() + 1.0),
+    "aten.relu.default": lambda lower, x: x.relu(),
+    "aten.gelu.default": lambda lower, x, approximate="none": x.gelu(approximate),
+    "aten.clamp.default": lambda lower, x, min=None, max=None: x.clamp(min, max),
+    "aten.clamp_min.default": lambda lower, x, min: x.clamp(min, None),
+    "aten.maximum.default": lambda lower, a, b: a.maximum(b),
+    "aten.minimum.default": lambda lower, a, b: a.minimum(b),
+    "aten.lt.Tensor": lambda lower, a, b: a < b,
+    "aten.lt.Scalar": lambda lower, a, b: a < b,
+    "aten.gt.Tensor": lambda lower, a, b: a > b,
+    "aten.gt.Scalar": lambda lower, a, b: a > b,
+    "aten.logical_not.default": lambda lower, x: 1.0 - x,
+    "aten.where.self": lambda lower, c, a, b: c.where(a, b),
+    "aten.masked_fill.Scalar": lambda lower, x, mask, value: x.masked_fill(mask, max(float(value), MASKED)),
+    # reductions and composites
+    "aten.sum.dim_IntList": _sum,
+    "aten.sum.default": _sum,
+    "aten.mean.dim": _mean,
+    "aten.amax.default": lambda lower, x, dims, keepdim=False: _amax(x, dims, keepdim),
+    "aten.softmax.int": lambda lower, x, dim, *_: x.softmax(dim),
+    "aten._softmax.default": lambda lower, x, dim, *_: x.softmax(dim),
+    "aten.linear.default": lambda lower, x, w, b=None: x.linear(w, b),
+    "aten.matmul.default": lambda lower, a, b: a.matmul(b),
+    "aten.mm.default": lambda lower, a, b: a.matmul(b),
+    "aten.bmm.default": lambda lower, a, b: a.matmul(b),
+    "aten.embedding.default": lambda lower, table, ids, *_: table.embedding(ids),
+    "aten.layer_norm.default": _layer_norm,
+    "aten.scaled_dot_product_attention.default": _sdpa,
+    "aten.dropout.default": _dropout,
+    # constants
+    "aten.arange.default": lambda lower, end, **kw: _arange(lower, end),
+    "aten.arange.start": lambda lower, start, end, **kw: _arange(lower, start, end),
+    "aten.arange.start_step": lambda lower, start, end, step=1, **kw: _arange(lower, start, end, step),
+    "aten.new_ones.default": _full_like(1.0),
+    "aten.new_zeros.default": _full_like(0.0),
+    # movement: views only
+    "aten.view.default": lambda lower, x, size: x.reshape(_sizes(size)),
+    "aten.reshape.default": lambda lower, x, size: x.reshape(_sizes(size)),
+    "aten._unsafe_view.default": lambda lower, x, size: x.reshape(_sizes(size)),
+    "aten.expand.default": lambda lower, x, size, **_: x.expand(_sizes(size)),
+    "aten.permute.default": lambda lower, x, dims: x.permute(tuple(dims)),
+    "aten.transpose.int": lambda lower, x, a, b: x.transpose(a, b),
+    "aten.t.default": lambda lower, x: x.transpose(0, 1),
+    "aten.unsqueeze.default": lambda lower, x, dim: x.unsqueeze(dim),
+    "aten.squeeze.dim": lambda lower, x, dim: x.squeeze(dim),
+    "aten.squeeze.dims": lambda lower, x, dims: _squeeze_dims(x, dims),
+    "aten.select.int": lambda lower, x, dim, index: x.select(dim, index),
+    "aten.slice.Tensor": lambda lower, x, dim=0, start=None, end=None, step=1: _slice(x, dim, start, end, step),
+    "aten.split.Tensor": lambda lower, x, size, dim=0: _split(x, size, dim),
+    "aten.split_with_sizes.default": lambda lower, x, sizes, dim=0: _split(x, list(sizes), dim),
+    "aten.cat.default": lambda lower, tensors, dim=0: cat(list(tensors), dim),
+    # dtype changes and copies: one dtype in the IR
+    "aten.to.dtype": IDENTITY,
+    "aten._to_copy.default": IDENTITY,
+    "aten.type_as.default": IDENTITY,
+    "aten.contiguous.default": IDENTITY,
+    "aten.clone.default": IDENTITY,
+    "aten.alias.default": IDENTITY,
+    "aten.detach.default": IDENTITY,
+    "<built-in function getitem>": lambda lower, values, index: values[index],
+}
+IGNORED = {"aten._assert_tensor_metadata.default", "aten._assert_scalar.default", "aten.sym_constrain_range_for_size.default"}
+
+
+def _amax(x: Tensor, dims, keepdim: bool) -> Tensor:
+    for dim in sorted((d % x.ndim for d in dims), reverse=True):
+        x = x.max(dim, keepdim)
+    return x
+
+
+def _squeeze_dims(x: Tensor, dims) -> Tensor:
+    for dim in sorted((d % x.ndim for d in dims), reverse=True):
+        x = x.squeeze(dim)
+    return x
+
+
+# ---------------------------------------------------------------------------------------------
+# torch.export → IR
+
+
+def export_model(model: LumosModel, batch_size: int, seq_len: int):
+    """The model's inference forward as a torch.export program at (batch_size, seq_len)."""
+    wrapper = _Forward(model)
+    example = batch_tensors(example_batch(model.features, batch_size, seq_len), model.features)
+    args = tuple(example[name] for name in wrapper.names)
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            return torch.export.export(wrapper, args, strict=False), wrapper.outputs
+    finally:
+        model.train(was_training)
+
+
+def lower_model(model: LumosModel, batch_size: int, seq_len: int) -> Graph:
+    """The model's inference forward at (batch_size, seq_len) as a primitive graph."""
+    if seq_len > model.config.max_len:
+        raise ValueError(f"sequence length {seq_len} exceeds the model's max_len {model.config.max_len}")
+    program, outputs = export_model(model, batch_size, seq_len)
+    return lower_program(program, input_names(model.features), outputs)
+
+
+def lower_program(program, inputs: list[str], output_names: list[str]) -> Graph:
+    """An exported program as a primitive graph; `inputs` names its user inputs in order."""
+    graph = Graph()
+    env: dict[torch.fx.Node, object] = {}
+    specs = {spec.arg.name: spec for spec in program.graph_signature.input_specs}
+    user_inputs = iter(inputs)
+    for fx_node in program.graph.nodes:
+        if fx_node.op == "placeholder":
+            env[fx_node] = _placeholder(graph, program, specs[fx_node.name], fx_node, user_inputs)
+        elif fx_node.op == "call_function":
+            env[fx_node] = _lower_call(graph, fx_node, env)
+        elif fx_node.op == "output":
+            results = fx_node.args[0]
+            for name, result in zip(output_names, results, strict=True):
+                tensor = env[result]
+                node = tensor.contiguous() if isinstance(tensor, Tensor) else None
+                if node is None:
+                    raise UnsupportedOp(f"output {name} is not a tensor")
+                if not node.view.is_identity or node.node.op.name in ("INPUT", "CONST"):
+                    node = node + 0.0  # outputs are materialized, never aliases of inputs or weights
+                graph.outputs[name] = node.node
+                graph.output_shapes[name] = tensor.shape
+        else:
+            raise UnsupportedOp(f"fx node kind {fx_node.op!r} ({fx_node.target}) is not supported")
+    graph.prune()
+    check_graph(graph)
+    return graph
+
+
+def _placeholder(graph: Graph, program, spec, fx_node, user_inputs) -> Tensor:
+    shape = tuple(int(s) for s in fx_node.meta["val"].shape)
+    kind = spec.kind.name
+    if kind == "USER_INPUT":
+        name = next(user_inputs)
+        return Tensor.input(graph, name, shape)
+    if kind in ("PARAMETER", "BUFFER", "CONSTANT_TENSOR"):
+        target = spec.target
+        value = program.state_dict.get(target)
+        if value is None:
+            value = program.constants[target]
+        name = target.removeprefix("model.")
+        if kind == "CONSTANT_TENSOR":
+            name = LITERAL_PREFIX + name
+        return Tensor.constant(graph, name, value.detach().cpu().float().numpy())
+    raise UnsupportedOp(f"program input kind {kind} ({fx_node.name}) is not supported")
+
+
+def _lower_call(graph: Graph, fx_node: torch.fx.Node, env: dict) -> object:
+    target = str(fx_node.target)
+    if target in IGNORED:
+        return None
+    lowering = LOWERINGS.get(target)
+    lower = _Lowering(graph, fx_node)
+    if lowering is None:
+        raise UnsupportedOp(
+            f"the compiler cannot lower {lower.where()}; supported ops are listed in lumos/compile/frontend.py (LOWERINGS)"
+        )
+    args = torch.fx.node.map_aggregate(fx_node.args, lambda a: env[a] if isinstance(a, torch.fx.Node) else a)
+    kwargs = torch.fx.node.map_aggregate(fx_node.kwargs, lambda a: env[a] if isinstance(a, torch.fx.Node) else a)
+    kwargs = {key: value for key, value in kwargs.items() if key not in ("dtype", "layout", "device", "pin_memory",
+                                                                          "memory_format", "non_blocking", "copy")}
+    graph.origin = lower.where()
+    try:
+        result = lowering(lower, *args, **kwargs)
+    except UnsupportedOp:
+        raise
+    except Exception as error:
+        raise UnsupportedOp(f"lowering {lower.where()} failed: {error}").with_traceback(sys.exc_info()[2]) from error
+    finally:
+        graph.origin = ""
+    _check_shape(fx_node, result, lower)
+    return result
+
+
+def _check_shape(fx_node: torch.fx.Node, result, lower: _Lowering) -> None:
+    expected = fx_node.meta.get("val")
+    pairs = zip(result, expected, strict=False) if isinstance(result, tuple) else [(result, expected)]
+    for got, want in pairs:
+        if isinstance(got, Tensor) and hasattr(want, "shape") and got.shape != tuple(int(s) for s in want.shape):
+            raise UnsupportedOp(f"lowering {lower.where()} gave shape {got.shape}, torch gives {tuple(want.shape)}")
+
