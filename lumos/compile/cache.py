@@ -1,0 +1,136 @@
+"""The kernel cache: built libraries, content-addressed on disk.
+
+The key is the hash of (source, compiler and its version, flags, target), so any change to what
+would be built is a different entry. An entry is a folder `<root>/<target>/<key[:2]>/<key>/` with
+`library.so`, `library.c` and `entry.json` (the key and the library's sha256). It is built in a
+temporary folder and renamed into place, so readers never see half an entry; an entry whose
+library is missing or does not match its recorded hash (a partial or corrupted write) is removed
+and rebuilt.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+from lumos.core.errors import LumosError, UsageError
+from lumos.core.workspace import Workspace
+
+LIBRARY = "library.so"
+SOURCE = "library.c"
+ENTRY = "entry.json"
+
+
+class BuildError(LumosError):
+    """The C compiler failed on generated code."""
+
+
+@dataclass(frozen=True)
+class Build:
+    library: Path
+    key: str
+    hit: bool
+    seconds: float
+    """Time to find or build it."""
+
+
+@functools.cache
+def compiler_version(cc: str) -> str:
+    try:
+        result = subprocess.run([cc, "--version"], capture_output=True, text=True, check=True)
+    except (OSError, subprocess.CalledProcessError) as error:
+        raise UsageError(f"C compiler {cc!r} does not run ({error}); set [compile] cc in lumos.toml") from None
+    return result.stdout.splitlines()[0] if result.stdout else cc
+
+
+def _sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for chunk in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+class KernelCache:
+    def __init__(self, root: str | Path, target: str = "cpu"):
+        self.root = Path(root) / target
+        self.target = target
+
+    @staticmethod
+    def for_workspace(workspace: Workspace, target: str = "cpu") -> KernelCache:
+        location = workspace.kernels_dir
+        if location.startswith("file:"):
+            location = location.removeprefix("file://").removeprefix("file:")
+        elif not workspace.is_local:
+            raise UsageError(f"the kernel cache needs a local folder; workspace root {workspace.root} is remote")
+        return KernelCache(location, target)
+
+    def key(self, source: str, cc: str, flags: tuple[str, ...]) -> str:
+        material = json.dumps({"source": source, "cc": cc, "cc_version": compiler_version(cc), "flags": list(flags),
+                               "target": self.target}, sort_keys=True)
+        return hashlib.sha256(material.encode()).hexdigest()
+
+    def entry(self, key: str) -> Path:
+        return self.root / key[:2] / key
+
+    def lookup(self, key: str) -> Path | None:
+        """The entry's library when it is whole; a broken entry is removed (and so rebuilt)."""
+        folder = self.entry(key)
+        if not folder.exists():
+            return None
+        try:
+            recorded = json.loads((folder / ENTRY).read_text())
+            if recorded["key"] == key and recorded["sha256"] == _sha256_file(folder / LIBRARY):
+                return folder / LIBRARY
+        except (OSError, ValueError, KeyError, TypeError):
+            pass
+        shutil.rmtree(folder, ignore_errors=True)
+        return None
+
+    def build(self, source: str, cc: str, flags: tuple[str, ...]) -> Build:
+        started = time.perf_counter()
+        key = self.key(source, cc, flags)
+        found = self.lookup(key)
+        if found is not None:
+            return Build(found, key, True, time.perf_counter() - started)
+        self.root.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=f".build-{key[:12]}-", dir=self.root))
+        try:
+            (staging / SOURCE).write_text(source)
+            command = [cc, *flags, "-shared", "-fPIC", "-o", str(staging / LIBRARY), str(staging / SOURCE), "-lm"]
+            result = subprocess.run(command, capture_output=True, text=True)
+            if result.returncode != 0:
+                raise BuildError(f"{' '.join(command)} failed:\n{result.stderr[-4000:]}")
+            (staging / ENTRY).write_text(json.dumps({"key": key, "sha256": _sha256_file(staging / LIBRARY),
+                                                     "cc": cc, "flags": list(flags), "target": self.target}))
+            folder = self.entry(key)
+            folder.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                os.replace(staging, folder)
+            except OSError:
+                # Another process put a whole entry there first; use it if it is whole.
+                if self.lookup(key) is None:
+                    moved = folder.with_name(f".{key}-{uuid.uuid4().hex[:8]}")
+                    os.replace(staging, moved)
+                    os.replace(moved, folder)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+        return Build(self.entry(key) / LIBRARY, key, False, time.perf_counter() - started)
+
+    def entries(self) -> list[Path]:
+        return sorted(path for path in self.root.glob("*/*") if path.is_dir())
+
+    def clear(self) -> int:
+        """Remove every entry of this target; returns how many there were."""
+        count = len(self.entries())
+        shutil.rmtree(self.root, ignore_errors=True)
+        return count

@@ -1,0 +1,104 @@
+"""The pipeline from a primitive graph to a runnable native program: one linear list of passes.
+
+    check → schedule (fuse into kernels) → plan buffers → render C → build (kernel cache) → load
+
+Each pass takes and returns the `Compilation` it fills in; the graph is checked before and
+after, so a pass that breaks an invariant is named at once.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from lumos.compile.cache import Build, KernelCache
+from lumos.compile.ir import LEAF, Graph, Node, check_graph
+from lumos.compile.plan import BufferPlan, plan_buffers
+from lumos.compile.render_c import render_library, tensor_names
+from lumos.compile.runtime import NativeProgram
+from lumos.compile.schedule import Kernel, schedule
+
+
+@dataclass(frozen=True)
+class Options:
+    cc: str = "gcc"
+    cflags: tuple[str, ...] = ("-O3", "-march=native", "-fopenmp")
+    reuse_buffers: bool = True
+    """Plan intermediates by liveness (False: one buffer each, to measure what reuse saves)."""
+    recompute_cheap: bool = True
+    """Inline cheap elementwise nodes into each of their consumers instead of storing them."""
+
+
+@dataclass
+class Compilation:
+    graph: Graph
+    options: Options
+    kernels: list[Kernel] = field(default_factory=list)
+    materialized: set[Node] = field(default_factory=set)
+    buffers: BufferPlan | None = None
+    source: str = ""
+    build: Build | None = None
+    timings: dict[str, float] = field(default_factory=dict)
+
+    def stats(self) -> dict[str, int]:
+        primitive = [node for node in self.graph.nodes if node.op not in LEAF]
+        fused = sum(len({id(n) for n in kernel.fused}) for kernel in self.kernels)
+        return {
+            "primitive_ops": len(primitive),
+            "kernels": len(self.kernels),
+            "fused_ops": fused - len(self.kernels),
+            "planned_peak_bytes": self.buffers.arena_bytes,
+            "unshared_bytes": self.buffers.unshared_bytes,
+            "per_node_bytes": self.buffers.per_node_bytes,
+        }
+
+
+def _schedule(c: Compilation, cache: KernelCache) -> None:
+    c.kernels, c.materialized = schedule(c.graph, c.options.recompute_cheap)
+
+
+def _plan(c: Compilation, cache: KernelCache) -> None:
+    c.buffers = plan_buffers(c.graph, c.kernels, c.options.reuse_buffers)
+
+
+def _render(c: Compilation, cache: KernelCache) -> None:
+    c.source = render_library(c.graph, c.kernels, c.materialized, c.buffers)
+
+
+def _build(c: Compilation, cache: KernelCache) -> None:
+    c.build = cache.build(c.source, c.options.cc, c.options.cflags)
+
+
+PASSES: list[tuple[str, Callable[[Compilation, KernelCache], None]]] = [
+    ("schedule", _schedule),
+    ("plan_buffers", _plan),
+    ("render_c", _render),
+    ("build", _build),
+]
+
+
+def compile_graph(graph: Graph, cache: KernelCache, options: Options = Options()) -> Compilation:
+    compilation = Compilation(graph, options)
+    check_graph(graph)
+    for name, run in PASSES:
+        started = time.perf_counter()
+        run(compilation, cache)
+        compilation.timings[name] = time.perf_counter() - started
+        check_graph(graph)
+    return compilation
+
+
+def load_program(compilation: Compilation, tensors: Mapping[str, np.ndarray] | None = None) -> NativeProgram:
+    """The built library bound to the graph's constant tensors (or `tensors`, the same names)."""
+    graph = compilation.graph
+    source = tensors if tensors is not None else graph.tensors
+    return NativeProgram(
+        compilation.build.library,
+        [(name, node.shape) for name, node in graph.inputs.items()],
+        [(name, node.shape) for name, node in graph.outputs.items()],
+        [source[name] for name in tensor_names(graph)],
+        compilation.buffers.arena_bytes,
+    )

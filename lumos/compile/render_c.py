@@ -1,0 +1,236 @@
+"""The C renderer: one function per kernel, and a driver that runs them all in one native call.
+
+A kernel loops over its output's elements (the outer dims shared out to OpenMP threads) and
+computes each element as one C expression: inlined producers become sub-expressions, reading
+their own operands at indices mapped through the views; an inlined reduction becomes an
+accumulator loop emitted before the expression. The driver opens one OpenMP parallel region and
+calls every kernel in launch order; each kernel's `omp for` ends with the barrier that orders it
+before the next.
+"""
+
+from __future__ import annotations
+
+import math
+
+from lumos.compile.ir import Graph, Node, Op, View, contiguous_strides, prod
+from lumos.compile.plan import BufferPlan
+from lumos.compile.schedule import Kernel, is_buffer
+
+HEADER = """\
+#include <math.h>
+#include <stddef.h>
+"""
+
+UNARY_C = {
+    Op.EXP2: "exp2f({})",
+    Op.LOG2: "log2f({})",
+    Op.SIN: "sinf({})",
+    Op.RECIP: "(1.0f / {})",
+    Op.SQRT: "sqrtf({})",
+}
+BINARY_C = {
+    Op.ADD: "({} + {})",
+    Op.MUL: "({} * {})",
+    Op.MOD: "fmodf({}, {})",
+    Op.LESS_THAN: "({} < {} ? 1.0f : 0.0f)",
+}
+
+
+def literal(value: float) -> str:
+    if math.isnan(value):
+        return "NAN"
+    if math.isinf(value):
+        return "INFINITY" if value > 0 else "(-INFINITY)"
+    text = repr(float(value))
+    if not any(c in text for c in ".e"):
+        text += ".0"
+    return f"{text}f" if value >= 0 else f"({text}f)"
+
+
+def _sum(constant: int, terms: list[tuple[int, str]]) -> str:
+    """`constant + coef * index + …` with the trivial parts left out."""
+    parts = [index if coef == 1 else f"{coef} * {index}" for coef, index in terms if coef != 0 and index != "0"]
+    if constant or not parts:
+        parts.append(str(constant))
+    return parts[0] if len(parts) == 1 else "(" + " + ".join(parts) + ")"
+
+
+def view_offset(view: View, idx: list[str]) -> str:
+    """The element of the source that logical index `idx` of the view reads."""
+    return _sum(view.offset, [(stride, i) for stride, i in zip(view.strides, idx, strict=True)])
+
+
+def view_valid(view: View, idx: list[str]) -> str | None:
+    """The C condition under which `idx` falls inside the view's padding mask (None: always)."""
+    if view.mask is None:
+        return None
+    checks = []
+    for (lo, hi), size, i in zip(view.mask, view.shape, idx, strict=True):
+        if lo >= hi:
+            return "0"
+        if lo > 0:
+            checks.append(f"{i} >= {lo}")
+        if hi < size:
+            checks.append(f"{i} < {hi}")
+    return " && ".join(checks) or None
+
+
+def source_indices(view: View, idx: list[str], shape: tuple[int, ...]) -> list[str]:
+    """Per-dim indices into a source of contiguous `shape` for logical index `idx` of `view`.
+
+    When every view dim steps through exactly one source dim without carrying into the next
+    (permute, expand, slice, split reshapes), each source index is a sum of loop indices; else the
+    flat offset is divided back into dims.
+    """
+    strides = contiguous_strides(shape)
+    mask = view.mask or tuple((0, size) for size in view.shape)
+    base = view.offset + sum(lo * stride for (lo, _), stride in zip(mask, view.strides, strict=True))
+    if 0 <= base < max(prod(shape), 1):
+        start = [(base // stride) % size if size > 1 else 0 for size, stride in zip(shape, strides, strict=True)]
+        first = list(start)  # the source index of the view's first valid element
+        terms: list[list[tuple[int, str]]] = [[] for _ in shape]
+        reach = [0] * len(shape)
+        mapped = True
+        for (lo, hi), size, stride, i in zip(mask, view.shape, view.strides, idx, strict=True):
+            if stride == 0 or size == 1:
+                continue
+            dims = [k for k in range(len(shape)) if shape[k] > 1 and strides[k] <= stride and stride % strides[k] == 0
+                    and stride // strides[k] < shape[k]]
+            if len(dims) != 1:
+                mapped = False
+                break
+            k = dims[0]
+            step = stride // strides[k]
+            terms[k].append((step, i))
+            start[k] -= step * lo
+            reach[k] += step * (hi - lo - 1)
+        if mapped and all(first[k] + reach[k] < shape[k] for k in range(len(shape))):
+            return [_sum(start[k], terms[k]) if shape[k] > 1 else "0" for k in range(len(shape))]
+    flat = view_offset(view, idx)
+    return [f"(({flat} / {stride}) % {size})" if size > 1 else "0" for size, stride in zip(shape, strides, strict=True)]
+
+
+class KernelRenderer:
+    def __init__(self, kernel: Kernel, materialized: set[Node], params: dict[Node, str]):
+        self.kernel, self.materialized, self.params = kernel, materialized, params
+        self.lines: list[str] = []
+        self.counter = 0
+
+    def fresh(self, prefix: str) -> str:
+        self.counter += 1
+        return f"{prefix}{self.counter}"
+
+    def operand(self, node: Node, index: int, idx: list[str]) -> str:
+        src, view = node.srcs[index], node.views[index]
+        valid = view_valid(view, idx)
+        if src.is_scalar_const:
+            value = literal(src.arg)
+        elif is_buffer(src, self.materialized):
+            value = f"{self.params[src]}[{view_offset(view, idx)}]"
+        else:
+            value = self.compute(src, source_indices(view, idx, src.shape), guard=valid)
+        if valid is None:
+            return value
+        return "0.0f" if valid == "0" else f"(({valid}) ? {value} : 0.0f)"
+
+    def compute(self, node: Node, idx: list[str], guard: str | None = None) -> str:
+        if node.op in UNARY_C:
+            return UNARY_C[node.op].format(self.operand(node, 0, idx))
+        if node.op in BINARY_C:
+            a, b = self.operand(node, 0, idx), self.operand(node, 1, idx)
+            if node.op is Op.ADD and b == "0.0f":  # a contiguous copy (x + 0)
+                return a
+            return BINARY_C[node.op].format(a, b)
+        if node.op is Op.GATHER:
+            row = f"(int){self.operand(node, 1, idx[:-1])}"
+            return self.operand_at(node, 0, [row, idx[-1]])
+        if node.op in (Op.SUM, Op.MAX):
+            return self.reduce(node, idx, guard)
+        raise NotImplementedError(f"the C renderer has no rule for {node.op.name}")
+
+    def operand_at(self, node: Node, index: int, idx: list[str]) -> str:
+        return f"{self.params[node.srcs[index]]}[{view_offset(node.views[index], idx)}]"
+
+    def reduce(self, node: Node, idx: list[str], guard: str | None) -> str:
+        axis, length = node.arg, node.views[0].shape[node.arg]
+        acc, r = self.fresh("acc"), self.fresh("r")
+        inner = list(idx)
+        inner[axis] = r
+        outer_lines, self.lines = self.lines, []
+        value = self.operand(node, 0, inner)
+        body, self.lines = self.lines, outer_lines
+        if node.op is Op.SUM:
+            init, update, clause = "0.0f", f"{acc} += {value};", f"reduction(+:{acc})"
+        else:
+            init, update, clause = "-INFINITY", f"{acc} = fmaxf({acc}, {value});", f"reduction(max:{acc})"
+        self.lines.append(f"float {acc} = {init};")
+        if guard:
+            self.lines.append(f"if ({guard})")
+        self.lines.append("{")
+        if not body:
+            self.lines.append(f"#pragma omp simd {clause}")
+        self.lines.append(f"for (int {r} = 0; {r} < {length}; {r}++) {{")
+        self.lines.extend("  " + line for line in body)
+        self.lines.append(f"  {update}")
+        self.lines.append("}")
+        self.lines.append("}")
+        return acc
+
+    def render(self) -> str:
+        node = self.kernel.node
+        loops = [(f"i{d}", size) for d, size in enumerate(node.shape) if size > 1]
+        idx = [f"i{d}" if size > 1 else "0" for d, size in enumerate(node.shape)]
+        value = self.compute(node, idx)
+        out = f"out[{_sum(0, [(stride, i) for stride, i in zip(contiguous_strides(node.shape), idx, strict=True)])}]"
+        body = [*self.lines, f"{out} = {value};"]
+        params = ["float* restrict out"] + [f"const float* restrict {self.params[src]}" for src in self.kernel.reads]
+        lines = [f"/* {self.kernel.name}: %{node.id} {node.op.name}{list(node.shape)}, {len(set(map(id, self.kernel.fused)))} ops; {node.origin} */".replace("*/ ", "* / "),
+                 f"static void {self.kernel.name}({', '.join(params)}) {{"]
+        if not loops:
+            lines += ["#pragma omp single", "{", *("  " + line for line in body), "}", "}"]
+            return "\n".join(lines)
+        outer = loops[:-1] if len(loops) > 1 else loops
+        collapse = f" collapse({len(outer)})" if len(outer) > 1 else ""
+        lines.append(f"#pragma omp for{collapse} schedule(static)")
+        depth = 0
+        for var, size in loops:
+            lines.append("  " * depth + f"for (int {var} = 0; {var} < {size}; {var}++) {{")
+            depth += 1
+        lines += ["  " * depth + line for line in body]
+        lines += ["  " * d + "}" for d in range(depth - 1, -1, -1)]
+        lines.append("}")
+        return "\n".join(lines)
+
+
+def render_library(graph: Graph, kernels: list[Kernel], materialized: set[Node], plan: BufferPlan) -> str:
+    """The whole program as one C file: kernels, then `lumos_forward`, the one-call driver."""
+    params = {node: f"b{node.id}" for node in graph.nodes}
+    parts = [HEADER]
+    for kernel in kernels:
+        parts.append(KernelRenderer(kernel, materialized, params).render())
+    inputs = list(graph.inputs.values())
+    tensors = tensor_names(graph)
+    outputs = list(graph.outputs.values())
+
+    def pointer(node: Node) -> str:
+        if node.op is Op.INPUT:
+            return f"inputs[{inputs.index(node)}]"
+        if node.op is Op.CONST:
+            return f"tensors[{tensors.index(node.arg)}]"
+        if node in outputs:
+            return f"outputs[{outputs.index(node)}]"
+        return f"(float*)(arena + {plan.buffers[node].offset})"
+
+    calls = [f"    {k.name}({', '.join(pointer(n) for n in [k.node, *k.reads])});" for k in kernels]
+    parts.append(
+        "/* Runs the whole graph: inputs, outputs and constant tensors in the plan's order; arena holds\n"
+        f"   every intermediate ({plan.arena_bytes} bytes, 64-byte aligned). */\n"
+        "void lumos_forward(const float* const* inputs, float* const* outputs, const float* const* tensors, char* arena) {\n"
+        "  #pragma omp parallel\n  {\n" + "\n".join(calls) + "\n  }\n}\n"
+    )
+    return "\n\n".join(parts)
+
+
+def tensor_names(graph: Graph) -> list[str]:
+    """Constant tensors in the order the driver takes them."""
+    return sorted({node.arg for node in graph.nodes if node.op is Op.CONST and isinstance(node.arg, str)})

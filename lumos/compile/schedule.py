@@ -1,0 +1,94 @@
+"""Scheduling: which nodes get a buffer, and the kernels that compute them.
+
+A node is *materialized* (written to memory by its own kernel) unless it can be computed inside
+its one consumer's loop at no extra cost. Everything not materialized is inlined: elementwise
+chains fuse into one loop, a reduction fuses with its elementwise producers (computed inside the
+reduction loop) and with its elementwise consumer (the reduced value is used in the same loop).
+
+A node is materialized when
+- it is a graph output, or it has more than one use (no recomputation), unless it is a cheap
+  elementwise node (a few ops, no reduction) read without broadcast by every consumer;
+- its consumer reads it with broadcast (a stride-0 dim): inlining would recompute it once per
+  repeat, e.g. each input of a matmul;
+- it is a reduction read through padding (its loop would run outside the guarded region), or the
+  table of a gather (read at a data-dependent row).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from lumos.compile.ir import ELEMENTWISE, LEAF, REDUCE, Graph, Node, Op
+
+CHEAP_OPS = 4
+"""An elementwise subtree of at most this many ops (no reduction) is recomputed rather than stored."""
+
+
+@dataclass
+class Kernel:
+    name: str
+    node: Node
+    """The materialized node it writes."""
+    fused: list[Node] = field(default_factory=list)
+    """Every primitive it computes: the inlined nodes and `node`."""
+    reads: list[Node] = field(default_factory=list)
+    """Buffers it reads: materialized nodes, inputs and constant tensors."""
+
+    @property
+    def kind(self) -> str:
+        ops = {node.op for node in self.fused}
+        if Op.GATHER in ops:
+            return "gather"
+        return "reduce" if ops & REDUCE else "elementwise"
+
+
+def is_buffer(node: Node, materialized: set[Node]) -> bool:
+    return node in materialized or (node.op in LEAF and not node.is_scalar_const)
+
+
+def choose_materialized(graph: Graph, recompute_cheap: bool = True) -> set[Node]:
+    uses = graph.consumers()
+    outputs = set(graph.outputs.values())
+    materialized: set[Node] = set()
+    cost: dict[Node, int] = {}
+    for node in graph.nodes:
+        if node.op in LEAF:
+            cost[node] = 0
+            continue
+        inlined_cost = sum(cost[src] for src in node.srcs if src not in materialized)
+        cost[node] = 1 + inlined_cost if node.op in ELEMENTWISE else 10**6
+        views = [consumer.views[index] for consumer, index in uses[node]]
+        if node in outputs or any(view.broadcasts for view in views):
+            materialized.add(node)
+        elif any(consumer.op is Op.GATHER and index == 0 for consumer, index in uses[node]):
+            materialized.add(node)
+        elif node.op in REDUCE and any(view.mask is not None for view in views):
+            materialized.add(node)
+        elif len(uses[node]) > 1 and not (recompute_cheap and cost[node] <= CHEAP_OPS):
+            materialized.add(node)
+    return materialized
+
+
+def schedule(graph: Graph, recompute_cheap: bool = True) -> tuple[list[Kernel], set[Node]]:
+    """One kernel per materialized node, in topological order."""
+    materialized = choose_materialized(graph, recompute_cheap)
+    kernels = []
+    for node in graph.nodes:
+        if node not in materialized or node.op in LEAF:
+            continue
+        kernel = Kernel(f"k{len(kernels)}", node)
+        _collect(node, materialized, kernel, top=True)
+        kernels.append(kernel)
+    return kernels, materialized
+
+
+def _collect(node: Node, materialized: set[Node], kernel: Kernel, top: bool = False) -> None:
+    if not top and is_buffer(node, materialized):
+        if node not in kernel.reads:
+            kernel.reads.append(node)
+        return
+    if node.is_scalar_const:
+        return
+    kernel.fused.append(node)
+    for src in node.srcs:
+        _collect(src, materialized, kernel)
