@@ -19,13 +19,12 @@ import torch
 from torch import nn
 
 from lumos.compile.hl_ops import MASKED, Tensor, attention, cat
-from lumos.compile.ir import Graph, check_graph
+from lumos.compile.ir import LITERAL_PREFIX, Graph, check_graph
 from lumos.core.errors import LumosError
 from lumos.train.features import TIME_FEATURES, Batch, FeatureSpec
 from lumos.train.model import LumosModel
 
 OUTPUTS = ("user_embedding", "item_query", "act_logits", "value_pred")
-LITERAL_PREFIX = "literal:"
 
 
 class UnsupportedOp(LumosError):

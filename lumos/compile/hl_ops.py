@@ -11,7 +11,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from lumos.compile.ir import Graph, Node, Op, View, prod
+from lumos.compile.interpret import read_view, run_node
+from lumos.compile.ir import LITERAL_PREFIX, Graph, Node, Op, View, prod
 
 LOG2_E = 1.0 / math.log(2.0)
 LN_2 = math.log(2.0)
@@ -137,13 +138,27 @@ class Tensor:
     # -- primitives -----------------------------------------------------------------------------
 
     def _unary(self, op: Op) -> Tensor:
-        return Tensor(self.graph, self.graph.add(op, (self.node,), (self.view,), self.shape))
+        return self._fold(op, (self,)) or Tensor(self.graph, self.graph.add(op, (self.node,), (self.view,), self.shape))
 
     def _binary(self, op: Op, other) -> Tensor:
         other = self._lift(other)
         shape = tuple(np.broadcast_shapes(self.shape, other.shape))
         a, b = self.broadcast_to(shape), other.broadcast_to(shape)
-        return Tensor(self.graph, self.graph.add(op, (a.node, b.node), (a.view, b.view), shape))
+        return self._fold(op, (a, b)) or Tensor(self.graph, self.graph.add(op, (a.node, b.node), (a.view, b.view), shape))
+
+    def _fold(self, op: Op, operands: tuple[Tensor, ...]) -> Tensor | None:
+        """Constant folding: an elementwise op of literals is a literal (never of weights, which
+        are bound when a plan is loaded)."""
+        if not all(t.node.is_scalar_const or (t.node.op is Op.CONST and t.node.arg.startswith(LITERAL_PREFIX))
+                   for t in operands):
+            return None
+        arrays = [read_view(np.asarray(t.node.arg if t.node.is_scalar_const else self.graph.tensors[t.node.arg],
+                                       np.float32).reshape(t.node.shape), t.view) for t in operands]
+        value = run_node(Node(op, (), (), operands[0].shape), arrays, {})
+        if value.size and np.all(value == value.flat[0]):
+            return Tensor.full(self.graph, float(value.flat[0]), value.shape)
+        name = f"{LITERAL_PREFIX}folded{len(self.graph.nodes)}"
+        return Tensor.constant(self.graph, name, value)
 
     def _reduce(self, op: Op, axis: int, keepdim: bool) -> Tensor:
         axis = _normalize_axis(axis, self.ndim)

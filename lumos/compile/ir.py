@@ -22,6 +22,11 @@ from enum import Enum, auto
 from typing import Any
 
 
+LITERAL_PREFIX = "literal:"
+"""Names of constant tensors that belong to the graph itself (positions, folded constants), as
+opposed to weights, which are bound from the model when a plan is loaded."""
+
+
 class Op(Enum):
     INPUT = auto()  # a runtime input, arg = its name
     CONST = auto()  # arg = a float (a scalar literal, shape ()) or the name of a tensor in Graph.tensors

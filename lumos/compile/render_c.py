@@ -120,7 +120,9 @@ class KernelRenderer:
         self.counter += 1
         return f"{prefix}{self.counter}"
 
-    def operand(self, node: Node, index: int, idx: list[str]) -> str:
+    def operand(self, node: Node, index: int, idx: list[str], guard: str | None = None) -> str:
+        """Operand `index` of `node` at `idx`; `guard` is the condition under which it is needed at
+        all (inside padding), which loops of inlined reductions must respect."""
         src, view = node.srcs[index], node.views[index]
         valid = view_valid(view, idx)
         if src.is_scalar_const:
@@ -128,21 +130,22 @@ class KernelRenderer:
         elif is_buffer(src, self.materialized):
             value = f"{self.params[src]}[{view_offset(view, idx)}]"
         else:
-            value = self.compute(src, source_indices(view, idx, src.shape), guard=valid)
+            inner = " && ".join(f"({g})" for g in (guard, valid) if g) or None
+            value = self.compute(src, source_indices(view, idx, src.shape), guard=inner)
         if valid is None:
             return value
         return "0.0f" if valid == "0" else f"(({valid}) ? {value} : 0.0f)"
 
     def compute(self, node: Node, idx: list[str], guard: str | None = None) -> str:
         if node.op in UNARY_C:
-            return UNARY_C[node.op].format(self.operand(node, 0, idx))
+            return UNARY_C[node.op].format(self.operand(node, 0, idx, guard))
         if node.op in BINARY_C:
-            a, b = self.operand(node, 0, idx), self.operand(node, 1, idx)
+            a, b = self.operand(node, 0, idx, guard), self.operand(node, 1, idx, guard)
             if node.op is Op.ADD and b == "0.0f":  # a contiguous copy (x + 0)
                 return a
             return BINARY_C[node.op].format(a, b)
         if node.op is Op.GATHER:
-            row = f"(int){self.operand(node, 1, idx[:-1])}"
+            row = f"(int){self.operand(node, 1, idx[:-1], guard)}"
             return self.operand_at(node, 0, [row, idx[-1]])
         if node.op in (Op.SUM, Op.MAX):
             return self.reduce(node, idx, guard)
