@@ -8,6 +8,7 @@ import typer
 
 import lumos
 from lumos.cli import config, data, doctor, evaluate, infer, ingest, promote, quickstart, train, workspace
+from lumos.cli.compile import compile_model
 from lumos.cli.output import state
 
 app = typer.Typer(
@@ -57,6 +58,7 @@ app.command("promote")(promote.promote)
 app.command("models")(promote.models)
 app.command("infer")(infer.infer)
 app.command("quickstart")(quickstart.quickstart)
+app.command("compile")(compile_model)
 
 
 def main() -> None:

@@ -21,7 +21,6 @@ from dataclasses import dataclass, field
 from enum import Enum, auto
 from typing import Any
 
-
 LITERAL_PREFIX = "literal:"
 """Names of constant tensors that belong to the graph itself (positions, folded constants), as
 opposed to weights, which are bound from the model when a plan is loaded."""

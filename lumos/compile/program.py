@@ -80,8 +80,8 @@ PASSES: list[tuple[str, Callable[[Compilation, KernelCache], None]]] = [
 ]
 
 
-def compile_graph(graph: Graph, cache: KernelCache, options: Options = Options()) -> Compilation:
-    compilation = Compilation(graph, options)
+def compile_graph(graph: Graph, cache: KernelCache, options: Options | None = None) -> Compilation:
+    compilation = Compilation(graph, options or Options())
     check_graph(graph)
     for name, run in PASSES:
         started = time.perf_counter()
