@@ -18,7 +18,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from lumos.compile.hl_ops import MASKED, Tensor, attention, cat
+from lumos.compile.hl_ops import MASKED, Tensor, attention, cat, mark_output
 from lumos.compile.ir import LITERAL_PREFIX, Graph, check_graph
 from lumos.core.errors import LumosError
 from lumos.train.features import TIME_FEATURES, Batch, FeatureSpec
@@ -365,14 +365,9 @@ def lower_program(program, inputs: list[str], output_names: list[str]) -> Graph:
         elif fx_node.op == "output":
             results = fx_node.args[0]
             for name, result in zip(output_names, results, strict=True):
-                tensor = env[result]
-                node = tensor.contiguous() if isinstance(tensor, Tensor) else None
-                if node is None:
+                if not isinstance(env[result], Tensor):
                     raise UnsupportedOp(f"output {name} is not a tensor")
-                if not node.view.is_identity or node.node.op.name in ("INPUT", "CONST"):
-                    node = node + 0.0  # outputs are materialized, never aliases of inputs or weights
-                graph.outputs[name] = node.node
-                graph.output_shapes[name] = tensor.shape
+                mark_output(graph, name, env[result])
         else:
             raise UnsupportedOp(f"fx node kind {fx_node.op!r} ({fx_node.target}) is not supported")
     graph.prune()

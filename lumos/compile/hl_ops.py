@@ -363,3 +363,13 @@ def attention(q: Tensor, k: Tensor, v: Tensor, key_mask: Tensor | None = None, s
     if key_mask is not None:
         scores = key_mask.where(scores, MASKED)
     return scores.softmax(-1).matmul(v)
+
+
+def mark_output(graph: Graph, name: str, tensor: Tensor) -> None:
+    """Make `tensor` the graph output `name`: a node of its own, never an alias of a leaf."""
+    node = tensor.contiguous()
+    taken = set(graph.outputs.values())
+    if not node.view.is_identity or node.node.op in (Op.INPUT, Op.CONST) or node.node in taken:
+        node = node + 0.0
+    graph.outputs[name] = node.node
+    graph.output_shapes[name] = tensor.shape
