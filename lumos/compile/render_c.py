@@ -111,10 +111,14 @@ def source_indices(view: View, idx: list[str], shape: tuple[int, ...]) -> list[s
 
 
 class KernelRenderer:
-    def __init__(self, kernel: Kernel, materialized: set[Node], params: dict[Node, str]):
-        self.kernel, self.materialized, self.params = kernel, materialized, params
+    def __init__(self, kernel: Kernel, materialized: set[Node], params: dict[Node, str], uses: dict[Node, int]):
+        self.kernel, self.materialized, self.params, self.uses = kernel, materialized, params, uses
         self.lines: list[str] = []
         self.counter = 0
+        self.block = 0
+        """Which block statements go to now (the kernel body, or a reduction loop's body)."""
+        self.shared: dict[tuple, str] = {}
+        """Values already computed in this block: (node, indices, guard, block) → local variable."""
 
     def fresh(self, prefix: str) -> str:
         self.counter += 1
@@ -137,6 +141,25 @@ class KernelRenderer:
         return "0.0f" if valid == "0" else f"(({valid}) ? {value} : 0.0f)"
 
     def compute(self, node: Node, idx: list[str], guard: str | None = None) -> str:
+        """`node` at `idx` as a C expression; a value used more than once is computed once per
+        block into a local variable."""
+        if self.uses.get(node, 0) <= 1 and node.op not in (Op.SUM, Op.MAX):
+            return self.expression(node, idx, guard)
+        key = (node.id, tuple(idx), guard, self.block)
+        if key not in self.shared:
+            value = self.expression(node, idx, guard)
+            if node.op in (Op.SUM, Op.MAX):
+                self.shared[key] = value  # already a local: the accumulator
+            else:
+                local = self.fresh("v")
+                if guard:
+                    self.lines += [f"float {local} = 0.0f;", f"if ({guard}) {local} = {value};"]
+                else:
+                    self.lines.append(f"const float {local} = {value};")
+                self.shared[key] = local
+        return self.shared[key]
+
+    def expression(self, node: Node, idx: list[str], guard: str | None = None) -> str:
         if node.op in UNARY_C:
             return UNARY_C[node.op].format(self.operand(node, 0, idx, guard))
         if node.op in BINARY_C:
@@ -160,8 +183,9 @@ class KernelRenderer:
         inner = list(idx)
         inner[axis] = r
         outer_lines, self.lines = self.lines, []
+        outer_block, self.block = self.block, self.counter
         value = self.operand(node, 0, inner)
-        body, self.lines = self.lines, outer_lines
+        body, self.lines, self.block = self.lines, outer_lines, outer_block
         if node.op is Op.SUM:
             init, update, clause = "0.0f", f"{acc} += {value};", f"reduction(+:{acc})"
         else:
@@ -183,7 +207,7 @@ class KernelRenderer:
         node = self.kernel.node
         loops = [(f"i{d}", size) for d, size in enumerate(node.shape) if size > 1]
         idx = [f"i{d}" if size > 1 else "0" for d, size in enumerate(node.shape)]
-        value = self.compute(node, idx)
+        value = self.expression(node, idx)
         out = f"out[{_sum(0, [(stride, i) for stride, i in zip(contiguous_strides(node.shape), idx, strict=True)])}]"
         body = [*self.lines, f"{out} = {value};"]
         params = ["float* restrict out"] + [f"const float* restrict {self.params[src]}" for src in self.kernel.reads]
@@ -208,9 +232,10 @@ class KernelRenderer:
 def render_library(graph: Graph, kernels: list[Kernel], materialized: set[Node], plan: BufferPlan) -> str:
     """The whole program as one C file: kernels, then `lumos_forward`, the one-call driver."""
     params = {node: f"b{node.id}" for node in graph.nodes}
+    uses = {node: len(users) for node, users in graph.consumers().items()}
     parts = [HEADER]
     for kernel in kernels:
-        parts.append(KernelRenderer(kernel, materialized, params).render())
+        parts.append(KernelRenderer(kernel, materialized, params, uses).render())
     inputs = list(graph.inputs.values())
     tensors = tensor_names(graph)
     outputs = list(graph.outputs.values())

@@ -50,6 +50,7 @@ def choose_materialized(graph: Graph, recompute_cheap: bool = True) -> set[Node]
     uses = graph.consumers()
     outputs = set(graph.outputs.values())
     materialized: set[Node] = set()
+    forced: set[Node] = set()
     cost: dict[Node, int] = {}
     for node in graph.nodes:
         if node.op in LEAF:
@@ -58,14 +59,30 @@ def choose_materialized(graph: Graph, recompute_cheap: bool = True) -> set[Node]
         inlined_cost = sum(cost[src] for src in node.srcs if src not in materialized)
         cost[node] = 1 + inlined_cost if node.op in ELEMENTWISE else 10**6
         views = [consumer.views[index] for consumer, index in uses[node]]
-        if node in outputs or any(view.broadcasts for view in views):
-            materialized.add(node)
-        elif any(consumer.op is Op.GATHER and index == 0 for consumer, index in uses[node]):
-            materialized.add(node)
-        elif node.op in REDUCE and any(view.mask is not None for view in views):
+        if (node in outputs or any(view.broadcasts for view in views)
+                or any(consumer.op is Op.GATHER and index == 0 for consumer, index in uses[node])
+                or (node.op in REDUCE and any(view.mask is not None for view in views))):
+            forced.add(node)
             materialized.add(node)
         elif len(uses[node]) > 1 and not (recompute_cheap and cost[node] <= CHEAP_OPS):
             materialized.add(node)
+    return _share_within_kernels(graph, uses, materialized, forced)
+
+
+def _share_within_kernels(graph: Graph, uses, materialized: set[Node], forced: set[Node]) -> set[Node]:
+    """A node used several times, but only inside one kernel and at the same index everywhere
+    (e.g. a matmul feeding GELU's x * Φ(x)), is computed once there into a local (the renderer
+    shares it) instead of a buffer."""
+    roots: dict[Node, frozenset[Node]] = {}
+    for node in reversed(graph.nodes):
+        if node.op in LEAF:
+            continue
+        consumer_roots = frozenset().union(*(roots[consumer] for consumer, _ in uses[node]))
+        if node in materialized and node not in forced and len(consumer_roots) == 1:
+            views = [consumer.views[index] for consumer, index in uses[node]]
+            if all(view == views[0] for view in views):
+                materialized.discard(node)
+        roots[node] = frozenset({node}) if node in materialized else consumer_roots
     return materialized
 
 
