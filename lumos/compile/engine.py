@@ -28,6 +28,7 @@ import torch
 from lumos.compile.cache import KernelCache
 from lumos.compile.frontend import batch_tensors, example_batch, lower_model, output_names
 from lumos.compile.ir import LITERAL_PREFIX
+from lumos.compile.layout import TRANSPOSED
 from lumos.compile.program import Compilation, Options, compile_graph, load_program
 from lumos.compile.render_c import tensor_names
 from lumos.compile.runtime import NativeProgram
@@ -270,7 +271,9 @@ def program_from_plan(folder: Path, model: LumosModel, cache: KernelCache) -> Co
         if "data" in entry:
             value = np.frombuffer(base64.b64decode(entry["data"]), np.float32).reshape(entry["shape"])
         else:
-            value = weights[entry["name"]].detach().cpu().float().contiguous().numpy()
+            name = entry["name"].removesuffix(TRANSPOSED)
+            weight = weights[name].detach().cpu().float()
+            value = (weight.T if entry["name"].endswith(TRANSPOSED) else weight).contiguous().numpy()
             if list(value.shape) != entry["shape"]:
                 return None
         tensors.append(value)

@@ -1,6 +1,6 @@
 """The pipeline from a primitive graph to a runnable native program: one linear list of passes.
 
-    check → schedule (fuse into kernels) → plan buffers → render C → build (kernel cache) → load
+    check → layout (transpose weights) → schedule (fuse into kernels) → plan buffers → render C → build (kernel cache) → load
 
 Each pass takes and returns the `Compilation` it fills in; the graph is checked before and
 after, so a pass that breaks an invariant is named at once.
@@ -16,6 +16,7 @@ import numpy as np
 
 from lumos.compile.cache import Build, KernelCache
 from lumos.compile.ir import LEAF, Graph, Node, check_graph
+from lumos.compile.layout import transpose_weights
 from lumos.compile.plan import BufferPlan, plan_buffers
 from lumos.compile.render_c import render_library, tensor_names
 from lumos.compile.runtime import NativeProgram
@@ -30,6 +31,8 @@ class Options:
     """Plan intermediates by liveness (False: one buffer each, to measure what reuse saves)."""
     recompute_cheap: bool = True
     """Inline cheap elementwise nodes into each of their consumers instead of storing them."""
+    transpose_weights: bool = True
+    """Store linear weights as (in, out) so that matmuls read them row by row (layout.py)."""
 
 
 @dataclass
@@ -56,6 +59,11 @@ class Compilation:
         }
 
 
+def _layout(c: Compilation, cache: KernelCache) -> None:
+    if c.options.transpose_weights:
+        transpose_weights(c.graph)
+
+
 def _schedule(c: Compilation, cache: KernelCache) -> None:
     c.kernels, c.materialized = schedule(c.graph, c.options.recompute_cheap)
 
@@ -73,6 +81,7 @@ def _build(c: Compilation, cache: KernelCache) -> None:
 
 
 PASSES: list[tuple[str, Callable[[Compilation, KernelCache], None]]] = [
+    ("layout", _layout),
     ("schedule", _schedule),
     ("plan_buffers", _plan),
     ("render_c", _render),

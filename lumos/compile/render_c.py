@@ -11,6 +11,8 @@ before the next.
 from __future__ import annotations
 
 import math
+import re
+from dataclasses import dataclass
 
 from lumos.compile.ir import Graph, Node, Op, View, contiguous_strides, prod
 from lumos.compile.plan import BufferPlan
@@ -18,11 +20,35 @@ from lumos.compile.schedule import Kernel, is_buffer
 
 HEADER = """\
 #include <math.h>
+#include <omp.h>
 #include <stddef.h>
+#include <string.h>
+
+/* 2^x without a library call, so that loops over it vectorize: x = n + f with n = rint(x) and
+   |f| <= 1/2, 2^f by its degree-7 Taylor polynomial (relative error < 1e-7), 2^n by building
+   the exponent bits. Results below 2^-126 flush to 0 (as masked attention scores should). */
+static inline float lumos_exp2f(float x) {
+  const float c = fminf(fmaxf(x, -127.0f), 128.0f);
+  const float n = rintf(c);
+  const float f = c - n;
+  float p = 1.525273380405984e-05f;
+  p = p * f + 1.5403530393381608e-04f;
+  p = p * f + 1.3333558146428443e-03f;
+  p = p * f + 9.618129107628477e-03f;
+  p = p * f + 5.550410866482158e-02f;
+  p = p * f + 2.402265069591007e-01f;
+  p = p * f + 6.931471805599453e-01f;
+  p = p * f + 1.0f;
+  const int bits = ((int)n + 127) << 23;
+  float scale;
+  memcpy(&scale, &bits, sizeof scale);
+  float result = n <= -127.0f ? 0.0f : (n >= 128.0f ? INFINITY : p * scale);
+  return x != x ? x : result;
+}
 """
 
 UNARY_C = {
-    Op.EXP2: "exp2f({})",
+    Op.EXP2: "lumos_exp2f({})",
     Op.LOG2: "log2f({})",
     Op.SIN: "sinf({})",
     Op.RECIP: "(1.0f / {})",
@@ -110,6 +136,33 @@ def source_indices(view: View, idx: list[str], shape: tuple[int, ...]) -> list[s
     return [f"(({flat} / {stride}) % {size})" if size > 1 else "0" for size, stride in zip(shape, strides, strict=True)]
 
 
+@dataclass
+class TopReduce:
+    """A reduction loop at the top of a kernel body, which may be moved outside the last output loop."""
+
+    acc: str
+    var: str
+    length: int
+    init: str
+    update: str
+    start: int
+    end: int
+    """Its statements in the kernel body: lines[start:end]."""
+    loads: list[tuple[View, list[str]]]
+    body: list[str]
+    """Straight-line statements (locals) before the update, inside the loop."""
+
+
+def _coefficient(view: View, idx: list[str], var: str) -> int:
+    """How far a read through `view` at `idx` moves when loop variable `var` steps by one."""
+    pattern = re.compile(rf"\b{var}\b")
+    return sum(abs(stride) for stride, i in zip(view.strides, idx, strict=True) if pattern.search(i))
+
+
+def _strided_reads(loads: list[tuple[View, list[str]]], var: str) -> int:
+    return sum(1 for view, idx in loads if _coefficient(view, idx, var) > 1)
+
+
 class KernelRenderer:
     def __init__(self, kernel: Kernel, materialized: set[Node], params: dict[Node, str], uses: dict[Node, int]):
         self.kernel, self.materialized, self.params, self.uses = kernel, materialized, params, uses
@@ -118,6 +171,9 @@ class KernelRenderer:
         self.block = 0
         """Which block statements go to now (the kernel body, or a reduction loop's body)."""
         self.shared: dict[tuple, str] = {}
+        self.top_reduces: list[TopReduce] = []
+        self.loads: list[tuple[View, list[str]]] | None = None
+        """Buffer reads of the reduction being rendered: which loop order suits them."""
         """Values already computed in this block: (node, indices, guard, block) → local variable."""
 
     def fresh(self, prefix: str) -> str:
@@ -133,6 +189,8 @@ class KernelRenderer:
             value = literal(src.arg)
         elif is_buffer(src, self.materialized):
             value = f"{self.params[src]}[{view_offset(view, idx)}]"
+            if self.loads is not None:
+                self.loads.append((view, list(idx)))
         else:
             inner = " && ".join(f"({g})" for g in (guard, valid) if g) or None
             value = self.compute(src, source_indices(view, idx, src.shape), guard=inner)
@@ -182,25 +240,30 @@ class KernelRenderer:
         acc, r = self.fresh("acc"), self.fresh("r")
         inner = list(idx)
         inner[axis] = r
+        top = self.block == 0 and not guard
         outer_lines, self.lines = self.lines, []
         outer_block, self.block = self.block, self.counter
+        self.loads = [] if top else None
         value = self.operand(node, 0, inner)
         body, self.lines, self.block = self.lines, outer_lines, outer_block
         if node.op is Op.SUM:
             init, update, clause = "0.0f", f"{acc} += {value};", f"reduction(+:{acc})"
         else:
             init, update, clause = "-INFINITY", f"{acc} = fmaxf({acc}, {value});", f"reduction(max:{acc})"
+        start, loads, self.loads = len(self.lines), self.loads, None
         self.lines.append(f"float {acc} = {init};")
         if guard:
             self.lines.append(f"if ({guard})")
         self.lines.append("{")
-        if not body:
+        if all(line.startswith("const float ") for line in body):  # straight-line: vectorizes
             self.lines.append(f"#pragma omp simd {clause}")
         self.lines.append(f"for (int {r} = 0; {r} < {length}; {r}++) {{")
         self.lines.extend("  " + line for line in body)
         self.lines.append(f"  {update}")
         self.lines.append("}")
         self.lines.append("}")
+        if top and all(line.startswith("const float ") for line in body):
+            self.top_reduces.append(TopReduce(acc, r, length, init, update, start, len(self.lines), loads, body))
         return acc
 
     def render(self) -> str:
@@ -210,6 +273,9 @@ class KernelRenderer:
         value = self.expression(node, idx)
         out = f"out[{_sum(0, [(stride, i) for stride, i in zip(contiguous_strides(node.shape), idx, strict=True)])}]"
         body = [*self.lines, f"{out} = {value};"]
+        interchanged = self.interchange(loops, body)
+        if interchanged is not None:
+            loops, body = loops[:-1], interchanged
         params = ["float* restrict out"] + [f"const float* restrict {self.params[src]}" for src in self.kernel.reads]
         lines = [f"/* {self.kernel.name}: %{node.id} {node.op.name}{list(node.shape)}, {len(set(map(id, self.kernel.fused)))} ops; {node.origin} */".replace("*/ ", "* / "),
                  f"static void {self.kernel.name}({', '.join(params)}) {{"]
@@ -229,12 +295,44 @@ class KernelRenderer:
         return "\n".join(lines)
 
 
+    def interchange(self, loops: list[tuple[str, int]], body: list[str]) -> list[str] | None:
+        """Move the kernel's one reduction loop outside its last output loop when that makes the
+        reduction's reads contiguous (e.g. x @ Wᵀ with W stored transposed, or P @ V):
+        accumulate a row of outputs at once, one vectorized pass per reduction step."""
+        if len(loops) < 2 or len(self.top_reduces) != 1 or self.top_reduces[0].start != 0:
+            return None
+        reduce = self.top_reduces[0]
+        last, size = loops[-1]
+        if size > 1024 or _strided_reads(reduce.loads, last) >= _strided_reads(reduce.loads, reduce.var):
+            return None
+        rest = body[reduce.end:]  # after the reduction's statements
+        row = f"{reduce.acc}_row"
+        update = reduce.update.replace(f"{reduce.acc} ", f"{row}[{last}] ", 1).replace(f"({reduce.acc},", f"({row}[{last}],")
+        return [
+            f"float {row}[{size}];",
+            f"for (int {last} = 0; {last} < {size}; {last}++) {row}[{last}] = {reduce.init};",
+            f"for (int {reduce.var} = 0; {reduce.var} < {reduce.length}; {reduce.var}++) {{",
+            "  #pragma omp simd",
+            f"  for (int {last} = 0; {last} < {size}; {last}++) {{",
+            *("    " + line for line in reduce.body),
+            f"    {update}",
+            "  }",
+            "}",
+            f"for (int {last} = 0; {last} < {size}; {last}++) {{",
+            f"  const float {reduce.acc} = {row}[{last}];",
+            *("  " + line for line in rest),
+            "}",
+        ]
+
+
 def render_library(graph: Graph, kernels: list[Kernel], materialized: set[Node], plan: BufferPlan) -> str:
     """The whole program as one C file: kernels, then `lumos_forward`, the one-call driver."""
     params = {node: f"b{node.id}" for node in graph.nodes}
-    uses = {node: len(users) for node, users in graph.consumers().items()}
     parts = [HEADER]
     for kernel in kernels:
+        uses: dict[Node, int] = {}
+        for node in kernel.fused:  # a node reached by several paths is computed once, into a local
+            uses[node] = uses.get(node, 0) + 1
         parts.append(KernelRenderer(kernel, materialized, params, uses).render())
     inputs = list(graph.inputs.values())
     tensors = tensor_names(graph)
@@ -250,11 +348,20 @@ def render_library(graph: Graph, kernels: list[Kernel], materialized: set[Node],
         return f"(float*)(arena + {plan.buffers[node].offset})"
 
     calls = [f"    {k.name}({', '.join(pointer(n) for n in [k.node, *k.reads])});" for k in kernels]
+    timed = [f"{call}\n    #pragma omp master\n    times[{i + 1}] = omp_get_wtime();" for i, call in enumerate(calls)]
+    signature = "const float* const* inputs, float* const* outputs, const float* const* tensors, char* arena"
     parts.append(
         "/* Runs the whole graph: inputs, outputs and constant tensors in the plan's order; arena holds\n"
         f"   every intermediate ({plan.arena_bytes} bytes, 64-byte aligned). */\n"
-        "void lumos_forward(const float* const* inputs, float* const* outputs, const float* const* tensors, char* arena) {\n"
+        f"void lumos_forward({signature}) {{\n"
         "  #pragma omp parallel\n  {\n" + "\n".join(calls) + "\n  }\n}\n"
+    )
+    parts.append(
+        "/* The same, recording the time at which each kernel ends (for profiling). */\n"
+        f"void lumos_forward_timed({signature}, double* times) {{\n"
+        "  #pragma omp parallel\n  {\n    #pragma omp master\n    times[0] = omp_get_wtime();\n"
+        + "\n".join(timed)
+        + "\n  }\n}\n"
     )
     return "\n\n".join(parts)
 

@@ -29,6 +29,9 @@ class NativeProgram:
         self.forward = self.library.lumos_forward
         self.forward.argtypes = [ctypes.c_void_p] * 4
         self.forward.restype = None
+        self.timed = self.library.lumos_forward_timed
+        self.timed.argtypes = [ctypes.c_void_p] * 5
+        self.timed.restype = None
         self.inputs, self.outputs = inputs, outputs
         self.tensors = [np.ascontiguousarray(t, dtype=np.float32) for t in tensors]  # kept alive here
         self.tensor_pointers = (ctypes.c_void_p * max(len(tensors), 1))(*[t.ctypes.data for t in self.tensors])
@@ -38,6 +41,15 @@ class NativeProgram:
         self._arena_raw = raw
 
     def __call__(self, named: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        return self.run(named)
+
+    def kernel_seconds(self, named: Mapping[str, np.ndarray], kernels: int) -> np.ndarray:
+        """Seconds each kernel took in one call (the driver's timed variant)."""
+        times = np.zeros(kernels + 1, np.float64)
+        self.run(named, times)
+        return np.diff(times)
+
+    def run(self, named: Mapping[str, np.ndarray], times: np.ndarray | None = None) -> dict[str, np.ndarray]:
         arrays = []
         for name, shape in self.inputs:
             array = np.ascontiguousarray(named[name], dtype=np.float32)
@@ -47,5 +59,8 @@ class NativeProgram:
         results = [np.empty(shape, np.float32) for _, shape in self.outputs]
         input_pointers = (ctypes.c_void_p * max(len(arrays), 1))(*[a.ctypes.data for a in arrays])
         output_pointers = (ctypes.c_void_p * max(len(results), 1))(*[r.ctypes.data for r in results])
-        self.forward(input_pointers, output_pointers, self.tensor_pointers, self.arena.ctypes.data)
+        if times is None:
+            self.forward(input_pointers, output_pointers, self.tensor_pointers, self.arena.ctypes.data)
+        else:
+            self.timed(input_pointers, output_pointers, self.tensor_pointers, self.arena.ctypes.data, times.ctypes.data)
         return {name: result for (name, _), result in zip(self.outputs, results, strict=True)}
