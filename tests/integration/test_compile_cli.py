@@ -1,0 +1,119 @@
+"""`lumos compile` on a real quickstart ingest and a real trained run; the plan served by load_compiled."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from lumos.cli.app import app
+from lumos.compile.engine import load_compiled
+from lumos.compile.frontend import example_batch
+from lumos.core.config import from_dict, load_config
+from lumos.core.tracking import tracking_client
+from lumos.core.workspace import open_workspace
+from lumos.data.ingest import run_ingest
+from lumos.data.recipe import IngestRecipe
+from lumos.data.synthetic import SyntheticSpec, generate_quickstart
+from lumos.train.checkpoint import load_model
+from lumos.train.config import TrainConfig
+from lumos.train.run import download_checkpoint, train
+
+QUICKSTART = Path(__file__).resolve().parents[2] / "examples" / "quickstart"
+runner = CliRunner()
+
+
+@pytest.fixture(scope="module")
+def project(spark, tmp_path_factory) -> Path:
+    """Quickstart data, one ingest, one tiny trained run (its id in run.txt)."""
+    folder = tmp_path_factory.mktemp("compile")
+    data = folder / "examples" / "quickstart" / "data"
+    generate_quickstart(data, SyntheticSpec(users=200, events=8_000, seed=3))
+    recipe = load_config(IngestRecipe, QUICKSTART / "ingest.toml", [
+        f"source.path={data / 'events'}", f"users.path={data / 'users.parquet'}",
+        f"calendar.path={data / 'calendar.csv'}", "tokens.max_len=12",
+    ])
+    run_ingest(spark, open_workspace(folder), recipe, QUICKSTART)
+    config = from_dict(TrainConfig, {
+        "data": {"loader_workers": 1},
+        "model": {"d_model": 8, "n_heads": 2, "encoder_layers": 1, "decoder_layers": 1, "d_ff": 16, "dropout": 0.0,
+                  "max_len": 12},
+        "run": {"batch_size": 32, "max_steps": 5, "eval_every": 1000, "log_every": 10, "checkpoint_every": 1000,
+                "experiment": "test-compile"},
+    })
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        (folder / "run.txt").write_text(train(config, open_workspace(folder)).run_id)
+    finally:
+        torch.set_num_threads(threads)
+    return folder
+
+
+def lumos(project: Path, *args: str):
+    return runner.invoke(app, ["--workspace", str(project), *args])
+
+
+def test_compile_verifies_stores_and_serves_the_plan(project):
+    workspace = open_workspace(project)
+    run_id = (project / "run.txt").read_text()
+    model, _ = load_model(download_checkpoint(workspace, run_id, "--run"))
+    model.eval()
+    assert load_compiled(workspace, run_id, model) is None  # no plan yet
+
+    result = lumos(project, "compile", "--run", run_id, "--batch", "8", "--json")
+    assert result.exit_code == 0, result.output
+    first = json.loads(result.stdout)
+    assert first["run_id"] == run_id and first["target"] == "cpu" and first["seq"] == 12 and first["batch"] == 8
+    assert first["kernels"] > 0 and first["primitive_ops"] > first["kernels"] and first["fused_ops"] > 0
+    assert 0 < first["planned_peak_bytes"] < first["per_node_bytes"]
+    assert first["max_error"] < 1e-4 and first["eager_ms"] > 0 and first["compiled_ms"] > 0
+    assert not first["cache_hit"] and first["artifact"] == "compile/cpu"
+    artifacts = {a.path for a in tracking_client(workspace).list_artifacts(run_id, "compile/cpu")}
+    assert artifacts == {"compile/cpu/plan.json", "compile/cpu/library.c"}
+
+    # The same model through the registry: the kernel cache makes the second build a hit.
+    client = tracking_client(workspace)
+    client.create_registered_model("quickstart_compile")
+    version = client.create_model_version("quickstart_compile", source=f"runs:/{run_id}/checkpoints", run_id=run_id)
+    client.set_registered_model_alias("quickstart_compile", "production", version.version)
+    result = lumos(project, "compile", "--model", "quickstart_compile@production", "--batch", "8", "--json")
+    assert result.exit_code == 0, result.output
+    second = json.loads(result.stdout)
+    assert second["cache_hit"] and second["model"] == "quickstart_compile/1"
+    assert second["seconds"]["build"] < first["seconds"]["build"]
+
+    # Served for inference: more rows than the plan (chunks) and a shorter history (padding).
+    compiled = load_compiled(workspace, run_id, model)
+    assert compiled is not None and (compiled.batch_size, compiled.seq_len) == (8, 12)
+    batch = example_batch(model.features, 11, 9, seed=7)
+    with torch.no_grad():
+        expected = model(batch)
+    got = compiled(batch)
+    for name in ("user_embedding", "item_query", "act_logits", "value_pred"):
+        np.testing.assert_allclose(getattr(got, name).numpy(), getattr(expected, name).numpy(), atol=1e-4, rtol=1e-4)
+
+
+def test_table_output_and_clear_cache(project):
+    run_id = (project / "run.txt").read_text()
+    result = lumos(project, "compile", "--run", run_id, "--batch", "4", "--seq", "6")
+    assert result.exit_code == 0, result.output
+    for row in ("primitive ops in", "kernels out", "fused ops", "planned peak memory", "time per forward"):
+        assert row in result.stdout
+    result = lumos(project, "compile", "--clear-cache", "--json")
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["cleared"] >= 1
+    assert not any((project / ".lumos" / "kernels" / "cpu").glob("*/*"))
+
+
+def test_usage_errors(project):
+    assert lumos(project, "compile").exit_code == 2
+    assert lumos(project, "compile", "--run", "nope", "--model", "a@b").exit_code == 2
+    result = lumos(project, "compile", "--run", "0123456789abcdef")
+    assert result.exit_code == 2 and "no such run" in result.output
+    assert lumos(project, "compile", "--run", "x", "--target", "tpu").exit_code == 2
+
