@@ -1,0 +1,94 @@
+"""The engine: a plan written to disk and loaded back serves any batch and history length."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+import torch
+
+from lumos.compile.engine import (
+    PLAN_FILE,
+    VerificationError,
+    compile_model,
+    program_from_plan,
+    verify,
+    write_plan,
+)
+from lumos.compile.frontend import example_batch
+from lumos.train.features import FeatureSpec
+from lumos.train.model import LumosModel, ModelConfig
+
+FEATURES = FeatureSpec(
+    token_categorical={"item": 12, "hour": 24},
+    token_numeric=("value",),
+    static_categorical={"user_country": 5},
+    future_flags=("sale",),
+    horizons_days=(2,),
+    max_len=10,
+)
+CONFIG = ModelConfig(d_model=8, n_heads=2, encoder_layers=1, decoder_layers=1, d_ff=16, dropout=0.0, max_len=10)
+
+
+@pytest.fixture(scope="module")
+def model() -> LumosModel:
+    torch.manual_seed(0)
+    return LumosModel(CONFIG, FEATURES).eval()
+
+
+@pytest.fixture(scope="module")
+def compiled(model, kernel_cache):
+    result = compile_model(model, 4, 10, kernel_cache)
+    verify(result, model)
+    return result
+
+
+@pytest.mark.parametrize(("rows", "length"), [(1, 10), (3, 4), (4, 10), (9, 7), (0, 5)])
+def test_any_batch_and_shorter_histories_match_eager(compiled, model, rows, length):
+    batch = example_batch(FEATURES, rows, length, seed=rows + length) if rows else example_batch(FEATURES, 1, length)
+    if not rows:
+        batch = type(batch)(**{f.name: _head(getattr(batch, f.name), 0) for f in dataclasses.fields(batch)})
+    with torch.no_grad():
+        expected = model(batch)
+    got = compiled.compiled(batch)
+    for name in ("user_embedding", "item_query", "act_logits", "value_pred"):
+        np.testing.assert_allclose(getattr(got, name).numpy(), getattr(expected, name).numpy(), atol=1e-4, rtol=1e-4)
+
+
+def _head(value, rows):
+    return {key: tensor[:rows] for key, tensor in value.items()} if isinstance(value, dict) else value[:rows]
+
+
+def test_longer_history_than_the_plan_is_refused(compiled):
+    with pytest.raises(ValueError, match="exceeds the plan"):
+        compiled.compiled(example_batch(FEATURES, 2, 11))
+
+
+def test_plan_round_trip_binds_the_models_weights(compiled, model, tmp_path, kernel_cache):
+    folder = write_plan(tmp_path / "plan", compiled)
+    assert any(entry["name"].endswith("#T") for entry in compiled.plan["tensors"])  # transposed at bind time
+    loaded = program_from_plan(folder, model, kernel_cache)
+    batch = example_batch(FEATURES, 5, 8, seed=11)
+    np.testing.assert_array_equal(loaded(batch).user_embedding.numpy(), compiled.compiled(batch).user_embedding.numpy())
+
+    retrained = LumosModel(CONFIG, FEATURES).eval()  # same architecture, other weights: the plan serves it
+    with torch.no_grad():
+        expected = retrained(batch)
+    np.testing.assert_allclose(program_from_plan(folder, retrained, kernel_cache)(batch).act_logits.numpy(),
+                               expected.act_logits.numpy(), atol=1e-4, rtol=1e-4)
+
+    other = LumosModel(dataclasses.replace(CONFIG, d_ff=8), FEATURES)
+    assert program_from_plan(folder, other, kernel_cache) is None  # another architecture: no plan
+    (folder / PLAN_FILE).write_text((folder / PLAN_FILE).read_text().replace('"source_sha256": "', '"source_sha256": "0'))
+    with pytest.raises(Exception, match="does not match"):
+        program_from_plan(folder, model, kernel_cache)
+
+
+def test_verification_refuses_a_wrong_program(compiled, model):
+    broken = LumosModel(CONFIG, FEATURES).eval()  # the plan bound to other weights than the model checked
+    with torch.no_grad():
+        for param in broken.parameters():
+            param.add_(0.5)
+    with pytest.raises(VerificationError, match="differs from PyTorch"):
+        verify(compiled, broken)
