@@ -27,8 +27,10 @@ HEADER = """\
 /* 2^x without a library call, so that loops over it vectorize: x = n + f with n = rint(x) and
    |f| <= 1/2, 2^f by its degree-7 Taylor polynomial (relative error < 1e-7), 2^n by building
    the exponent bits. Results below 2^-126 flush to 0 (as masked attention scores should). */
+static inline float lumos_max(float a, float b) { return (b > a || b != b) ? b : a; }
+
 static inline float lumos_exp2f(float x) {
-  const float c = fminf(fmaxf(x, -127.0f), 128.0f);
+  const float c = x < -127.0f ? -127.0f : (x > 128.0f ? 128.0f : x);  /* no libm calls: they stop vectorizing */
   const float n = rintf(c);
   const float f = c - n;
   float p = 1.525273380405984e-05f;
@@ -194,6 +196,10 @@ class KernelRenderer:
         else:
             inner = " && ".join(f"({g})" for g in (guard, valid) if g) or None
             value = self.compute(src, source_indices(view, idx, src.shape), guard=inner)
+            if view.broadcasts and inner is None and not value.isidentifier():
+                local = self.fresh("v")  # the same for every repeat: a local that loops can hoist
+                self.lines.append(f"const float {local} = {value};")
+                value = local
         if valid is None:
             return value
         return "0.0f" if valid == "0" else f"(({valid}) ? {value} : 0.0f)"
@@ -249,7 +255,8 @@ class KernelRenderer:
         if node.op is Op.SUM:
             init, update, clause = "0.0f", f"{acc} += {value};", f"reduction(+:{acc})"
         else:
-            init, update, clause = "-INFINITY", f"{acc} = fmaxf({acc}, {value});", f"reduction(max:{acc})"
+            # NaN wins, as in torch; written out because fmaxf is a library call that stops vectorizing
+            init, update, clause = "-INFINITY", f"{acc} = lumos_max({acc}, {value});", f"reduction(max:{acc})"
         start, loads, self.loads = len(self.lines), self.loads, None
         self.lines.append(f"float {acc} = {init};")
         if guard:
@@ -306,15 +313,24 @@ class KernelRenderer:
         if size > 1024 or _strided_reads(reduce.loads, last) >= _strided_reads(reduce.loads, reduce.var):
             return None
         rest = body[reduce.end:]  # after the reduction's statements
+        hoisted, inner, varying = [], [], {last}
+        for line in reduce.body:  # locals that do not change along the row: once per reduction step
+            name = line.split("=")[0].split()[-1]
+            if any(re.search(rf"\b{var}\b", line.split("=", 1)[1]) for var in varying):
+                inner.append(line)
+                varying.add(name)
+            else:
+                hoisted.append(line)
         row = f"{reduce.acc}_row"
-        update = reduce.update.replace(f"{reduce.acc} ", f"{row}[{last}] ", 1).replace(f"({reduce.acc},", f"({row}[{last}],")
+        update = reduce.update.replace(f"{reduce.acc} ", f"{row}[{last}] ", 1).replace(f"lumos_max({reduce.acc},", f"lumos_max({row}[{last}],")
         return [
             f"float {row}[{size}];",
             f"for (int {last} = 0; {last} < {size}; {last}++) {row}[{last}] = {reduce.init};",
             f"for (int {reduce.var} = 0; {reduce.var} < {reduce.length}; {reduce.var}++) {{",
+            *("  " + line for line in hoisted),
             "  #pragma omp simd",
             f"  for (int {last} = 0; {last} < {size}; {last}++) {{",
-            *("    " + line for line in reduce.body),
+            *("    " + line for line in inner),
             f"    {update}",
             "  }",
             "}",

@@ -51,6 +51,7 @@ def choose_materialized(graph: Graph, recompute_cheap: bool = True) -> set[Node]
     outputs = set(graph.outputs.values())
     materialized: set[Node] = set()
     forced: set[Node] = set()
+    row_wise: set[Node] = set()
     cost: dict[Node, int] = {}
     for node in graph.nodes:
         if node.op in LEAF:
@@ -59,25 +60,57 @@ def choose_materialized(graph: Graph, recompute_cheap: bool = True) -> set[Node]
         inlined_cost = sum(cost[src] for src in node.srcs if src not in materialized)
         cost[node] = 1 + inlined_cost if node.op in ELEMENTWISE else 10**6
         views = [consumer.views[index] for consumer, index in uses[node]]
-        if (node in outputs or any(view.broadcasts for view in views)
+        if len(uses[node]) == 1 and cost[node] < 10**6 and _row_wise_operand(*uses[node][0], uses, materialized):
+            row_wise.add(node)
+        if (node in outputs or any(view.broadcasts for view in views) and node not in row_wise
                 or any(consumer.op is Op.GATHER and index == 0 for consumer, index in uses[node])
                 or (node.op in REDUCE and any(view.mask is not None for view in views))):
             forced.add(node)
             materialized.add(node)
         elif len(uses[node]) > 1 and not (recompute_cheap and cost[node] <= CHEAP_OPS):
             materialized.add(node)
-    return _share_within_kernels(graph, uses, materialized, forced)
+    return _share_within_kernels(graph, uses, materialized, forced, row_wise, cost)
 
 
-def _share_within_kernels(graph: Graph, uses, materialized: set[Node], forced: set[Node]) -> set[Node]:
+def _row_wise_operand(product: Node, index: int, uses, materialized: set[Node]) -> bool:
+    """Operand `index` of `product` is an input of a matmul that the renderer will run row-wise
+    (KernelRenderer.interchange): `product` is summed over its last axis, the operand is repeated
+    only along the output's last dim j, and the other operand is a buffer contiguous along j and
+    strided along the sum. Then computing the operand inline costs nothing extra: it is the same
+    for every j, and is computed once per (row, reduction step) — layer norm, GELU or softmax
+    fused into the next matmul."""
+    if product.op is not Op.MUL or len(uses[product]) != 1:
+        return False
+    reduction, _ = uses[product][0]
+    axis = len(product.shape) - 1
+    if reduction.op is not Op.SUM or reduction.arg != axis or not reduction.views[0].is_identity:
+        return False
+    outer = [d for d in range(axis) if product.shape[d] > 1]
+    if not outer:
+        return False
+    j = outer[-1]
+    view, other, other_view = product.views[index], product.srcs[1 - index], product.views[1 - index]
+    repeated = {d for d, (size, stride) in enumerate(zip(view.shape, view.strides, strict=True)) if stride == 0 and size > 1}
+    return (repeated == {j} and (other in materialized or other.op in LEAF) and other_view.mask is None
+            and other_view.strides[j] == 1 and other_view.strides[axis] > 1)
+
+
+def _share_within_kernels(graph: Graph, uses, materialized: set[Node], forced: set[Node],
+                          row_wise: set[Node], cost: dict[Node, int]) -> set[Node]:
     """A node used several times, but only inside one kernel and at the same index everywhere
     (e.g. a matmul feeding GELU's x * Φ(x)), is computed once there into a local (the renderer
-    shares it) instead of a buffer."""
+    shares it) instead of a buffer. Not when a reduction would then run inside a row-wise
+    matmul's operand: its loop would run once per output of the row."""
     roots: dict[Node, frozenset[Node]] = {}
+    in_row: dict[Node, bool] = {}
     for node in reversed(graph.nodes):
         if node.op in LEAF:
             continue
         consumer_roots = frozenset().union(*(roots[consumer] for consumer, _ in uses[node]))
+        in_row[node] = node in row_wise or any(in_row[c] for c, _ in uses[node] if c not in materialized)
+        if in_row[node] and cost[node] >= 10**6:  # a reduction would end up inside the row loop
+            roots[node] = frozenset({node}) if node in materialized else consumer_roots
+            continue
         if node in materialized and node not in forced and len(consumer_roots) == 1:
             views = [consumer.views[index] for consumer, index in uses[node]]
             if all(view == views[0] for view in views):
