@@ -87,7 +87,8 @@ class CompiledModel:
         self.output_shapes = {item["name"]: tuple(item["shape"]) for item in plan["outputs"]}
 
     def run_arrays(self, named: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """Named float32 inputs of any rows ≤ … → named outputs, padding and chunking as needed."""
+        """Named float32 inputs (any rows, history up to the plan's) → named outputs: rows are padded
+        up to the plan's batch or run in chunks of it, histories padded to its length."""
         rows, length = named["mask"].shape
         if length > self.seq_len:
             raise ValueError(f"history length {length} exceeds the plan's {self.seq_len}; compile with --seq {length}")

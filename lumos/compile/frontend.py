@@ -225,7 +225,10 @@ def _div(lower: _Lowering, a, b, rounding_mode=None):
     return a / b
 
 
-IDENTITY = lambda lower, x, *args, **kwargs: x  # noqa: E731
+def _identity(lower: _Lowering, x, *args, **kwargs):
+    return x
+
+
 LOWERINGS: dict[str, Callable] = {
     # arithmetic
     "aten.add.Tensor": _binary(operator.add),
@@ -301,13 +304,13 @@ LOWERINGS: dict[str, Callable] = {
     "aten.split_with_sizes.default": lambda lower, x, sizes, dim=0: _split(x, list(sizes), dim),
     "aten.cat.default": lambda lower, tensors, dim=0: cat(list(tensors), dim),
     # dtype changes and copies: one dtype in the IR
-    "aten.to.dtype": IDENTITY,
-    "aten._to_copy.default": IDENTITY,
-    "aten.type_as.default": IDENTITY,
-    "aten.contiguous.default": IDENTITY,
-    "aten.clone.default": IDENTITY,
-    "aten.alias.default": IDENTITY,
-    "aten.detach.default": IDENTITY,
+    "aten.to.dtype": _identity,
+    "aten._to_copy.default": _identity,
+    "aten.type_as.default": _identity,
+    "aten.contiguous.default": _identity,
+    "aten.clone.default": _identity,
+    "aten.alias.default": _identity,
+    "aten.detach.default": _identity,
     "<built-in function getitem>": lambda lower, values, index: values[index],
 }
 IGNORED = {"aten._assert_tensor_metadata.default", "aten._assert_scalar.default", "aten.sym_constrain_range_for_size.default"}

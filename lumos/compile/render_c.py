@@ -284,7 +284,8 @@ class KernelRenderer:
         if interchanged is not None:
             loops, body = loops[:-1], interchanged
         params = ["float* restrict out"] + [f"const float* restrict {self.params[src]}" for src in self.kernel.reads]
-        lines = [f"/* {self.kernel.name}: %{node.id} {node.op.name}{list(node.shape)}, {len(set(map(id, self.kernel.fused)))} ops; {node.origin} */".replace("*/ ", "* / "),
+        origin = node.origin.replace("*/", "* /")
+        lines = [f"/* {self.kernel.name}: %{node.id} {node.op.name}{list(node.shape)}, {len(set(map(id, self.kernel.fused)))} ops; {origin} */",
                  f"static void {self.kernel.name}({', '.join(params)}) {{"]
         if not loops:
             lines += ["#pragma omp single", "{", *("  " + line for line in body), "}", "}"]

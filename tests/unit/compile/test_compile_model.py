@@ -30,7 +30,7 @@ QUICKSTART_FEATURES = FeatureSpec(
     static_numeric=("user_tenure_days",),
     future_flags=("holiday", "sale"),
     horizons_days=(7, 30),
-    max_len=50,
+    max_len=100,
 )
 
 
@@ -52,7 +52,7 @@ def compare(model: LumosModel, got: dict[str, np.ndarray], batch) -> None:
 
 @pytest.mark.parametrize(("features", "config", "rows", "length"), [
     (FEATURES, CONFIG, 3, 17),
-    (QUICKSTART_FEATURES, ModelConfig(d_model=8, n_heads=2, encoder_layers=2, decoder_layers=1, d_ff=16, max_len=50), 4, 50),
+    (QUICKSTART_FEATURES, ModelConfig(d_model=8, n_heads=2, encoder_layers=2, decoder_layers=1, d_ff=16, max_len=100), 4, 100),
 ], ids=["awkward", "quickstart"])
 def test_interpreter_and_c_match_eager(features, config, rows, length, kernel_cache):
     torch.manual_seed(0)
