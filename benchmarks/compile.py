@@ -5,7 +5,7 @@
 Two models: the quickstart model (examples/quickstart/train.toml's [model], feature sizes as the
 quickstart data gives them) and a SASRec-sized one (width 64, 2 heads, 2 layers, sequence 50,
 about 1,700 items). Random weights and inputs; inference mode; medians over --repeats calls after a
-warm-up. Also reports the Lumos compile time with a cold and a warm kernel cache, its planned
+warm-up, taken round-robin so that every engine sees the same background load. Also reports the Lumos compile time with a cold and a warm kernel cache, its planned
 peak memory against one buffer per node, and its largest difference from eager.
 
 GFLOP/s counts the matrix products (2·M·N·K each, from the primitive graph), which dominate.
@@ -17,6 +17,7 @@ import argparse
 import json
 import os
 import platform
+import statistics
 import tempfile
 import time
 from pathlib import Path
@@ -62,10 +63,7 @@ def bench_model(name: str, model: LumosModel, batch_size: int, repeats: int, ind
     result = {"model": name, "batch": batch_size, "seq": seq_len, "parameters": model.num_parameters()}
     print(f"== {name}: batch {batch_size}, sequence {seq_len}, {model.num_parameters():,} parameters", flush=True)
 
-    with torch.no_grad():
-        result["eager_ms"] = median_ms(lambda: model(batch), repeats, warmup=2)
-    print(f"  torch eager      {result['eager_ms']:8.2f} ms", flush=True)
-
+    engines = {"eager": lambda: model(batch)}
     if inductor:
         wrapper = _Forward(model)
         named = batch_tensors(batch, model.features)
@@ -74,9 +72,8 @@ def bench_model(name: str, model: LumosModel, batch_size: int, repeats: int, ind
         started = time.perf_counter()
         with torch.no_grad():
             compiled(*args)
-            result["inductor_compile_s"] = time.perf_counter() - started
-            result["inductor_ms"] = median_ms(lambda: compiled(*args), repeats, warmup=2)
-        print(f"  torch.compile    {result['inductor_ms']:8.2f} ms  (compiled in {result['inductor_compile_s']:.0f} s)", flush=True)
+        result["inductor_compile_s"] = time.perf_counter() - started
+        engines["inductor"] = lambda: compiled(*args)
 
     with tempfile.TemporaryDirectory(prefix="lumos-bench-kernels-") as folder:
         cache = KernelCache(folder, "cpu")
@@ -84,8 +81,22 @@ def bench_model(name: str, model: LumosModel, batch_size: int, repeats: int, ind
         warm = compile_model(model, batch_size, seq_len, cache)
         assert warm.compilation.build.hit
         result["max_error"] = verify(cold, model, seeds=(1,))
-        result["lumos_ms"] = median_ms(lambda: cold.compiled(batch), repeats, warmup=2)
+        engines["lumos"] = lambda: cold.compiled(batch)
+        # Round-robin: on a shared machine every engine sees the same background load.
+        with torch.no_grad():
+            times = {engine: [] for engine in engines}
+            for call in engines.values():  # warm-up
+                call()
+                call()
+            for _ in range(repeats):
+                for engine, call in engines.items():
+                    times[engine].append(median_ms(call, 1, warmup=0))
+        for engine, values in times.items():
+            result[f"{engine}_ms"] = statistics.median(values)
         stats = cold.compilation.stats()
+    print(f"  torch eager      {result['eager_ms']:8.2f} ms", flush=True)
+    if inductor:
+        print(f"  torch.compile    {result['inductor_ms']:8.2f} ms  (compiled in {result['inductor_compile_s']:.0f} s)")
     result.update({
         "lumos_compile_cold_s": cold.seconds["total"], "lumos_compile_warm_s": warm.seconds["total"],
         "lumos_build_cold_s": cold.seconds["build"], "lumos_build_warm_s": warm.seconds["build"],

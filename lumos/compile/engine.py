@@ -76,9 +76,10 @@ def model_tensors(model: LumosModel) -> dict[str, torch.Tensor]:
 class CompiledModel:
     """A built plan bound to a model's weights; called like `LumosModel.forward` in eval mode.
 
-    Any batch size and any history length up to the plan's: smaller batches and shorter histories
-    are padded (padded positions are masked out, dummy rows never mix with real ones, so outputs
-    are unchanged), larger batches run in chunks.
+    Any batch size and any history length up to the plan's. The batch is symbolic (the kernels
+    loop over as many rows as given, up to the plan's batch; larger batches run in chunks);
+    shorter histories are padded (padded positions are masked out, so outputs are unchanged).
+    A plan whose batch could not be made symbolic pads rows too (dummy rows never mix with real ones).
     """
 
     def __init__(self, program: NativeProgram, plan: dict, features: FeatureSpec):
@@ -98,7 +99,7 @@ class CompiledModel:
                     if name in self.program_inputs}
             out = self.program(part)
             count = min(self.batch_size, rows - start)
-            chunks.append({name: value.reshape(self.output_shapes[name])[:count] for name, value in out.items()})
+            chunks.append({name: value.reshape(-1, *self.output_shapes[name][1:])[:count] for name, value in out.items()})
         if not chunks:
             return {name: np.zeros((0, *shape[1:]), np.float32) for name, shape in self.output_shapes.items()}
         return {name: np.concatenate([chunk[name] for chunk in chunks]) for name in chunks[0]}
@@ -109,7 +110,8 @@ class CompiledModel:
 
     def _pad(self, name: str, value: np.ndarray) -> np.ndarray:
         value = np.asarray(value, np.float32)
-        pads = [(0, self.batch_size - value.shape[0])] + [(0, 0)] * (value.ndim - 1)
+        rows = 0 if self.plan["symbolic_batch"] else self.batch_size - value.shape[0]
+        pads = [(0, rows)] + [(0, 0)] * (value.ndim - 1)
         if name in SEQUENCE_INPUTS or name.startswith("tokens."):
             pads[1] = (0, self.seq_len - value.shape[1])
         return np.pad(value, pads) if any(after for _, after in pads) else value
@@ -147,7 +149,7 @@ def compile_model(model: LumosModel, batch_size: int, seq_len: int, cache: Kerne
         raise UsageError(f"--seq {seq_len} exceeds the model's max_len {model.config.max_len}")
     started = time.perf_counter()
     report(f"tracing the model at batch {batch_size}, sequence {seq_len}")
-    graph = lower_model(model, batch_size, seq_len)
+    graph = lower_model(model, batch_size, seq_len, symbolic_batch=options.symbolic_batch)
     traced = time.perf_counter()
     report(f"{len(graph.nodes)} IR nodes; fusing, planning buffers and building")
     compilation = compile_graph(graph, cache, options)
@@ -232,6 +234,7 @@ def make_plan(compilation: Compilation, model: LumosModel, batch_size: int, seq_
         "target": target,
         "batch_size": batch_size,
         "seq_len": seq_len,
+        "symbolic_batch": graph.batch is not None,
         "model_fingerprint": model_fingerprint(model),
         "inputs": [{"name": name, "shape": list(node.shape)} for name, node in graph.inputs.items()],
         "outputs": [{"name": name, "node_shape": list(node.shape), "shape": list(graph.output_shapes[name])}
@@ -285,6 +288,7 @@ def program_from_plan(folder: Path, model: LumosModel, cache: KernelCache) -> Co
         [(item["name"], tuple(item["node_shape"])) for item in plan["outputs"]],
         tensors,
         plan["arena_bytes"],
+        symbolic_batch=plan["symbolic_batch"],
     )
     return CompiledModel(program, plan, model.features)
 

@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from lumos.compile.hl_ops import MASKED, Tensor, attention, cat, mark_output
-from lumos.compile.ir import LITERAL_PREFIX, Graph, check_graph
+from lumos.compile.ir import LITERAL_PREFIX, Graph, check_graph, mark_batch
 from lumos.core.errors import LumosError
 from lumos.train.features import TIME_FEATURES, Batch, FeatureSpec
 from lumos.train.model import LumosModel
@@ -346,12 +346,17 @@ def export_model(model: LumosModel, batch_size: int, seq_len: int):
         model.train(was_training)
 
 
-def lower_model(model: LumosModel, batch_size: int, seq_len: int) -> Graph:
-    """The model's inference forward at (batch_size, seq_len) as a primitive graph."""
+def lower_model(model: LumosModel, batch_size: int, seq_len: int, symbolic_batch: bool = False) -> Graph:
+    """The model's inference forward at (batch_size, seq_len) as a primitive graph; with
+    `symbolic_batch`, traced once more at one more row to find the batch dims (ir.mark_batch)."""
     if seq_len > model.config.max_len:
         raise ValueError(f"sequence length {seq_len} exceeds the model's max_len {model.config.max_len}")
     program, outputs = export_model(model, batch_size, seq_len)
-    return lower_program(program, input_names(model.features), outputs)
+    graph = lower_program(program, input_names(model.features), outputs)
+    if symbolic_batch and batch_size > 1:
+        twin_program, _ = export_model(model, batch_size + 1, seq_len)
+        mark_batch(graph, lower_program(twin_program, input_names(model.features), outputs))
+    return graph
 
 
 def lower_program(program, inputs: list[str], output_names: list[str]) -> Graph:

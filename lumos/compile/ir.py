@@ -204,6 +204,8 @@ class Node:
     origin: str = ""
     """Where it came from (the torch op and model module), for messages and plans."""
     id: int = -1
+    batched: bool = False
+    """Dim 0 is the batch: symbolic, at most its size here (see `mark_batch`)."""
 
     @property
     def size(self) -> int:
@@ -227,6 +229,8 @@ class Graph:
     """The shape each output has for the caller (its node holds the same elements, maybe with size-1 dims)."""
     tensors: dict[str, Any] = field(default_factory=dict)
     """Constant tensors (numpy float32) by name: weights, and literals such as positions."""
+    batch: int | None = None
+    """The batch size the graph was traced at, when the batch dim is symbolic (`mark_batch`)."""
     origin: str = ""
     """Set by the frontend while it lowers one torch op: the default origin of new nodes."""
     _scalars: dict[float, Node] = field(default_factory=dict)
@@ -278,6 +282,56 @@ class Graph:
         for node in self.nodes:
             counts[node.op.name] = counts.get(node.op.name, 0) + 1
         return counts
+
+
+def _same_view(a: View, b: View, batched: bool) -> bool:
+    """Equal views, up to the size of a batch dim 0 (a full-range mask on it counts as none)."""
+    def mask(view: View):
+        if view.mask is None:
+            return None
+        return tuple(None if bounds == (0, size) else bounds for bounds, size in zip(view.mask, view.shape, strict=True))
+    shapes_match = a.shape[1:] == b.shape[1:] and (a.shape[:1] == b.shape[:1] or batched)
+    return shapes_match and a.strides == b.strides and a.offset == b.offset and mask(a) == mask(b)
+
+
+def mark_batch(graph: Graph, other: Graph) -> bool:
+    """Make the batch dim symbolic, given the same program traced at one more row (`other`).
+
+    Dims that differ between the traces are batch dims. The batch is symbolic when every such
+    dim is dim 0 of its node, no view's strides, offset or padding depend on it and nothing
+    reduces over it: then a smaller batch is the same computation over a prefix of every buffer,
+    and a kernel only has to loop to the runtime row count instead of the traced one.
+    Returns whether it did; the graph stays static otherwise.
+    """
+    if len(graph.nodes) != len(other.nodes) or set(graph.outputs) != set(other.outputs):
+        return False
+    batched = {}
+    for node, twin in zip(graph.nodes, other.nodes, strict=True):
+        if node.op is not twin.op or node.arg != twin.arg or len(node.shape) != len(twin.shape):
+            return False
+        differs = [d for d, (a, b) in enumerate(zip(node.shape, twin.shape, strict=True)) if a != b]
+        if differs not in ([], [0]) or (differs and twin.shape[0] != node.shape[0] + 1):
+            return False
+        if node.op is Op.INPUT and not differs:
+            return False
+        batched[node] = bool(differs)
+        if node.op in REDUCE and node.arg == 0 and batched[node]:
+            return False
+        for src, view, twin_view in zip(node.srcs, node.views, twin.views, strict=True):
+            view_batched = view.shape[:1] != twin_view.shape[:1]
+            if (view_batched and not batched[node]) or not _same_view(view, twin_view, view_batched):
+                return False
+            # Row i of a batched source must be read as row i of the operand, nothing else.
+            first = view.offset + sum(lo * stride for (lo, _), stride in zip((view.mask or ())[1:], view.strides[1:], strict=False))
+            if batched.get(src) and not (view_batched and view.strides[0] == contiguous_strides(src.shape)[0]
+                                         and 0 <= first < max(view.strides[0], 1)):
+                return False
+    if not all(batched[node] for node in graph.outputs.values()):
+        return False
+    for node, flag in batched.items():
+        node.batched = flag
+    graph.batch = next(node.shape[0] for node in graph.inputs.values())
+    return True
 
 
 class IRError(AssertionError):

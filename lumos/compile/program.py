@@ -31,6 +31,8 @@ class Options:
     """Plan intermediates by liveness (False: one buffer each, to measure what reuse saves)."""
     recompute_cheap: bool = True
     """Inline cheap elementwise nodes into each of their consumers instead of storing them."""
+    symbolic_batch: bool = True
+    """Trace twice to make the batch dim symbolic (ir.mark_batch): no padding of small batches."""
     transpose_weights: bool = True
     """Store linear weights as (in, out) so that matmuls read them row by row (layout.py)."""
 
@@ -110,4 +112,5 @@ def load_program(compilation: Compilation, tensors: Mapping[str, np.ndarray] | N
         [(name, node.shape) for name, node in graph.outputs.items()],
         [source[name] for name in tensor_names(graph)],
         compilation.buffers.arena_bytes,
+        symbolic_batch=graph.batch is not None,
     )

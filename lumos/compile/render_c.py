@@ -283,7 +283,8 @@ class KernelRenderer:
         interchanged = self.interchange(loops, body)
         if interchanged is not None:
             loops, body = loops[:-1], interchanged
-        params = ["float* restrict out"] + [f"const float* restrict {self.params[src]}" for src in self.kernel.reads]
+        params = ["const int n", "float* restrict out"] + [f"const float* restrict {self.params[src]}"
+                                                           for src in self.kernel.reads]
         origin = node.origin.replace("*/", "* /")
         lines = [f"/* {self.kernel.name}: %{node.id} {node.op.name}{list(node.shape)}, {len(set(map(id, self.kernel.fused)))} ops; {origin} */",
                  f"static void {self.kernel.name}({', '.join(params)}) {{"]
@@ -295,7 +296,8 @@ class KernelRenderer:
         lines.append(f"#pragma omp for{collapse} schedule(static)")
         depth = 0
         for var, size in loops:
-            lines.append("  " * depth + f"for (int {var} = 0; {var} < {size}; {var}++) {{")
+            bound = "n" if node.batched and var == "i0" else size  # the batch: as many rows as given
+            lines.append("  " * depth + f"for (int {var} = 0; {var} < {bound}; {var}++) {{")
             depth += 1
         lines += ["  " * depth + line for line in body]
         lines += ["  " * d + "}" for d in range(depth - 1, -1, -1)]
@@ -364,12 +366,13 @@ def render_library(graph: Graph, kernels: list[Kernel], materialized: set[Node],
             return f"outputs[{outputs.index(node)}]"
         return f"(float*)(arena + {plan.buffers[node].offset})"
 
-    calls = [f"    {k.name}({', '.join(pointer(n) for n in [k.node, *k.reads])});" for k in kernels]
+    calls = [f"    {k.name}(n, {', '.join(pointer(node) for node in [k.node, *k.reads])});" for k in kernels]
     timed = [f"{call}\n    #pragma omp master\n    times[{i + 1}] = omp_get_wtime();" for i, call in enumerate(calls)]
-    signature = "const float* const* inputs, float* const* outputs, const float* const* tensors, char* arena"
+    signature = "const float* const* inputs, float* const* outputs, const float* const* tensors, char* arena, int n"
     parts.append(
         "/* Runs the whole graph: inputs, outputs and constant tensors in the plan's order; arena holds\n"
-        f"   every intermediate ({plan.arena_bytes} bytes, 64-byte aligned). */\n"
+        f"   every intermediate ({plan.arena_bytes} bytes, 64-byte aligned); n rows (at most {graph.batch}) when\n"
+        "   the batch is symbolic, else ignored. */\n"
         f"void lumos_forward({signature}) {{\n"
         "  #pragma omp parallel\n  {\n" + "\n".join(calls) + "\n  }\n}\n"
     )

@@ -24,15 +24,17 @@ class NativeProgram:
         outputs: list[tuple[str, tuple[int, ...]]],
         tensors: list[np.ndarray],
         arena_bytes: int,
+        symbolic_batch: bool = False,
     ):
+        """`symbolic_batch`: inputs and outputs may have fewer rows than their shapes say."""
         self.library = ctypes.CDLL(str(library))
         self.forward = self.library.lumos_forward
-        self.forward.argtypes = [ctypes.c_void_p] * 4
+        self.forward.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int]
         self.forward.restype = None
         self.timed = self.library.lumos_forward_timed
-        self.timed.argtypes = [ctypes.c_void_p] * 5
+        self.timed.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int, ctypes.c_void_p]
         self.timed.restype = None
-        self.inputs, self.outputs = inputs, outputs
+        self.inputs, self.outputs, self.symbolic_batch = inputs, outputs, symbolic_batch
         self.tensors = [np.ascontiguousarray(t, dtype=np.float32) for t in tensors]  # kept alive here
         self.tensor_pointers = (ctypes.c_void_p * max(len(tensors), 1))(*[t.ctypes.data for t in self.tensors])
         raw = np.zeros(arena_bytes + ALIGN, np.uint8)
@@ -50,17 +52,18 @@ class NativeProgram:
         return np.diff(times)
 
     def run(self, named: Mapping[str, np.ndarray], times: np.ndarray | None = None) -> dict[str, np.ndarray]:
-        arrays = []
-        for name, shape in self.inputs:
-            array = np.ascontiguousarray(named[name], dtype=np.float32)
-            if array.shape != shape:
-                raise ValueError(f"input {name!r}: expected shape {shape}, got {array.shape}")
-            arrays.append(array)
-        results = [np.empty(shape, np.float32) for _, shape in self.outputs]
+        arrays = [np.ascontiguousarray(named[name], dtype=np.float32) for name, _ in self.inputs]
+        rows = arrays[0].shape[0] if arrays else 0
+        for array, (name, shape) in zip(arrays, self.inputs, strict=True):
+            wanted = (rows, *shape[1:]) if self.symbolic_batch else shape
+            if array.shape != wanted or (self.symbolic_batch and not 0 < rows <= shape[0]):
+                raise ValueError(f"input {name!r}: expected shape {wanted} (rows 1..{shape[0]}), got {array.shape}")
+        results = [np.empty((rows, *shape[1:]) if self.symbolic_batch else shape, np.float32) for _, shape in self.outputs]
         input_pointers = (ctypes.c_void_p * max(len(arrays), 1))(*[a.ctypes.data for a in arrays])
         output_pointers = (ctypes.c_void_p * max(len(results), 1))(*[r.ctypes.data for r in results])
         if times is None:
-            self.forward(input_pointers, output_pointers, self.tensor_pointers, self.arena.ctypes.data)
+            self.forward(input_pointers, output_pointers, self.tensor_pointers, self.arena.ctypes.data, rows)
         else:
-            self.timed(input_pointers, output_pointers, self.tensor_pointers, self.arena.ctypes.data, times.ctypes.data)
+            self.timed(input_pointers, output_pointers, self.tensor_pointers, self.arena.ctypes.data, rows,
+                       times.ctypes.data)
         return {name: result for (name, _), result in zip(self.outputs, results, strict=True)}

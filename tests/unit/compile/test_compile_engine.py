@@ -60,6 +60,11 @@ def _head(value, rows):
     return {key: tensor[:rows] for key, tensor in value.items()} if isinstance(value, dict) else value[:rows]
 
 
+def test_the_batch_is_symbolic(compiled):
+    assert compiled.plan["symbolic_batch"] and compiled.compilation.graph.batch == 4
+    assert "i0 < n;" in compiled.compilation.source
+
+
 def test_longer_history_than_the_plan_is_refused(compiled):
     with pytest.raises(ValueError, match="exceeds the plan"):
         compiled.compiled(example_batch(FEATURES, 2, 11))

@@ -7,7 +7,7 @@ import pytest
 
 from lumos.compile.hl_ops import Tensor
 from lumos.compile.interpret import read_view
-from lumos.compile.ir import Graph, IRError, Op, View, check_graph
+from lumos.compile.ir import Graph, IRError, Op, View, check_graph, mark_batch
 
 SOURCE = np.arange(3 * 17 * 5, dtype=np.float32).reshape(3, 17, 5)
 
@@ -55,3 +55,19 @@ def test_check_graph_names_a_broken_invariant():
     graph.add(Op.ADD, (x.node, x.node), (View.contiguous((3, 4)), View.contiguous((3, 5))), (3, 4), origin="here")
     with pytest.raises(IRError, match="reads past the end"):
         check_graph(graph)
+
+
+def _traced(rows: int, reduce_batch: bool) -> Graph:
+    graph = Graph()
+    x = Tensor.input(graph, "x", (rows, 5))
+    y = x.sum(0, keepdim=True).broadcast_to((rows, 5)) if reduce_batch else (x * 2.0).softmax(-1)
+    graph.outputs["y"] = (y + 0.0).node
+    return graph
+
+
+def test_batch_is_symbolic_unless_something_mixes_rows():
+    graph = _traced(3, reduce_batch=False)
+    assert mark_batch(graph, _traced(4, reduce_batch=False)) and graph.batch == 3
+    assert all(node.batched for node in graph.nodes if node.op is not Op.CONST)
+    graph = _traced(3, reduce_batch=True)
+    assert not mark_batch(graph, _traced(4, reduce_batch=True)) and graph.batch is None
