@@ -322,15 +322,16 @@ def load_compiled(workspace: Workspace, run_id: str, model: LumosModel, target: 
         return None
     if f"lumos.compile.{target}" not in run.data.tags:
         return None
-    try:
-        folder = mlflow.artifacts.download_artifacts(run_id=run_id, artifact_path=artifact_dir(target),
-                                                     dst_path=tempfile.mkdtemp(prefix="lumos-plan-"),
-                                                     tracking_uri=workspace.mlflow_tracking_uri)
-    except (mlflow.exceptions.MlflowException, OSError):
-        return None
-    if not (Path(folder) / PLAN_FILE).is_file():
-        return None
-    return program_from_plan(Path(folder), model, KernelCache.for_workspace(workspace, target))
+    with tempfile.TemporaryDirectory(prefix="lumos-plan-") as scratch:
+        try:
+            folder = Path(mlflow.artifacts.download_artifacts(run_id=run_id, artifact_path=artifact_dir(target),
+                                                              dst_path=scratch, tracking_uri=workspace.mlflow_tracking_uri))
+        except (mlflow.exceptions.MlflowException, OSError):
+            return None
+        if not (folder / PLAN_FILE).is_file():
+            return None
+        # The library comes from the kernel cache, so the downloaded files are not needed afterwards.
+        return program_from_plan(folder, model, KernelCache.for_workspace(workspace, target))
 
 
 # ---------------------------------------------------------------------------------------------

@@ -127,13 +127,14 @@ def describe(fx_node: torch.fx.Node) -> str:
     module = next(reversed(stack.values()))[0] if stack else ""
     module = module.removeprefix("model.").removeprefix("model")
     trace = (fx_node.meta.get("stack_trace") or "").strip().splitlines()
-    location = ""
-    for index in range(len(trace) - 1, -1, -1):
-        line = trace[index].strip()
-        if line.startswith("File "):
+    frames = []
+    for index, line in enumerate(trace):
+        if line.strip().startswith("File "):
             code = trace[index + 1].strip() if index + 1 < len(trace) else ""
-            location = f"{line.removeprefix('File ')}: {code}"
-            break
+            frames.append(f"{line.strip().removeprefix('File ')}: {code}")
+    # The innermost frame in the model's own code, not in torch's modules.
+    own = [frame for frame in frames if "/torch/" not in frame]
+    location = (own or frames or [""])[-1]
     parts = [f"{fx_node.target}"] + ([f"in {module}"] if module else []) + ([f"({location})"] if location else [])
     return " ".join(parts)
 
