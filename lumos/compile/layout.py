@@ -1,4 +1,4 @@
-"""Layout: store each linear layer's weight transposed, so matmul reductions read it row by row.
+"""Layout: lay out matmul operands so that reductions read them row by row.
 
 torch keeps a Linear weight as (out, in) and computes x @ Wᵀ: summed over `in`, consecutive
 outputs sit `in` floats apart. Stored as (in, out), one reduction step reads a contiguous row of
@@ -6,11 +6,15 @@ outputs, which the C renderer turns into one vectorized pass (see KernelRenderer
 The rewrite only touches a weight whose every use is such a product; its views are re-expressed
 over the transposed tensor, so nothing else changes. The plan names it `<weight>#T`, and the
 engine transposes the model's weight when binding it.
+
+The same holds for activations: attention scores q·kᵀ read k with the key index j as the slow
+dim. `transpose_activations` gives such an operand a copy laid out (…, reduction, j), which costs
+one cheap pass over k and turns the scores into row-wise, vectorized passes.
 """
 
 from __future__ import annotations
 
-from lumos.compile.ir import LITERAL_PREFIX, Graph, Node, Op, View
+from lumos.compile.ir import LEAF, LITERAL_PREFIX, Graph, Node, Op, View, contiguous_strides
 
 TRANSPOSED = "#T"
 
@@ -71,3 +75,59 @@ def transpose_weights(graph: Graph) -> int:
         node.arg, node.shape = name, (cols, rows)
         count += 1
     return count
+
+
+def _matmul_axes(product: Node, uses) -> tuple[int, int] | None:
+    """(j, axis) when `product` is a matmul's multiply: summed over its last axis, j the last
+    other dim of size > 1."""
+    if product.op is not Op.MUL or len(uses[product]) != 1:
+        return None
+    reduction, _ = uses[product][0]
+    axis = len(product.shape) - 1
+    if reduction.op is not Op.SUM or reduction.arg != axis or not reduction.views[0].is_identity:
+        return None
+    outer = [d for d in range(axis) if product.shape[d] > 1]
+    return (outer[-1], axis) if outer else None
+
+
+def transpose_activations(graph: Graph) -> int:
+    """Copy matmul operands read across j (and along the sum) into a (…, sum, j) layout."""
+    uses = graph.consumers()
+    count = 0
+    for product in list(graph.nodes):
+        axes = _matmul_axes(product, uses)
+        if axes is None:
+            continue
+        j, axis = axes
+        for index in (0, 1):
+            source, view, other = product.srcs[index], product.views[index], product.views[1 - index]
+            if source.op in LEAF or not (view.strides[j] > 1 and view.strides[axis] == 1 and other.strides[j] == 0):
+                continue
+            kept = [d for d in range(len(view.shape)) if not (view.strides[d] == 0 and view.shape[d] > 1)]
+            order = [d for d in kept if d not in (j, axis)] + [axis, j]
+            shape = tuple(view.shape[d] for d in order)
+            mask = None if view.mask is None else tuple(view.mask[d] for d in order)
+            copy_view = View(shape, tuple(view.strides[d] for d in order), view.offset, mask)
+            zero = graph.scalar(0.0)
+            copy = graph.add(Op.ADD, (source, zero), (copy_view, View(shape, (0,) * len(shape))), shape,
+                             origin=f"layout: {source.origin}")
+            copy.batched = source.batched and order[0] == 0  # its rows are the source's rows
+            strides = contiguous_strides(shape)
+            new_view = View(view.shape, tuple(strides[order.index(d)] if d in order else 0 for d in range(len(view.shape))))
+            product.views = product.views[:index] + (new_view,) + product.views[index + 1:]
+            product.srcs = product.srcs[:index] + (copy,) + product.srcs[index + 1:]
+            _move_before(graph, [zero, copy], product)
+            count += 1
+    return count
+
+
+def _move_before(graph: Graph, moved: list[Node], anchor: Node) -> None:
+    """Keep the node list topological after appending `moved` (anchor uses them); renumber."""
+    position = {id(node): index for index, node in enumerate(graph.nodes)}
+    to_move = [node for node in moved if position[id(node)] > position[id(anchor)]]
+    if to_move:
+        rest = [node for node in graph.nodes if all(node is not m for m in to_move)]
+        at = next(index for index, node in enumerate(rest) if node is anchor)
+        graph.nodes = rest[:at] + to_move + rest[at:]
+    for index, node in enumerate(graph.nodes):
+        node.id = index

@@ -16,7 +16,7 @@ import numpy as np
 
 from lumos.compile.cache import Build, KernelCache
 from lumos.compile.ir import LEAF, Graph, Node, check_graph
-from lumos.compile.layout import transpose_weights
+from lumos.compile.layout import transpose_activations, transpose_weights
 from lumos.compile.plan import BufferPlan, plan_buffers
 from lumos.compile.render_c import render_library, tensor_names
 from lumos.compile.runtime import NativeProgram
@@ -35,6 +35,8 @@ class Options:
     """Trace twice to make the batch dim symbolic (ir.mark_batch): no padding of small batches."""
     transpose_weights: bool = True
     """Store linear weights as (in, out) so that matmuls read them row by row (layout.py)."""
+    transpose_activations: bool = True
+    """Copy matmul operands read across the output row (attention keys) into a row-wise layout."""
 
 
 @dataclass
@@ -64,6 +66,8 @@ class Compilation:
 def _layout(c: Compilation, cache: KernelCache) -> None:
     if c.options.transpose_weights:
         transpose_weights(c.graph)
+    if c.options.transpose_activations:
+        transpose_activations(c.graph)
 
 
 def _schedule(c: Compilation, cache: KernelCache) -> None:
