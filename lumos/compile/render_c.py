@@ -326,11 +326,13 @@ class KernelRenderer:
                 hoisted.append(line)
         row = f"{reduce.acc}_row"
         update = reduce.update.replace(f"{reduce.acc} ", f"{row}[{last}] ", 1).replace(f"lumos_max({reduce.acc},", f"lumos_max({row}[{last}],")
+        prelude, per_step = self._vectorize_hoisted(hoisted, inner + [update], reduce)
         return [
             f"float {row}[{size}];",
             f"for (int {last} = 0; {last} < {size}; {last}++) {row}[{last}] = {reduce.init};",
+            *prelude,
             f"for (int {reduce.var} = 0; {reduce.var} < {reduce.length}; {reduce.var}++) {{",
-            *("  " + line for line in hoisted),
+            *("  " + line for line in per_step),
             "  #pragma omp simd",
             f"  for (int {last} = 0; {last} < {size}; {last}++) {{",
             *("    " + line for line in inner),
@@ -342,6 +344,21 @@ class KernelRenderer:
             *("  " + line for line in rest),
             "}",
         ]
+
+
+    @staticmethod
+    def _vectorize_hoisted(hoisted: list[str], users: list[str], reduce: TopReduce) -> tuple[list[str], list[str]]:
+        """The per-step locals (e.g. GELU of the previous layer) computed for all steps first, in
+        one vectorized loop into arrays, instead of one scalar evaluation per step."""
+        if not hoisted or reduce.length > 4096:
+            return [], hoisted
+        names = [line.split("=")[0].split()[-1] for line in hoisted]
+        needed = [name for name in names if any(re.search(rf"\b{name}\b", line) for line in users)]
+        r = reduce.var
+        prelude = [f"float {name}_steps[{reduce.length}];" for name in needed]
+        prelude += ["#pragma omp simd", f"for (int {r} = 0; {r} < {reduce.length}; {r}++) {{",
+                    *("  " + line for line in hoisted), *(f"  {name}_steps[{r}] = {name};" for name in needed), "}"]
+        return prelude, [f"const float {name} = {name}_steps[{r}];" for name in needed]
 
 
 def render_library(graph: Graph, kernels: list[Kernel], materialized: set[Node], plan: BufferPlan) -> str:
