@@ -18,6 +18,7 @@ import json
 import statistics
 import tempfile
 import time
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -80,10 +81,12 @@ class CompiledModel:
     loop over as many rows as given, up to the plan's batch; larger batches run in chunks);
     shorter histories are padded (padded positions are masked out, so outputs are unchanged).
     A plan whose batch could not be made symbolic pads rows too (dummy rows never mix with real ones).
+    A batch with longer histories than the plan runs in PyTorch on `fallback` (with a warning)
+    when one is given, else raises ValueError. Not thread-safe: calls share one arena.
     """
 
-    def __init__(self, program: NativeProgram, plan: dict, features: FeatureSpec):
-        self.program, self.plan, self.features = program, plan, features
+    def __init__(self, program: NativeProgram, plan: dict, features: FeatureSpec, fallback: LumosModel | None = None):
+        self.program, self.plan, self.features, self.fallback = program, plan, features, fallback
         self.batch_size, self.seq_len = plan["batch_size"], plan["seq_len"]
         self.output_shapes = {item["name"]: tuple(item["shape"]) for item in plan["outputs"]}
 
@@ -117,6 +120,16 @@ class CompiledModel:
         return np.pad(value, pads) if any(after for _, after in pads) else value
 
     def __call__(self, batch: Batch) -> ModelOutput:
+        if batch.mask.shape[1] > self.seq_len and self.fallback is not None:
+            warnings.warn(f"history length {batch.mask.shape[1]} exceeds the compiled plan's {self.seq_len}; "
+                          "running this batch in PyTorch", stacklevel=2)
+            was_training = self.fallback.training
+            self.fallback.eval()
+            try:
+                with torch.no_grad():
+                    return self.fallback(batch)
+            finally:
+                self.fallback.train(was_training)
         named = {name: tensor.detach().cpu().float().numpy() for name, tensor in batch_tensors(batch, self.features).items()}
         out = self.run_arrays(named)
         fields = {name: torch.from_numpy(out[name]) if name in out else None
@@ -290,7 +303,7 @@ def program_from_plan(folder: Path, model: LumosModel, cache: KernelCache) -> Co
         plan["arena_bytes"],
         symbolic_batch=plan["symbolic_batch"],
     )
-    return CompiledModel(program, plan, model.features)
+    return CompiledModel(program, plan, model.features, fallback=model)
 
 
 def store_plan(workspace: Workspace, run_id: str, result: CompileResult) -> str:

@@ -77,6 +77,14 @@ def test_plan_round_trip_binds_the_models_weights(compiled, model, tmp_path, ker
     batch = example_batch(FEATURES, 5, 8, seed=11)
     np.testing.assert_array_equal(loaded(batch).user_embedding.numpy(), compiled.compiled(batch).user_embedding.numpy())
 
+    longer = example_batch(FEATURES, 2, 10, seed=3)  # the plan was built at 10: served in PyTorch beyond
+    short_plan = compile_model(model, 2, 6, kernel_cache)
+    write_plan(tmp_path / "short", short_plan)
+    with pytest.warns(UserWarning, match="running this batch in PyTorch"):
+        served = program_from_plan(tmp_path / "short", model, kernel_cache)(longer)
+    with torch.no_grad():
+        np.testing.assert_array_equal(served.user_embedding.numpy(), model(longer).user_embedding.numpy())
+
     retrained = LumosModel(CONFIG, FEATURES).eval()  # same architecture, other weights: the plan serves it
     with torch.no_grad():
         expected = retrained(batch)
