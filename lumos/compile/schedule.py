@@ -9,9 +9,12 @@ A node is materialized when
 - it is a graph output, or it has more than one use (no recomputation), unless it is a cheap
   elementwise node (a few ops, no reduction) read without broadcast by every consumer;
 - its consumer reads it with broadcast (a stride-0 dim): inlining would recompute it once per
-  repeat, e.g. each input of a matmul;
+  repeat, e.g. each input of a matmul — except an input of a matmul that runs row-wise, which
+  is computed once per row and reduction step anyway (layer norm, GELU, softmax → next matmul);
 - it is a reduction read through padding (its loop would run outside the guarded region), or the
   table of a gather (read at a data-dependent row).
+A node used several times inside one kernel only, at the same index, is not stored either: the
+kernel computes it once into a local.
 """
 
 from __future__ import annotations
@@ -22,6 +25,8 @@ from lumos.compile.ir import ELEMENTWISE, LEAF, REDUCE, Graph, Node, Op
 
 CHEAP_OPS = 4
 """An elementwise subtree of at most this many ops (no reduction) is recomputed rather than stored."""
+REDUCTION_COST = 10**6
+"""The cost of a subtree holding a reduction or gather: never cheap."""
 
 
 @dataclass
@@ -58,9 +63,9 @@ def choose_materialized(graph: Graph, recompute_cheap: bool = True) -> set[Node]
             cost[node] = 0
             continue
         inlined_cost = sum(cost[src] for src in node.srcs if src not in materialized)
-        cost[node] = 1 + inlined_cost if node.op in ELEMENTWISE else 10**6
+        cost[node] = 1 + inlined_cost if node.op in ELEMENTWISE else REDUCTION_COST
         views = [consumer.views[index] for consumer, index in uses[node]]
-        if len(uses[node]) == 1 and cost[node] < 10**6 and _row_wise_operand(*uses[node][0], uses, materialized):
+        if len(uses[node]) == 1 and cost[node] < REDUCTION_COST and _row_wise_operand(*uses[node][0], uses, materialized):
             row_wise.add(node)
         if (node in outputs or any(view.broadcasts for view in views) and node not in row_wise
                 or any(consumer.op is Op.GATHER and index == 0 for consumer, index in uses[node])
@@ -108,7 +113,7 @@ def _share_within_kernels(graph: Graph, uses, materialized: set[Node], forced: s
             continue
         consumer_roots = frozenset().union(*(roots[consumer] for consumer, _ in uses[node]))
         in_row[node] = node in row_wise or any(in_row[c] for c, _ in uses[node] if c not in materialized)
-        if in_row[node] and cost[node] >= 10**6:  # a reduction would end up inside the row loop
+        if in_row[node] and cost[node] >= REDUCTION_COST:  # a reduction would end up inside the row loop
             roots[node] = frozenset({node}) if node in materialized else consumer_roots
             continue
         if node in materialized and node not in forced and len(consumer_roots) == 1:
