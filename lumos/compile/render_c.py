@@ -273,8 +273,10 @@ class KernelRenderer:
             self.top_reduces.append(TopReduce(acc, r, length, init, update, start, len(self.lines), loads, body))
         return acc
 
-    def render(self) -> str:
+    def render(self, barrier: bool = True) -> str:
+        """The kernel function; without `barrier`, threads go on to the next kernel at once."""
         node = self.kernel.node
+        wait = "" if barrier else " nowait"
         loops = [(f"i{d}", size) for d, size in enumerate(node.shape) if size > 1]
         idx = [f"i{d}" if size > 1 else "0" for d, size in enumerate(node.shape)]
         value = self.expression(node, idx)
@@ -289,11 +291,11 @@ class KernelRenderer:
         lines = [f"/* {self.kernel.name}: %{node.id} {node.op.name}{list(node.shape)}, {len(set(map(id, self.kernel.fused)))} ops; {origin} */",
                  f"static void {self.kernel.name}({', '.join(params)}) {{"]
         if not loops:
-            lines += ["#pragma omp single", "{", *("  " + line for line in body), "}", "}"]
+            lines += [f"#pragma omp single{wait}", "{", *("  " + line for line in body), "}", "}"]
             return "\n".join(lines)
         outer = loops[:-1] if len(loops) > 1 else loops
         collapse = f" collapse({len(outer)})" if len(outer) > 1 else ""
-        lines.append(f"#pragma omp for{collapse} schedule(static)")
+        lines.append(f"#pragma omp for{collapse} schedule(static){wait}")
         depth = 0
         for var, size in loops:
             bound = "n" if node.batched and var == "i0" else size  # the batch: as many rows as given
@@ -361,15 +363,46 @@ class KernelRenderer:
         return prelude, [f"const float {name} = {name}_steps[{r}];" for name in needed]
 
 
+def barriers(graph: Graph, kernels: list[Kernel], plan: BufferPlan) -> list[bool]:
+    """Whether each kernel must end with a barrier: only when a later kernel, before the next
+    barrier, reads what it writes or writes what it (or another kernel since the last barrier)
+    reads or writes. Arena buffers conflict when their bytes overlap (memory is reused)."""
+    def region(node: Node) -> tuple:
+        if node in plan.buffers:
+            buffer = plan.buffers[node]
+            return ("arena", buffer.offset, buffer.offset + buffer.bytes)
+        return ("node", node.id, node.id + 1)  # inputs, outputs, tensors: one array each
+
+    def overlap(a: tuple, b: tuple) -> bool:
+        return a[0] == b[0] and a[1] < b[2] and b[1] < a[2]
+
+    keep = [True] * len(kernels)
+    in_flight: list[tuple[list[tuple], tuple]] = []  # (reads, write) of kernels since the last barrier
+    for index, kernel in enumerate(kernels):
+        reads, write = [region(node) for node in kernel.reads], region(kernel.node)
+        conflict = any(
+            any(overlap(r, earlier_write) for r in reads)  # reads what an earlier one writes
+            or any(overlap(write, r) for r in earlier_reads + [earlier_write])  # overwrites its inputs or output
+            for earlier_reads, earlier_write in in_flight
+        )
+        if conflict and index > 0:
+            keep[index - 1] = True
+            in_flight = []
+        elif index > 0:
+            keep[index - 1] = False
+        in_flight.append((reads, write))
+    return keep
+
+
 def render_library(graph: Graph, kernels: list[Kernel], materialized: set[Node], plan: BufferPlan) -> str:
     """The whole program as one C file: kernels, then `lumos_forward`, the one-call driver."""
     params = {node: f"b{node.id}" for node in graph.nodes}
     parts = [HEADER]
-    for kernel in kernels:
+    for kernel, barrier in zip(kernels, barriers(graph, kernels, plan), strict=True):
         uses: dict[Node, int] = {}
         for node in kernel.fused:  # a node reached by several paths is computed once, into a local
             uses[node] = uses.get(node, 0) + 1
-        parts.append(KernelRenderer(kernel, materialized, params, uses).render())
+        parts.append(KernelRenderer(kernel, materialized, params, uses).render(barrier))
     inputs = list(graph.inputs.values())
     tensors = tensor_names(graph)
     outputs = list(graph.outputs.values())

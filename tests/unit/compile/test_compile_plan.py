@@ -50,3 +50,26 @@ def test_shared_and_unshared_plans_compute_the_same(kernel_cache):
     shared = load_program(compile_graph(graph, kernel_cache))(inputs)["y"]
     unshared = load_program(compile_graph(graph, kernel_cache, Options(reuse_buffers=False)))(inputs)["y"]
     np.testing.assert_array_equal(shared, unshared)
+
+
+def test_kernels_skip_a_barrier_only_when_independent():
+    from lumos.compile.render_c import barriers
+
+    graph = Graph()
+    x = Tensor.input(graph, "x", (5, 8))
+    w = Tensor.constant(graph, "w", np.ones((8, 8), np.float32))
+    a, b = x.linear(w), (x * 2.0).exp()  # independent: no barrier between them
+    mark_output(graph, "a", a)
+    mark_output(graph, "b", b)
+    mark_output(graph, "y", (a + b).softmax(-1))
+    graph.prune()
+    kernels, _ = schedule(graph)
+    keep = barriers(graph, kernels, plan_buffers(graph, kernels))
+    assert keep[-1] and not all(keep)
+    start = 0
+    for index, barrier in enumerate(keep):  # within a run between barriers, nothing reads another's output
+        if barrier:
+            run = kernels[start:index + 1]
+            written = {kernel.node for kernel in run}
+            assert not any(node in written for kernel in run for node in kernel.reads)
+            start = index + 1
