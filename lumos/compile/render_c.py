@@ -165,6 +165,16 @@ def _strided_reads(loads: list[tuple[View, list[str]]], var: str) -> int:
     return sum(1 for view, idx in loads if _coefficient(view, idx, var) > 1)
 
 
+def _and(*conditions: str | None) -> str | None:
+    """C conjunction of conditions, each once."""
+    parts: list[str] = []
+    for condition in conditions:
+        for part in (condition or "").split(" && "):
+            if part and part not in parts:
+                parts.append(part)
+    return " && ".join(parts) or None
+
+
 class KernelRenderer:
     def __init__(self, kernel: Kernel, materialized: set[Node], params: dict[Node, str], uses: dict[Node, int]):
         self.kernel, self.materialized, self.params, self.uses = kernel, materialized, params, uses
@@ -194,7 +204,7 @@ class KernelRenderer:
             if self.loads is not None:
                 self.loads.append((view, list(idx)))
         else:
-            inner = " && ".join(f"({g})" for g in (guard, valid) if g) or None
+            inner = _and(guard, valid)
             value = self.compute(src, source_indices(view, idx, src.shape), guard=inner)
             if view.broadcasts and inner is None and not value.isidentifier():
                 local = self.fresh("v")  # the same for every repeat: a local that loops can hoist

@@ -91,13 +91,26 @@ def _row_wise_operand(product: Node, index: int, uses, materialized: set[Node]) 
     if reduction.op is not Op.SUM or reduction.arg != axis or not reduction.views[0].is_identity:
         return False
     outer = [d for d in range(axis) if product.shape[d] > 1]
-    if not outer:
+    if not outer or _reaches_padding(reduction, uses):
         return False
     j = outer[-1]
     view, other, other_view = product.views[index], product.srcs[1 - index], product.views[1 - index]
     repeated = {d for d, (size, stride) in enumerate(zip(view.shape, view.strides, strict=True)) if stride == 0 and size > 1}
     return (repeated == {j} and (other in materialized or other.op in LEAF) and other_view.mask is None
             and other_view.strides[j] == 1 and other_view.strides[axis] > 1)
+
+
+def _reaches_padding(node: Node, uses) -> bool:
+    """`node` flows into a padded view through its chain of single uses: then its loop runs under a
+    guard, which keeps the renderer from running it row-wise."""
+    while len(uses[node]) == 1:
+        consumer, index = uses[node][0]
+        if consumer.views[index].mask is not None:
+            return True
+        if consumer.op not in ELEMENTWISE:
+            return False
+        node = consumer
+    return False
 
 
 def _share_within_kernels(graph: Graph, uses, materialized: set[Node], forced: set[Node],
