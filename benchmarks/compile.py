@@ -93,6 +93,7 @@ def bench_model(name: str, model: LumosModel, batch_size: int, repeats: int, ind
                     times[engine].append(median_ms(call, 1, warmup=0))
         for engine, values in times.items():
             result[f"{engine}_ms"] = statistics.median(values)
+            result[f"{engine}_best_ms"] = min(values)  # least disturbed by other load
         stats = cold.compilation.stats()
     print(f"  torch eager      {result['eager_ms']:8.2f} ms", flush=True)
     if inductor:
@@ -112,6 +113,7 @@ def bench_model(name: str, model: LumosModel, batch_size: int, repeats: int, ind
         result["lumos_vs_inductor"] = result["inductor_ms"] / result["lumos_ms"]
     print(f"  lumos compiled   {result['lumos_ms']:8.2f} ms  ({result['lumos_vs_eager']:.2f}x eager"
           + (f", {result['lumos_vs_inductor']:.2f}x inductor" if "inductor_ms" in result else "") + ")")
+    print("  best of runs     " + ", ".join(f"{engine} {result[f'{engine}_best_ms']:.2f} ms" for engine in engines))
     print(f"  matmul GFLOP/s   eager {result['eager_gflops']:.1f}"
           + (f", inductor {result['inductor_gflops']:.1f}" if "inductor_gflops" in result else "")
           + f", lumos {result['lumos_gflops']:.1f}  ({result['matmul_gflop']:.2f} GFLOP per forward)")
