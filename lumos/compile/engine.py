@@ -40,7 +40,7 @@ from lumos.train.model import LumosModel, ModelOutput
 
 PLAN_FILE = "plan.json"
 SOURCE_FILE = "library.c"
-PLAN_FORMAT = 1
+PLAN_FORMAT = 1  # bump when the plan fields or the driver signature (runtime.py) change
 TARGETS = ("cpu",)
 SEQUENCE_INPUTS = ("mask", "numeric")  # and every tokens.* input: (B, T, ...)
 ATOL = RTOL = 1e-4

@@ -9,9 +9,10 @@ understand these.
 One dtype: float32. Ids (embedding lookups) and masks (0/1) are float32 too; ids stay exact up to
 2**24, far above any vocabulary this model sees.
 
-Shapes are concrete: a graph is specialized to one (batch, sequence) shape, and the engine serves
-smaller batches and shorter histories by padding (exact for the Lumos model: padded positions are
-masked out and dummy rows never mix with real ones) and larger batches by chunking.
+Shapes are concrete except the batch: a graph is traced at one (batch, sequence) shape, and
+`mark_batch` makes dim 0 symbolic where it is the batch (kernels then loop over the rows given,
+up to the traced batch). The sequence length stays fixed; the engine serves shorter histories by
+padding, which is exact for the Lumos model (padded positions are masked out).
 """
 
 from __future__ import annotations
