@@ -65,6 +65,13 @@ def test_the_batch_is_symbolic(compiled):
     assert "i0 < n;" in compiled.compilation.source
 
 
+def test_matmuls_run_row_wise_with_fused_producers(compiled):
+    source = compiled.compilation.source
+    assert "_row[" in source  # reductions moved outside the output row (render_c.interchange)
+    assert "_steps[" in source  # GELU / softmax of the previous layer computed per step, vectorized
+    assert "nowait" in source  # some kernels skip the barrier
+
+
 def test_longer_history_than_the_plan_is_refused(compiled):
     with pytest.raises(ValueError, match="exceeds the plan"):
         compiled.compiled(example_batch(FEATURES, 2, 11))

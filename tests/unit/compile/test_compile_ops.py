@@ -82,6 +82,8 @@ CASES = {
                           lambda t: F.pad(t["x"][:, 1::3], (0, 0, 2, 1))),
     "reshape_copy": (lambda t: t["y"].transpose(1, 2).reshape(3, 102) * 2.0,
                      lambda t: t["y"].transpose(1, 2).reshape(3, 102) * 2),
+    "inline_through_merging_reshape": (lambda t: ((t["y"] * 2.0).reshape(3, 102) + 1.0).sum(-1),
+                                       lambda t: ((t["y"] * 2).reshape(3, 102) + 1).sum(-1)),
     "attention_masked": (lambda t: attention(t["x"], t["x"] * 0.5, t["pos"], t["mask"].unsqueeze(1)),
                          lambda t: attention_reference(t["x"], t["x"] * 0.5, t["pos"], t["mask"])),
     "softmax_of_sum_of_matmul": (lambda t: (t["x"].matmul(t["y"]).sum(-1, keepdim=True) * 0.1).softmax(1).sum(1),
