@@ -2,7 +2,7 @@
 
     python benchmarks/compile.py [--batch 256] [--repeats 10] [--skip-inductor] [--out benchmarks/results/compile.json]
 
-Two models: the quickstart model (examples/quickstart/train.toml's [model], feature sizes as the
+Two models: the quickstart model (lumos/quickstart/train.toml's [model], feature sizes as the
 quickstart data gives them) and a SASRec-sized one (width 64, 2 heads, 2 layers, sequence 50,
 about 1,700 items). Random weights and inputs; inference mode; medians over --repeats calls after a
 warm-up, taken round-robin so that every engine sees the same background load. Also reports the Lumos compile time with a cold and a warm kernel cache, its planned
@@ -29,6 +29,7 @@ from lumos.compile.engine import compile_model, median_ms, verify
 from lumos.compile.frontend import _Forward, batch_tensors, example_batch, input_names
 from lumos.compile.ir import Graph, Op
 from lumos.core.config import load_config
+from lumos.quickstart import RECIPES
 from lumos.train.config import TrainConfig
 from lumos.train.features import FeatureSpec
 from lumos.train.model import LumosModel, ModelConfig
@@ -135,7 +136,7 @@ def main() -> None:
     args = parser.parse_args()
 
     torch.manual_seed(0)
-    train = load_config(TrainConfig, ROOT / "examples" / "quickstart" / "train.toml")
+    train = load_config(TrainConfig, RECIPES / "train.toml")
     models = [
         ("quickstart", LumosModel(train.model, QUICKSTART_FEATURES)),
         ("sasrec", LumosModel(SASREC_CONFIG, SASREC_FEATURES)),

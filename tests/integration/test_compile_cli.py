@@ -19,11 +19,12 @@ from lumos.core.workspace import open_workspace
 from lumos.data.ingest import run_ingest
 from lumos.data.recipe import IngestRecipe
 from lumos.data.synthetic import SyntheticSpec, generate_quickstart
+from lumos.quickstart import RECIPES
 from lumos.train.checkpoint import load_model
 from lumos.train.config import TrainConfig
 from lumos.train.run import download_checkpoint, train
 
-QUICKSTART = Path(__file__).resolve().parents[2] / "examples" / "quickstart"
+QUICKSTART = RECIPES
 runner = CliRunner()
 
 
@@ -31,7 +32,7 @@ runner = CliRunner()
 def project(spark, tmp_path_factory) -> Path:
     """Quickstart data, one ingest, one tiny trained run (its id in run.txt)."""
     folder = tmp_path_factory.mktemp("compile")
-    data = folder / "examples" / "quickstart" / "data"
+    data = folder / "data"
     generate_quickstart(data, SyntheticSpec(users=200, events=8_000, seed=3))
     recipe = load_config(IngestRecipe, QUICKSTART / "ingest.toml", [
         f"source.path={data / 'events'}", f"users.path={data / 'users.parquet'}",

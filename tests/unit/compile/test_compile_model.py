@@ -22,7 +22,7 @@ FEATURES = FeatureSpec(
     max_len=32,
 )
 CONFIG = ModelConfig(d_model=8, n_heads=2, encoder_layers=2, decoder_layers=2, d_ff=16, dropout=0.0, max_len=32)
-# The quickstart data's shapes (examples/quickstart/ingest.toml), at d=8.
+# The quickstart data's shapes (lumos/quickstart/ingest.toml), at d=8.
 QUICKSTART_FEATURES = FeatureSpec(
     token_categorical={"item": 502, "event_type": 5, "cat_device": 5, "hour": 24, "weekday": 7, "gap_bucket": 16},
     token_numeric=("value", "age_days"),
