@@ -428,18 +428,19 @@ def render_library(graph: Graph, kernels: list[Kernel], materialized: set[Node],
 
     calls = [f"    {k.name}(n, {', '.join(pointer(node) for node in [k.node, *k.reads])});" for k in kernels]
     timed = [f"{call}\n    #pragma omp master\n    times[{i + 1}] = omp_get_wtime();" for i, call in enumerate(calls)]
-    signature = "const float* const* inputs, float* const* outputs, const float* const* tensors, char* arena, int n"
+    signature = ("const float* const* inputs, float* const* outputs, const float* const* tensors, char* arena, int n, "
+                 "int threads")
     parts.append(
         "/* Runs the whole graph: inputs, outputs and constant tensors in the plan's order; arena holds\n"
         f"   every intermediate ({plan.arena_bytes} bytes, 64-byte aligned); n rows (at most {graph.batch}) when\n"
-        "   the batch is symbolic, else ignored. */\n"
+        "   the batch is symbolic, else ignored; on `threads` threads. */\n"
         f"void lumos_forward({signature}) {{\n"
-        "  #pragma omp parallel\n  {\n" + "\n".join(calls) + "\n  }\n}\n"
+        "  #pragma omp parallel num_threads(threads)\n  {\n" + "\n".join(calls) + "\n  }\n}\n"
     )
     parts.append(
         "/* The same, recording the time at which each kernel ends (for profiling). */\n"
         f"void lumos_forward_timed({signature}, double* times) {{\n"
-        "  #pragma omp parallel\n  {\n    #pragma omp master\n    times[0] = omp_get_wtime();\n"
+        "  #pragma omp parallel num_threads(threads)\n  {\n    #pragma omp master\n    times[0] = omp_get_wtime();\n"
         + "\n".join(timed)
         + "\n  }\n}\n"
     )

@@ -40,6 +40,7 @@ def model() -> LumosModel:
 @pytest.fixture(scope="module")
 def compiled(model, kernel_cache):
     result = compile_model(model, 4, 10, kernel_cache)
+    result.compiled.program.threads = 3
     verify(result, model)
     return result
 

@@ -63,6 +63,7 @@ def test_interpreter_and_c_match_eager(features, config, rows, length, kernel_ca
     inputs = {name: inputs[name] for name in graph.inputs}
     compare(model, interpret(graph, inputs), batch)
     program = load_program(compile_graph(graph, kernel_cache))
+    program.threads = 3  # more threads than cores: kernels that skip a barrier must still be independent
     native = {name: value.reshape(graph.output_shapes[name]) for name, value in program(inputs).items()}
     compare(model, native, batch)
 
