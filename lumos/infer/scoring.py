@@ -72,12 +72,14 @@ def schema_for(model: LumosModel) -> pa.Schema:
     return output_schema(model.features, "retrieval" in heads, "binary" in heads, "regression" in heads)
 
 
-# Loaded models per Python worker (Spark reuses workers across tasks), keyed by ScoringJob.model_key.
-_LOADED: dict[str, tuple[LumosModel, object | None]] = {}
+# The loaded model of a Python worker (Spark reuses workers across tasks), keyed by the model
+# version and the engine, so a compiled job never reuses a torch-only load or the other way round.
+_LOADED: dict[tuple[str, bool], tuple[LumosModel, object | None]] = {}
 
 
 def _load(job: ScoringJob) -> tuple[LumosModel, object | None]:
-    if job.model_key not in _LOADED:
+    key = (job.model_key, job.compiled is not None)
+    if key not in _LOADED:
         with tempfile.TemporaryDirectory(prefix="lumos-infer-") as folder:
             for name, content in job.checkpoint.items():
                 (Path(folder) / name).write_bytes(content)
@@ -91,8 +93,8 @@ def _load(job: ScoringJob) -> tuple[LumosModel, object | None]:
             workspace, run_id = job.compiled
             compiled = load_compiled(workspace, run_id, model)
         _LOADED.clear()  # one model per worker: a new job's model replaces the last one
-        _LOADED[job.model_key] = (model, compiled)
-    return _LOADED[job.model_key]
+        _LOADED[key] = (model, compiled)
+    return _LOADED[key]
 
 
 def score_arrow(job: ScoringJob, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:

@@ -234,15 +234,34 @@ def test_overlapping_runs_for_one_date_cannot_both_write(promoted):
         pass
 
 
-def test_bad_model_and_engine_fall_back(promoted):
+def test_bad_model_and_date_are_usage_errors(promoted):
     assert lumos(promoted, "infer", "--model", "nope@production", "--as-of", AS_OF).exit_code == 2
     assert lumos(promoted, "infer", "--model", "quickstart", "--as-of", AS_OF).exit_code == 2
     assert lumos(promoted, "infer", "--model", "quickstart@production", "--as-of", "yesterday").exit_code == 2
-    result = lumos(promoted, "infer", "--model", "quickstart@production", "--as-of", AS_OF, "--engine", "compiled",
-                   "--json")
-    assert result.exit_code == 0, result.output
-    summary = json.loads(result.stdout)
+    assert lumos(promoted, "infer", "--model", "quickstart@production", "--engine", "tpu").exit_code == 2
+
+
+def test_compiled_engine_falls_back_without_a_plan_and_matches_torch_with_one(spark, promoted):
+    day = "2026-09-10"
+    args = ("infer", "--model", "quickstart@production", "--as-of", day, "--engine", "compiled", "--json")
+    fallback = lumos(promoted, *args)
+    assert fallback.exit_code == 0, fallback.output
+    summary = json.loads(fallback.stdout)
     assert summary["engine"] == "torch" and "no compiled plan" in summary["warnings"][0]
+    torch_rows = {row["user_id"]: row for row in predictions(spark, promoted, day)}
+
+    compiled = lumos(promoted, "compile", "--model", "quickstart@production", "--batch", "64")
+    assert compiled.exit_code == 0, compiled.output
+    result = lumos(promoted, *args)
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["engine"] == "compiled"
+    compiled_rows = predictions(spark, promoted, day)
+    assert len(compiled_rows) == len(torch_rows)
+    for row in compiled_rows:
+        expected = torch_rows[row["user_id"]]
+        assert row["user_embedding"] == pytest.approx(expected["user_embedding"], abs=1e-4)
+        assert row["p_act_7d"] == pytest.approx(expected["p_act_7d"], abs=1e-4)
+        assert row["top_scores"] == pytest.approx(expected["top_scores"], abs=1e-4)
 
 
 def _dead_pid() -> int:
