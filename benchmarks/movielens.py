@@ -83,7 +83,7 @@ def mean_std(runs: list[dict]) -> dict[str, list[float]]:
 
 
 def markdown(table: dict) -> str:
-    lines = ["| model | " + " | ".join(name.upper().replace("HR", "HR").replace("NDCG", "NDCG") for name in METRICS) + " |",
+    lines = ["| model | " + " | ".join(name.upper() for name in METRICS) + " |",
              "|---|" + "---|" * len(METRICS)]
     for model, row in table.items():
         cells = [f"{m:.4f} ± {s:.4f}" if s else f"{m:.4f}" for m, s in (row[name] for name in METRICS)]
