@@ -30,8 +30,8 @@ Semantics (the contract the training loader and the model rely on):
   the most recent `tokens.max_len` (oldest first), and its target token is tokens[c]. Rows whose
   history before truncation has fewer than `splits.min_history` tokens are not written.
   leave_last_out: with n tokens, test cuts at n-1, valid at n-2, train at n-3 (with
-  `splits.train_targets = "every"`, at every c ≤ n-3), and `as_of` is the target token's `ts`. time: per cutoff, `as_of` is the cutoff date at 00:00 UTC and c is the
-  number of tokens before it.
+  `splits.train_targets = "every"`, at every c ≤ n-3), and `as_of` is the target token's `ts`.
+  time: per cutoff, `as_of` is the cutoff date at 00:00 UTC and c is the number of tokens before it.
 - **Targets.** `next_item` is the item id of the target token (null when there is none; OOV when
   its item is null). `act_<K>d` is 1 when a raw event of an act type (any type when
   `targets.act_event_types` is empty) has as_of ≤ ts < as_of + K days; `value_<K>d` sums those
