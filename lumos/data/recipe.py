@@ -139,9 +139,15 @@ class SplitSpec:
     """For mode = time: the cutoffs, e.g. [{ split = "train", as_of = 2026-08-01 }, …]."""
     min_history: int = 1
     """Rows whose history has fewer tokens than this are not written."""
+    train_targets: Literal["last", "every"] = "last"
+    """For mode = leave_last_out: "last" writes one train row per user (target: the third to last
+    token); "every" writes one train row per token before the valid target (each prefix of the
+    history predicts its next token), as sequential recommenders train."""
 
     def __post_init__(self) -> None:
         problems = []
+        if self.mode == "time" and self.train_targets != "last":
+            problems.append(("train_targets", "only used with mode = 'leave_last_out'"))
         if self.mode == "time" and not self.cutoffs:
             problems.append(("cutoffs", "mode = 'time' needs at least one cutoff"))
         if self.mode == "leave_last_out" and self.cutoffs:

@@ -4,7 +4,8 @@ Both functions take validated, renamed frames (see `build_sequences`) and return
 caller writes them. Per-user data never leaves the executors: everything is joins, aggregations,
 windows and higher-order array functions. Per-user arrays hold only the tokens some row reads
 (at most max_len + 3 for leave_last_out, max_len + 1 per cutoff for time splits), so one very
-active user does not make a huge array.
+active user does not make a huge array; only leave_last_out with every token a train target keeps
+whole sequences.
 
 Semantics (the contract the training loader and the model rely on):
 
@@ -28,9 +29,9 @@ Semantics (the contract the training loader and the model rely on):
 - **Cuts.** A row is (user, split, as_of) with a cut position c: its history is tokens[0:c], keeping
   the most recent `tokens.max_len` (oldest first), and its target token is tokens[c]. Rows whose
   history before truncation has fewer than `splits.min_history` tokens are not written.
-  leave_last_out: with n tokens, test cuts at n-1, valid at n-2, train at n-3, and `as_of` is the
-  target token's `ts`. time: per cutoff, `as_of` is the cutoff date at 00:00 UTC and c is the
-  number of tokens before it.
+  leave_last_out: with n tokens, test cuts at n-1, valid at n-2, train at n-3 (with
+  `splits.train_targets = "every"`, at every c ≤ n-3), and `as_of` is the target token's `ts`.
+  time: per cutoff, `as_of` is the cutoff date at 00:00 UTC and c is the number of tokens before it.
 - **Targets.** `next_item` is the item id of the target token (null when there is none; OOV when
   its item is null). `act_<K>d` is 1 when a raw event of an act type (any type when
   `targets.act_event_types` is empty) has as_of ≤ ts < as_of + K days; `value_<K>d` sums those
@@ -248,18 +249,20 @@ def _gap_bucket(previous_ts: Column, ts: Column) -> Column:
 
 def _cut_rows(tokens: DataFrame, recipe: IngestRecipe) -> DataFrame:
     if recipe.splits.mode == "leave_last_out":
-        cuts = _leave_last_out_cuts(tokens)
+        cuts = _leave_last_out_cuts(tokens, every_train_target=recipe.splits.train_targets == "every")
     else:
         cuts = _time_cuts(tokens, recipe)
     # The history before truncation is exactly the cut_position tokens before the cut.
     return cuts.where(F.col("cut_position") >= recipe.splits.min_history)
 
 
-def _leave_last_out_cuts(tokens: DataFrame) -> DataFrame:
-    """Each of a user's last three tokens is a target: test the last, valid and train before it."""
+def _leave_last_out_cuts(tokens: DataFrame, every_train_target: bool = False) -> DataFrame:
+    """Test targets a user's last token, valid the one before; train the one before that, or with
+    `every_train_target` every earlier token too."""
     back = F.col("token_count") - 1 - F.col("position")
-    split = F.array(*[F.lit(name) for name in LEAVE_LAST_OUT_SPLITS])[back]
-    return tokens.where(back < len(LEAVE_LAST_OUT_SPLITS)).select(
+    split = F.array(*[F.lit(name) for name in LEAVE_LAST_OUT_SPLITS])[F.least(back, F.lit(len(LEAVE_LAST_OUT_SPLITS) - 1))]
+    targets = tokens if every_train_target else tokens.where(back < len(LEAVE_LAST_OUT_SPLITS))
+    return targets.select(
         "user_id",
         split.alias("split"),
         F.col("ts").alias("as_of"),  # the act window starts at the target token, inclusive
@@ -359,7 +362,8 @@ def _user_tokens(tokens: DataFrame, vocab: DataFrame, recipe: IngestRecipe) -> D
 
     Only tokens within reach of a cut are kept (the target and the max_len before it), so a
     user's array is bounded by the recipe, however long their history: max_len + 3 tokens for
-    leave_last_out, (max_len + 1) per cutoff for time splits.
+    leave_last_out, (max_len + 1) per cutoff for time splits. With train_targets = "every" every
+    token is a target, so the whole sequence is kept.
     """
     reachable = tokens.where(_within_reach(recipe))
     for feature, column in _event_vocab_features(recipe):
@@ -387,6 +391,8 @@ def _within_reach(recipe: IngestRecipe) -> Column:
     already computed over the full sequence, so dropping the rest changes nothing)."""
     position, max_len = F.col("position"), recipe.tokens.max_len
     if recipe.splits.mode == "leave_last_out":
+        if recipe.splits.train_targets == "every":
+            return F.lit(True)
         return position >= F.col("token_count") - len(LEAVE_LAST_OUT_SPLITS) - max_len
     cuts = [F.col(f"tokens_before_{index}") for index in range(len(recipe.splits.cutoffs))]
     return reduce(operator.or_, [(position >= cut - max_len) & (position <= cut) for cut in cuts])

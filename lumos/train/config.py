@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Literal
 
 from lumos.core.config import require_valid
 from lumos.train.model import ModelConfig
+
+RETRIEVAL_METRIC = re.compile(r"(hr|ndcg)@[1-9][0-9]*|mrr")
 
 
 @dataclass(frozen=True)
@@ -79,6 +82,13 @@ class RunConfig:
     """CPU only: the memory one training step may use when batch_size = "auto"."""
     max_batch_size: int = 4096
     """The largest batch size the "auto" search tries."""
+    valid_metric: str | None = None
+    """A retrieval metric (hr@<k>, ndcg@<k> or mrr) computed on the valid split at every evaluation:
+    next item ranked over the full item vocabulary, history items excluded. When set, the checkpoint
+    of the best evaluation is kept as "best" and is the run's checkpoint when training ends."""
+    patience: int = 0
+    """With valid_metric: stop after this many evaluations in a row without a new best (early
+    stopping); 0 trains all max_steps."""
     experiment: str = "lumos-train"
     """MLflow experiment of the run."""
     run_name: str | None = None
@@ -93,6 +103,12 @@ class RunConfig:
                 problems.append((name, "must be at least 1"))
         if self.eval_batches < 0:
             problems.append(("eval_batches", "must be 0 (all) or more"))
+        if self.valid_metric is not None and not RETRIEVAL_METRIC.fullmatch(self.valid_metric):
+            problems.append(("valid_metric", f"must be hr@<k>, ndcg@<k> or mrr, got {self.valid_metric!r}"))
+        if self.patience < 0:
+            problems.append(("patience", "must be 0 (off) or more"))
+        if self.patience and self.valid_metric is None:
+            problems.append(("patience", "early stopping needs run.valid_metric, e.g. \"ndcg@10\""))
         require_valid(problems)
 
 
@@ -108,3 +124,11 @@ class TrainConfig:
     """AdamW with warm-up and cosine decay."""
     run: RunConfig = field(default_factory=RunConfig)
     """Batching, length, cadence, seed, device and tracking."""
+
+    def __post_init__(self) -> None:
+        problems = []
+        if self.run.valid_metric is not None and self.data.valid_split is None:
+            problems.append(("run.valid_metric", "needs data.valid_split"))
+        if self.run.valid_metric is not None and "retrieval" not in self.model.heads:
+            problems.append(("run.valid_metric", "needs the retrieval head in model.heads"))
+        require_valid(problems)

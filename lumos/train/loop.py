@@ -26,6 +26,7 @@ from lumos.core.tables import TableRef
 from lumos.core.workspace import Workspace
 from lumos.data.loader import SequenceLoader
 from lumos.data.sequences_version import open_sequences
+from lumos.eval import metrics as retrieval
 from lumos.train.checkpoint import (
     TrainingState,
     capture_rng,
@@ -68,6 +69,14 @@ class FitResult:
     checkpoint: str | None = None
     history: list[dict[str, float]] = field(default_factory=list)
     """Per logged step: step, loss and learning rate (used by tests and benchmarks)."""
+    valid_metrics: dict[str, float] = field(default_factory=dict)
+    """The last evaluation's run.valid_metric, as {"ndcg@10": …}; empty without one."""
+    best_step: int | None = None
+    """With run.valid_metric: the step of the best evaluation, whose checkpoint is `checkpoint`."""
+    best_value: float | None = None
+    """With run.valid_metric: its value at best_step."""
+    early_stopped: bool = False
+    """True when run.patience evaluations in a row brought no new best."""
 
 
 @dataclass(frozen=True)
@@ -193,6 +202,7 @@ def fit(plan: FitPlan, log_metrics=None, log_checkpoint=None, report=None) -> Fi
     )
 
     result = FitResult(step=start_step, interrupted=False)
+    best = _Best(config.run.valid_metric, config.run.patience)
     batches = iter(loader)
     window = _Window()
     with _InterruptFlag() as interrupt:
@@ -235,20 +245,68 @@ def fit(plan: FitPlan, log_metrics=None, log_checkpoint=None, report=None) -> Fi
                     report(_progress_line(done, config.run.max_steps, result.train_losses, metrics, eta))
                 window = _Window()
             if valid is not None and (done % config.run.eval_every == 0 or done == config.run.max_steps):
-                result.valid_losses = _evaluate(model, valid, config, ranks)
+                result.valid_losses, result.valid_metrics = _evaluate(model, valid, config, ranks)
                 if ranks.is_main and log_metrics:
                     log_metrics(done, {f"valid/{task}": value for task, value in result.valid_losses.items()}
-                                | {"valid/loss": sum(result.valid_losses.values())})
+                                | {"valid/loss": sum(result.valid_losses.values())}
+                                | {f"valid/{name}": value for name, value in result.valid_metrics.items()})
+                if best.update(done, result.valid_metrics):
+                    best.checkpoint = _checkpoint(plan, model, optimizer, schedule, loader, done, ranks, log_checkpoint, name="best")
+                    if ranks.is_main and report:
+                        report(f"step {done}: new best valid {best.metric} = {best.value:.4f}")
+                result.early_stopped = best.exhausted
             stop = _agree(interrupt.raised, ranks)
-            if done % config.run.checkpoint_every == 0 or done == config.run.max_steps or stop:
+            last = done == config.run.max_steps or result.early_stopped
+            if done % config.run.checkpoint_every == 0 or last or stop:
                 result.checkpoint = _checkpoint(plan, model, optimizer, schedule, loader, done, ranks, log_checkpoint)
             if stop:
                 result.interrupted = True
                 break
+            if result.early_stopped:
+                if ranks.is_main and report:
+                    report(f"step {done}: stopping early, no better valid {best.metric} in {best.patience} evaluations")
+                break
+    if best.step is not None and not result.interrupted:
+        # The run ends on its best evaluation: eval, promote and infer read the run's checkpoint.
+        result.best_step, result.best_value = best.step, best.value
+        result.checkpoint = best.checkpoint
+        if ranks.is_main and log_checkpoint:
+            log_checkpoint(Path(best.checkpoint), best.step)
+        if ranks.is_main and log_metrics:
+            log_metrics(result.step, {f"valid/best_{best.metric}": best.value, "valid/best_step": best.step})
     if ranks.world_size > 1:
         dist.barrier()
         dist.destroy_process_group()
     return result
+
+
+@dataclass
+class _Best:
+    """Tracks the best evaluation of run.valid_metric (larger is better) for early stopping."""
+
+    metric: str | None
+    patience: int
+    value: float | None = None
+    step: int | None = None
+    checkpoint: str | None = None
+    since_best: int = 0
+
+    def update(self, step: int, metrics: dict[str, float]) -> bool:
+        """Record an evaluation; True when it is a new best (the first one always is)."""
+        if self.metric is None:
+            return False
+        value = metrics[self.metric]
+        # NaN (no scored rows) is never a best once there is a number to compare with.
+        improved = not math.isnan(value) and (self.value is None or math.isnan(self.value) or value > self.value)
+        if self.value is None or improved:
+            self.value, self.step, self.since_best = value, step, 0
+            return True
+        self.since_best += 1
+        return False
+
+    @property
+    def exhausted(self) -> bool:
+        return bool(self.patience) and self.since_best >= self.patience
 
 
 @dataclass
@@ -299,22 +357,49 @@ def _valid_loader(plan: FitPlan, sequences, ranks: Ranks) -> SequenceLoader | No
 
 
 @torch.no_grad()
-def _evaluate(model: LumosModel, loader: SequenceLoader, config: TrainConfig, ranks: Ranks) -> dict[str, float]:
-    """Mean per-task validation loss over the first `eval_batches` batches (all with 0), all ranks."""
+def _evaluate(
+    model: LumosModel, loader: SequenceLoader, config: TrainConfig, ranks: Ranks
+) -> tuple[dict[str, float], dict[str, float]]:
+    """Mean per-task validation loss over the first `eval_batches` batches (all with 0), all ranks,
+    and run.valid_metric over the same rows ({} without one)."""
     model.eval()
     rng = capture_rng()  # sampled negatives draw from the global RNG; keep training's stream intact
     sums: dict[str, float] = {}
     count = 0
+    target_ranks = []
     for index, batch in enumerate(loader):
         if config.run.eval_batches and index >= config.run.eval_batches:
             break
-        _, parts = model.loss(batch.to(ranks.device))
+        batch = batch.to(ranks.device)
+        output = model(batch)
+        _, parts = model.loss(batch, output)
         for task, value in parts.items():
             sums[task] = sums.get(task, 0.0) + float(value)
         count += 1
+        if config.run.valid_metric is not None:
+            history = batch.tokens[model.features.item_feature].masked_fill(~batch.mask, 0)
+            target_ranks.append(retrieval.target_ranks(model.score_items(batch, output), batch.next_item, history).cpu())
     loader.load_state_dict({**loader.state_dict(), "epoch": 0, "batches_yielded": 0})
     restore_rng(rng)
-    return _mean_over_ranks({task: total / max(count, 1) for task, total in sums.items()}, ranks)
+    losses = _mean_over_ranks({task: total / max(count, 1) for task, total in sums.items()}, ranks)
+    if config.run.valid_metric is None:
+        return losses, {}
+    return losses, {config.run.valid_metric: _retrieval_metric(config.run.valid_metric, target_ranks, ranks)}
+
+
+def _retrieval_metric(name: str, target_ranks: list[torch.Tensor], ranks: Ranks) -> float:
+    """One retrieval metric over every rank's scored rows (a row-weighted mean, not a mean of means)."""
+    values = retrieval.retrieval_metrics(torch.cat(target_ranks) if target_ranks else torch.empty(0),
+                                         ks=_metric_ks(name))
+    scored = values["scored_rows"]
+    totals = torch.tensor([values[name] * scored if scored else 0.0, float(scored)], dtype=torch.float64, device=ranks.device)
+    if ranks.world_size > 1:
+        dist.all_reduce(totals)
+    return float(totals[0] / totals[1]) if totals[1] else math.nan
+
+
+def _metric_ks(name: str) -> tuple[int, ...]:
+    return (int(name.split("@")[1]),) if "@" in name else ()
 
 
 def _mean_over_ranks(values: dict[str, float], ranks: Ranks) -> dict[str, float]:
@@ -335,7 +420,10 @@ def _agree(flag: bool, ranks: Ranks) -> bool:
     return bool(tensor.item())
 
 
-def _checkpoint(plan: FitPlan, model, optimizer, schedule, loader, step: int, ranks: Ranks, log_checkpoint) -> str | None:
+def _checkpoint(
+    plan: FitPlan, model, optimizer, schedule, loader, step: int, ranks: Ranks, log_checkpoint, name: str | None = None
+) -> str | None:
+    """Write (rank 0) and log a resumable checkpoint, in folder step-<step> or `name` (replaced)."""
     folder = None
     rng = [capture_rng()]
     if ranks.world_size > 1:
@@ -344,7 +432,7 @@ def _checkpoint(plan: FitPlan, model, optimizer, schedule, loader, step: int, ra
     if ranks.is_main:
         state = TrainingState(step=step, optimizer=optimizer.state_dict(), scheduler=schedule.state_dict(),
                               loader=loader.state_dict(), rng=rng)
-        folder = save_checkpoint(Path(plan.checkpoint_dir) / f"step-{step:08d}", model, plan.config, state)
+        folder = save_checkpoint(Path(plan.checkpoint_dir) / (name or f"step-{step:08d}"), model, plan.config, state)
         if log_checkpoint:
             log_checkpoint(folder, step)
     if ranks.world_size > 1:

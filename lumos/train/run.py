@@ -265,7 +265,8 @@ def _metric(key: str, value: float, step: int):
 
     from mlflow.entities import Metric
 
-    return Metric(key=key, value=float(value), timestamp=int(time.time() * 1000), step=step)
+    # MLflow metric names may not hold "@": valid/ndcg@10 is logged as valid/ndcg_at_10, as in leaderboards.
+    return Metric(key=key.replace("@", "_at_"), value=float(value), timestamp=int(time.time() * 1000), step=step)
 
 
 def _free_port() -> int:

@@ -1,0 +1,121 @@
+"""MovieLens-100K next-item table: Lumos vs SASRec vs popularity, mean ± std over seeds.
+
+Run after `examples/movielens/run.sh` (or its fetch and ingest steps), from the repository root:
+
+    python benchmarks/movielens.py                        # Lumos and SASRec, seeds 0 1 2
+    python benchmarks/movielens.py --models lumos --seeds 0
+
+Every model is scored on the same table version, split and rows by the same code: test split
+(each user's last rating), full item corpus, history excluded. Lumos runs are ordinary MLflow runs
+in the example's workspace (experiment "movielens"), each scored with the task
+examples/movielens/tasks/movielens_next_item.toml. Writes benchmarks/results/movielens.json and
+prints a Markdown table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from lumos.core.config import load_config
+from lumos.core.workspace import open_workspace
+from lumos.eval.evaluate import evaluate
+from lumos.eval.leaderboard import Subject
+from lumos.eval.tasks import load_tasks
+from lumos.train.config import TrainConfig
+from lumos.train.run import train
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLE = ROOT / "examples" / "movielens"
+RESULTS = Path(__file__).resolve().parent / "results"
+METRICS = ("hr@10", "ndcg@10", "hr@50", "ndcg@50", "mrr")
+TASK = "movielens_next_item"
+
+
+def _sasrec():
+    spec = importlib.util.spec_from_file_location("sasrec_benchmark", Path(__file__).resolve().parent / "sasrec.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def lumos_runs(seeds: list[int], overrides: list[str]) -> tuple[list[dict], dict, str]:
+    """(runs, popularity metrics, data version) for the example's train.toml at each seed."""
+    workspace = open_workspace(EXAMPLE)
+    task = load_tasks([EXAMPLE / "tasks"])[TASK]
+    runs, popularity, data = [], {}, ""
+    for seed in seeds:
+        config = load_config(TrainConfig, EXAMPLE / "train.toml", [*overrides, f"run.seed={seed}"])
+        started = time.perf_counter()
+        summary = train(config, workspace, report=lambda line: print(line, file=sys.stderr, flush=True))
+        seconds = time.perf_counter() - started
+        [result] = evaluate(workspace, [task], Subject(key=f"run:{summary.run_id}", label=f"seed {seed}",
+                                                         run_id=summary.run_id))
+        fit = summary.result
+        runs.append({"seed": seed, "run_id": summary.run_id, "best_step": fit.best_step, "steps": fit.step,
+                     "valid_ndcg@10": fit.best_value, "seconds": round(seconds, 1), "parameters": summary.parameters,
+                     **{name: result.metrics[name] for name in METRICS}})
+        popularity, data = result.baseline_metrics, result.data
+        print(f"lumos seed {seed}: " + " ".join(f"{n} {runs[-1][n]:.4f}" for n in METRICS), file=sys.stderr)
+    return runs, popularity, data
+
+
+def sasrec_runs(seeds: list[int], data_version: str) -> list[dict]:
+    sasrec = _sasrec()
+    data = sasrec.read_table(str(EXAMPLE), data_version)
+    return [sasrec.train_and_score(data, sasrec.SASRecConfig(seed=seed),
+                                   report=lambda line: print(line, file=sys.stderr, flush=True)) for seed in seeds]
+
+
+def mean_std(runs: list[dict]) -> dict[str, list[float]]:
+    return {name: [float(np.mean([r[name] for r in runs])), float(np.std([r[name] for r in runs], ddof=1)) if len(runs) > 1 else 0.0]
+            for name in METRICS}
+
+
+def markdown(table: dict) -> str:
+    lines = ["| model | " + " | ".join(name.upper() for name in METRICS) + " |",
+             "|---|" + "---|" * len(METRICS)]
+    for model, row in table.items():
+        cells = [f"{m:.4f} ± {s:.4f}" if s else f"{m:.4f}" for m, s in (row[name] for name in METRICS)]
+        lines.append(f"| {model} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--models", nargs="+", default=["lumos", "sasrec"], choices=["lumos", "sasrec"])
+    parser.add_argument("--data", default="movielens.sequences", help="table version for SASRec without a Lumos run")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], help="train.toml override, k=v")
+    args = parser.parse_args()
+    os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+    out: dict = {"hardware": f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, torch "
+                             f"{torch.__version__}, {torch.get_num_threads()} threads", "seeds": args.seeds}
+    table: dict = {}
+    data = args.data
+    if "lumos" in args.models:
+        out["lumos"], popularity, data = lumos_runs(args.seeds, args.overrides)
+        table["Lumos"] = mean_std(out["lumos"])
+        table["popularity"] = {name: [popularity[name], 0.0] for name in METRICS}
+        out["popularity"] = popularity
+    if "sasrec" in args.models:
+        out["sasrec"] = sasrec_runs(args.seeds, data)
+        table["SASRec"] = mean_std(out["sasrec"])
+    out["data"], out["table"] = data, table
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / "movielens.json").write_text(json.dumps(out, indent=2))
+    print(f"{data}, test split, mean ± std over seeds {args.seeds}\n\n{markdown(table)}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,262 @@
+"""examples/movielens: the fetch (checksum, parsers), its configs, every-prefix train rows, early
+stopping on a validation metric, and a tiny end to end (ingest → train → eval → SASRec baseline)
+on a few hundred ratings in the MovieLens format. The real download is opt-in (`-m slow`)."""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import sys
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+from lumos.core.config import from_dict, load_config
+from lumos.core.errors import ConfigError
+from lumos.core.tracking import tracking_client
+from lumos.core.workspace import open_workspace
+from lumos.data.ingest import run_ingest
+from lumos.data.recipe import IngestRecipe
+from lumos.data.sequences import build_sequences, build_vocab
+from lumos.eval.evaluate import evaluate
+from lumos.eval.leaderboard import Subject
+from lumos.eval.tasks import load_tasks
+from lumos.train.config import TrainConfig
+from lumos.train.run import train
+
+ROOT = Path(__file__).resolve().parents[2]
+MOVIELENS = ROOT / "examples" / "movielens"
+
+
+def load_script(path: Path, name: str):
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses look their module up while the class is built
+    spec.loader.exec_module(module)
+    return module
+
+
+fetch = load_script(MOVIELENS / "fetch.py", "movielens_fetch")
+sasrec = load_script(ROOT / "benchmarks" / "sasrec.py", "sasrec_benchmark")
+
+
+def synthetic_u_data(users: int = 24, per_user: int = 14, items: int = 40) -> bytes:
+    """Ratings in u.data's layout: no repeated (user, item), and every third rating of a user
+    shares its second with the one before (as about half of MovieLens' rows do)."""
+    lines = []
+    for user in range(1, users + 1):
+        second = 880_000_000 + user * 10_000
+        for index in range(per_user):
+            item = (user * 7 + index * 3) % items + 1
+            second += 0 if index % 3 == 2 else 60 + index
+            lines.append(f"{user}\t{item}\t{1 + (user + index) % 5}\t{second}")
+    return ("\n".join(lines) + "\n").encode()
+
+
+@pytest.fixture
+def trusted(monkeypatch):
+    """Make the synthetic file the one the fetch expects: its checksum and its counts."""
+    content = synthetic_u_data()
+    monkeypatch.setattr(fetch, "INTER_SHA256", hashlib.sha256(fetch.inter_from_u_data(content)).hexdigest())
+    monkeypatch.setattr(fetch, "EXPECTED", {"rows": 24 * 14, "users": 24, "items": 40})
+    return content
+
+
+# ---------------------------------------------------------------------------------------------
+# Fetch: checksum and parsers
+
+
+def test_wrong_or_truncated_file_is_refused_with_a_clear_error(tmp_path, trusted):
+    good = fetch.inter_from_u_data(trusted)
+    fetch.verify_inter(good, "ml-100k.inter")
+    for broken in (good[: len(good) // 2], good.replace(b"\t3\t", b"\t4\t", 1), b""):
+        with pytest.raises(fetch.FetchError, match="checksum mismatch.*truncated, altered or not MovieLens-100K"):
+            fetch.verify_inter(broken, "ml-100k.inter")
+    (tmp_path / "u.data").write_bytes(trusted[:-40])
+    assert fetch.main(["--u-data", str(tmp_path / "u.data"), "--out", str(tmp_path / "out")]) == 2
+    assert not (tmp_path / "out" / fetch.EVENTS_FILE).exists()
+
+
+def test_the_real_checksum_rejects_a_lookalike(tmp_path):
+    (tmp_path / "ml-100k.inter").write_bytes(fetch.INTER_HEADER + b"196\t242\t3\t881250949\n")
+    with pytest.raises(fetch.FetchError, match="checksum mismatch"):
+        fetch.load_ratings(inter=tmp_path / "ml-100k.inter")
+    with pytest.raises(fetch.FetchError, match="does not exist"):
+        fetch.load_ratings(u_data=tmp_path / "missing")
+    (tmp_path / "not.whl").write_bytes(b"not a zip")
+    with pytest.raises(fetch.FetchError, match="cannot read recbole/dataset_example"):
+        fetch.load_ratings(wheel=tmp_path / "not.whl")
+
+
+def test_inter_and_u_data_parse_to_the_same_events():
+    content = b"196\t242\t3\t881250949\n22\t377\t1\t878887116\n"
+    from_u_data = fetch.parse_u_data(content)
+    from_inter = fetch.parse_inter(fetch.INTER_HEADER + content.replace(b"\t881250949", b"\t881250949.0"))
+    assert from_u_data.equals(from_inter)
+    assert from_u_data.to_pylist()[0] == {
+        "user_id": "196", "item_id": "242", "rating": 3.0, "event_type": "rating",
+        "ts": __import__("datetime").datetime(1997, 12, 4, 15, 55, 49),
+    }  # fmt: skip
+    with pytest.raises(fetch.FetchError, match="line 2: expected 4 tab-separated fields"):
+        fetch.parse_u_data(b"1\t2\t3\t4\n1 2 3 4\n")
+    with pytest.raises(fetch.FetchError, match="line 1: rating and timestamp must be numbers"):
+        fetch.parse_u_data(b"1\t2\tgood\t4\n")
+    with pytest.raises(fetch.FetchError, match="unexpected header"):
+        fetch.parse_inter(b"user\titem\n1\t2\n")
+
+
+def test_fetch_from_u_data_writes_checked_events_once(tmp_path, trusted):
+    (tmp_path / "u.data").write_bytes(trusted)
+    target = fetch.fetch(tmp_path / "data", u_data=tmp_path / "u.data")
+    events = pq.read_table(target)
+    assert events.num_rows == 24 * 14 and events.schema == fetch.EVENTS_SCHEMA
+    (tmp_path / "u.data").write_bytes(b"changed")
+    assert fetch.fetch(tmp_path / "data", u_data=tmp_path / "u.data") == target  # kept, not refetched
+    with pytest.raises(fetch.FetchError, match="checksum mismatch"):
+        fetch.fetch(tmp_path / "data", u_data=tmp_path / "u.data", force=True)
+
+
+@pytest.mark.slow
+def test_real_fetch_from_pypi(tmp_path):
+    events = pq.read_table(fetch.fetch(tmp_path))
+    assert events.num_rows == 100_000
+    assert len(set(events["user_id"].to_pylist())) == 943 and len(set(events["item_id"].to_pylist())) == 1_682
+
+
+# ---------------------------------------------------------------------------------------------
+# Configs
+
+
+def test_movielens_configs_load():
+    recipe = load_config(IngestRecipe, MOVIELENS / "ingest.toml")
+    assert recipe.splits.mode == "leave_last_out" and recipe.splits.train_targets == "every"
+    assert recipe.targets.horizons_days == () and recipe.columns.value == "rating"
+    config = load_config(TrainConfig, MOVIELENS / "train.toml")
+    assert config.data.table == "movielens.sequences" and config.model.heads == ("retrieval",)
+    assert config.run.valid_metric == "ndcg@10" and config.run.patience > 0
+    assert config.model.max_len >= recipe.tokens.max_len
+    tasks = load_tasks([MOVIELENS / "tasks"])
+    task = tasks["movielens_next_item"].spec
+    assert (task.kind, task.data, task.split, task.exclude_history) == ("retrieval", "movielens.sequences", "test", True)
+    assert task.metric_names == ("hr@10", "ndcg@10", "hr@50", "ndcg@50", "mrr")
+
+
+def test_early_stopping_settings_are_checked():
+    base = {"model": {"heads": ["retrieval"]}}
+    with pytest.raises(ConfigError) as error:
+        from_dict(TrainConfig, base | {"run": {"valid_metric": "auc_roc", "patience": -1}})
+    assert {p.key for p in error.value.problems} == {"run.valid_metric", "run.patience"}
+    with pytest.raises(ConfigError, match="needs run.valid_metric"):
+        from_dict(TrainConfig, base | {"run": {"patience": 3}})
+    with pytest.raises(ConfigError, match="needs data.valid_split"):
+        from_dict(TrainConfig, base | {"data": {"valid_split": None}, "run": {"valid_metric": "mrr"}})
+    with pytest.raises(ConfigError, match="needs the retrieval head"):
+        from_dict(TrainConfig, {"model": {"heads": ["binary"]}, "run": {"valid_metric": "hr@5"}})
+    with pytest.raises(ConfigError, match="only used with mode = 'leave_last_out'"):
+        from_dict(IngestRecipe, {
+            "dataset": "d", "source": {"path": "x"}, "cleaning": {"event_types": ["e"]},
+            "columns": {"user_id": "u", "timestamp": "t", "event_type": "e", "item_id": "i"},
+            "splits": {"mode": "time", "train_targets": "every", "cutoffs": [{"split": "train", "as_of": "2026-01-01"}]},
+        })  # fmt: skip
+
+
+# ---------------------------------------------------------------------------------------------
+# Every prefix a train row; the stated tie-break
+
+
+def test_every_train_target_and_tie_break_by_item_string(spark):
+    recipe = load_config(IngestRecipe, MOVIELENS / "ingest.toml", ["tokens.max_len=2"])
+    rows = [("u", 100, "9", 5.0), ("u", 100, "10", 4.0), ("u", 200, "3", 1.0), ("u", 300, "7", 2.0),
+            ("u", 300, "2", 3.0), ("v", 50, "3", 4.0)]  # fmt: skip
+    events = spark.createDataFrame(
+        [(user, __import__("datetime").datetime.fromtimestamp(ts, __import__("datetime").UTC), "rating", item, value)
+         for user, ts, item, value in rows],
+        "user_id string, ts timestamp, event_type string, item_id string, value double",
+    )
+    vocab = build_vocab(events, None, recipe)
+    ids = {row.token: row.id for row in vocab.where("feature = 'item'").collect()}
+    sequences = {(row.split, row.next_item): row for row in build_sequences(events, vocab, None, None, recipe).collect()}
+    # u's order: "10" before "9" at t=100 (ids compare as strings), then 3, then "2" before "7" at t=300.
+    order = [ids[item] for item in ("10", "9", "3", "2", "7")]
+    assert sorted(sequences) == sorted([("test", order[4]), ("valid", order[3]), ("train", order[2]), ("train", order[1])])
+    assert sequences["test", order[4]].item == order[2:4]  # max_len = 2: the two most recent
+    assert sequences["train", order[1]].item == order[:1] and sequences["train", order[2]].item == order[:2]
+    assert sequences["train", order[1]].value == [4.0]  # the history token's rating, never the target's
+
+
+# ---------------------------------------------------------------------------------------------
+# A tiny end to end: fetch → ingest → train with early stopping → eval → SASRec
+
+
+TINY = {
+    "data": {"table": "movielens.sequences", "loader_workers": 1},
+    "model": {"d_model": 8, "n_heads": 2, "encoder_layers": 1, "decoder_layers": 1, "d_ff": 16, "max_len": 50,
+              "heads": ["retrieval"], "dropout": 0.0},
+    "optim": {"lr": 1e-2, "warmup_steps": 0},
+    "run": {"batch_size": 32, "max_steps": 12, "eval_every": 3, "eval_batches": 0, "log_every": 3,
+            "checkpoint_every": 100, "valid_metric": "ndcg@10", "seed": 0, "experiment": "test-movielens"},
+}  # fmt: skip
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # the test process shares two cores with Spark's JVM
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def project(spark, tmp_path_factory) -> Path:
+    folder = tmp_path_factory.mktemp("movielens")
+    data = folder / "data"
+    data.mkdir()
+    content = synthetic_u_data()
+    fetch.write_events(fetch.parse_u_data(content), data)
+    recipe = load_config(IngestRecipe, MOVIELENS / "ingest.toml", [f"source.path={data / fetch.EVENTS_FILE}"])
+    result = run_ingest(spark, open_workspace(folder), recipe, MOVIELENS)
+    assert result.stats["rows_by_split"] == {"test": 24, "train": 24 * 11, "valid": 24}
+    return folder
+
+
+def test_early_stopping_keeps_the_best_checkpoint(project):
+    workspace = open_workspace(project)
+    # A learning rate too small to change the ranking: no evaluation beats the first one.
+    config = from_dict(TrainConfig, TINY, overrides=["optim.lr=1e-12", "run.patience=2", "run.max_steps=60"])
+    summary = train(config, workspace)
+    result = summary.result
+    assert result.early_stopped and result.step == 9 and result.best_step == 3
+    tags = tracking_client(workspace).get_run(summary.run_id).data.tags
+    assert tags["lumos.checkpoint"] == "checkpoints/best" and tags["lumos.step"] == "3"
+    history = tracking_client(workspace).get_metric_history(summary.run_id, "valid/ndcg_at_10")
+    assert [m.step for m in history] == [3, 6, 9] and len({m.value for m in history}) == 1
+
+
+def test_tiny_end_to_end_and_sasrec_on_the_same_rows(project):
+    workspace = open_workspace(project)
+    summary = train(from_dict(TrainConfig, TINY), workspace)
+    result = summary.result
+    assert not result.early_stopped and result.step == 12 and result.best_step in (3, 6, 9, 12)
+    assert result.best_value == max(m.value for m in tracking_client(workspace).get_metric_history(
+        summary.run_id, "valid/ndcg_at_10"))
+
+    task = load_tasks([MOVIELENS / "tasks"])["movielens_next_item"]
+    [scored] = evaluate(workspace, [task], Subject(key=f"run:{summary.run_id}", label="tiny", run_id=summary.run_id))
+    assert scored.rows == 24 and scored.baseline == "popularity"
+    assert set(scored.metrics) == set(scored.baseline_metrics) == {"hr@10", "ndcg@10", "hr@50", "ndcg@50", "mrr"}
+
+    data = sasrec.read_table(str(project), "movielens.sequences@0")
+    assert [len(sequence) for sequence in data.train_sequences] == [12] * 24  # 14 ratings less valid and test
+    assert data.valid.histories[0] == data.train_sequences[0][-50:]
+    run = sasrec.train_and_score(data, sasrec.SASRecConfig(d_model=8, max_epochs=2, patience=5, batch_size=8),
+                                 report=lambda _: None)
+    assert run["test_rows"] == 24 and all(0.0 <= run[name] <= 1.0 for name in sasrec.METRICS)
+
+
+def test_sasrec_windows_cover_every_target_once():
+    windows = sasrec.training_windows([[5, 6, 7, 8, 9, 10, 11], [3, 4]], max_len=3)
+    assert windows.tolist() == [[8, 9, 10, 11], [5, 6, 7, 8], [0, 0, 3, 4]]
+    targets = [w[i + 1] for w in windows.tolist() for i in range(len(w) - 1) if w[i]]  # inputs that are items
+    assert sorted(targets) == [4, 6, 7, 8, 9, 10, 11]
