@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from lumos.compile.ir import Graph, Node, Op, View, contiguous_strides, prod
 from lumos.compile.plan import BufferPlan
-from lumos.compile.schedule import Kernel, is_buffer
+from lumos.compile.schedule import Kernel, KernelSchedule, is_buffer
 
 HEADER = """\
 #include <math.h>
@@ -176,8 +176,10 @@ def _and(*conditions: str | None) -> str | None:
 
 
 class KernelRenderer:
-    def __init__(self, kernel: Kernel, materialized: set[Node], params: dict[Node, str], uses: dict[Node, int]):
+    def __init__(self, kernel: Kernel, materialized: set[Node], params: dict[Node, str], uses: dict[Node, int],
+                 schedule: KernelSchedule | None = None):
         self.kernel, self.materialized, self.params, self.uses = kernel, materialized, params, uses
+        self.schedule = schedule or KernelSchedule()
         self.lines: list[str] = []
         self.counter = 0
         self.block = 0
@@ -272,7 +274,9 @@ class KernelRenderer:
         if guard:
             self.lines.append(f"if ({guard})")
         self.lines.append("{")
-        if all(line.startswith("const float ") for line in body):  # straight-line: vectorizes
+        if self.schedule.unroll:  # gcc takes one loop pragma: unrolled, not explicitly vectorized
+            self.lines.append(f"#pragma GCC unroll {self.schedule.unroll}")
+        elif all(line.startswith("const float ") for line in body):  # straight-line: vectorizes
             self.lines.append(f"#pragma omp simd {clause}")
         self.lines.append(f"for (int {r} = 0; {r} < {length}; {r}++) {{")
         self.lines.extend("  " + line for line in body)
@@ -304,10 +308,15 @@ class KernelRenderer:
             lines += [f"#pragma omp single{wait}", "{", *("  " + line for line in body), "}", "}"]
             return "\n".join(lines)
         outer = loops[:-1] if len(loops) > 1 else loops
+        if self.schedule.collapse:
+            outer = outer[:self.schedule.collapse]
         collapse = f" collapse({len(outer)})" if len(outer) > 1 else ""
         lines.append(f"#pragma omp for{collapse} schedule(static){wait}")
         depth = 0
+        straight = all(line.startswith("const float ") for line in body[:-1])
         for var, size in loops:
+            if self.schedule.simd and interchanged is None and straight and var == loops[-1][0] and len(loops) > len(outer):
+                lines.append("  " * depth + "#pragma omp simd")
             bound = "n" if node.batched and var == "i0" else size  # the batch: as many rows as given
             lines.append("  " * depth + f"for (int {var} = 0; {var} < {bound}; {var}++) {{")
             depth += 1
@@ -325,7 +334,9 @@ class KernelRenderer:
             return None
         reduce = self.top_reduces[0]
         last, size = loops[-1]
-        if size > 1024 or _strided_reads(reduce.loads, last) >= _strided_reads(reduce.loads, reduce.var):
+        if size > 1024 or self.schedule.interchange is False:
+            return None
+        if self.schedule.interchange is None and _strided_reads(reduce.loads, last) >= _strided_reads(reduce.loads, reduce.var):
             return None
         rest = body[reduce.end:]  # after the reduction's statements
         hoisted, inner, varying = [], [], {last}
@@ -339,6 +350,33 @@ class KernelRenderer:
         row = f"{reduce.acc}_row"
         update = reduce.update.replace(f"{reduce.acc} ", f"{row}[{last}] ", 1).replace(f"lumos_max({reduce.acc},", f"lumos_max({row}[{last}],")
         prelude, per_step = self._vectorize_hoisted(hoisted, inner + [update], reduce)
+        tile = self.schedule.tile
+        if tile and size % tile == 0 and size > tile:
+            # Register accumulators: a tile of columns is summed over the whole reduction at once.
+            acc = f"{reduce.acc}_tile"
+            tile_update = update.replace(f"{row}[{last}]", f"{acc}[jj]")
+            return [
+                f"float {row}[{size}];",
+                *prelude,
+                f"for (int {last}_0 = 0; {last}_0 < {size}; {last}_0 += {tile}) {{",
+                f"  float {acc}[{tile}];",
+                f"  for (int jj = 0; jj < {tile}; jj++) {acc}[jj] = {reduce.init};",
+                f"  for (int {reduce.var} = 0; {reduce.var} < {reduce.length}; {reduce.var}++) {{",
+                *("    " + line for line in per_step),
+                "    #pragma omp simd",
+                f"    for (int jj = 0; jj < {tile}; jj++) {{",
+                f"      const int {last} = {last}_0 + jj;",
+                *("      " + line for line in inner),
+                f"      {tile_update}",
+                "    }",
+                "  }",
+                f"  for (int jj = 0; jj < {tile}; jj++) {row}[{last}_0 + jj] = {acc}[jj];",
+                "}",
+                f"for (int {last} = 0; {last} < {size}; {last}++) {{",
+                f"  const float {reduce.acc} = {row}[{last}];",
+                *("  " + line for line in rest),
+                "}",
+            ]
         return [
             f"float {row}[{size}];",
             f"for (int {last} = 0; {last} < {size}; {last}++) {row}[{last}] = {reduce.init};",
@@ -404,15 +442,33 @@ def barriers(graph: Graph, kernels: list[Kernel], plan: BufferPlan) -> list[bool
     return keep
 
 
-def render_library(graph: Graph, kernels: list[Kernel], materialized: set[Node], plan: BufferPlan) -> str:
-    """The whole program as one C file: kernels, then `lumos_forward`, the one-call driver."""
+def render_kernel(kernel: Kernel, materialized: set[Node], params: dict[Node, str],
+                  schedule: KernelSchedule | None = None, barrier: bool = True) -> str:
+    uses: dict[Node, int] = {}
+    for node in kernel.fused:  # a node reached by several paths is computed once, into a local
+        uses[node] = uses.get(node, 0) + 1
+    return KernelRenderer(kernel, materialized, params, uses, schedule).render(barrier)
+
+
+def canonical_kernel_source(kernel: Kernel, materialized: set[Node], schedule: KernelSchedule | None = None) -> str:
+    """The kernel's C with buffer and kernel names replaced by positional ones: identical layers
+    (same computation on different weights and buffers) give the same text."""
+    params = {node: f"p{index}" for index, node in enumerate(kernel.reads)}
+    renamed = Kernel("kernel", kernel.node, kernel.fused, kernel.reads)
+    return render_kernel(renamed, materialized, params, schedule).split("\n", 1)[1]
+
+
+def render_library(graph: Graph, kernels: list[Kernel], materialized: set[Node], plan: BufferPlan,
+                   schedules: dict[str, KernelSchedule] | None = None, always_barrier: bool = False) -> str:
+    """The whole program as one C file: kernels, then `lumos_forward`, the one-call driver.
+    `schedules` by kernel name (default: the renderer's heuristic); `always_barrier` ends every
+    kernel with a barrier, so that the timed driver measures each kernel alone."""
     params = {node: f"b{node.id}" for node in graph.nodes}
+    schedules = schedules or {}
     parts = [HEADER]
-    for kernel, barrier in zip(kernels, barriers(graph, kernels, plan), strict=True):
-        uses: dict[Node, int] = {}
-        for node in kernel.fused:  # a node reached by several paths is computed once, into a local
-            uses[node] = uses.get(node, 0) + 1
-        parts.append(KernelRenderer(kernel, materialized, params, uses).render(barrier))
+    keep = [True] * len(kernels) if always_barrier else barriers(graph, kernels, plan)
+    for kernel, barrier in zip(kernels, keep, strict=True):
+        parts.append(render_kernel(kernel, materialized, params, schedules.get(kernel.name), barrier))
     inputs = list(graph.inputs.values())
     tensors = tensor_names(graph)
     outputs = list(graph.outputs.values())

@@ -29,6 +29,33 @@ REDUCTION_COST = 10**6
 """The cost of a subtree holding a reduction or gather: never cheap."""
 
 
+@dataclass(frozen=True)
+class KernelSchedule:
+    """How the renderer lays out one kernel's loops (search.py picks one per kernel by measuring).
+
+    The default is the renderer's own heuristic; every other value is a legal variant of the same
+    computation (the search verifies each against the interpreter anyway)."""
+
+    interchange: bool | None = None
+    """Row-wise matmul (reduction loop outside the last output loop): None = the renderer's
+    heuristic, True = whenever legal, False = never (one dot product per output)."""
+    tile: int = 0
+    """With interchange: split the last output loop into tiles of this many columns whose
+    accumulators stay in registers for the whole reduction (0: one row-wide accumulator array)."""
+    collapse: int = 0
+    """How many outer loops OpenMP shares out (0: all but the last)."""
+    unroll: int = 0
+    """Unroll reduction loops by this factor (#pragma GCC unroll; 0: leave it to gcc)."""
+    simd: bool = False
+    """Vectorize the innermost output loop explicitly (#pragma omp simd)."""
+
+    def describe(self) -> str:
+        parts = [{None: "auto", True: "row-wise", False: "dot"}[self.interchange]]
+        parts += [f"tile {self.tile}"] * bool(self.tile) + [f"collapse {self.collapse}"] * bool(self.collapse)
+        parts += [f"unroll {self.unroll}"] * bool(self.unroll) + ["simd"] * self.simd
+        return ", ".join(parts)
+
+
 @dataclass
 class Kernel:
     name: str
