@@ -94,6 +94,7 @@ def _search(c: Compilation, cache: KernelCache) -> None:
     c.search = search_schedules(c.graph, c.kernels, c.materialized, cache, c.options.cc, c.options.cflags,
                                 c.options.search_budget_s, c.example_inputs, store, c.options.search_seed)
     c.schedules = c.search.schedules
+    c.kernels, c.materialized = c.search.kernels, c.search.materialized
 
 
 def _plan(c: Compilation, cache: KernelCache) -> None:

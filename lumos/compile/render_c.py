@@ -289,6 +289,8 @@ class KernelRenderer:
 
     def render(self, barrier: bool = True) -> str:
         """The kernel function; without `barrier`, threads go on to the next kernel at once."""
+        if self.kernel.attention is not None:
+            return self.render_attention(barrier)
         node = self.kernel.node
         wait = "" if barrier else " nowait"
         loops = [(f"i{d}", size) for d, size in enumerate(node.shape) if size > 1]
@@ -325,6 +327,71 @@ class KernelRenderer:
         lines.append("}")
         return "\n".join(lines)
 
+
+    def render_attention(self, barrier: bool = True) -> str:
+        """sum_j softmax(x)_j · v_j in one pass over j (online softmax, egraph/attention.py): a
+        running max, sum and output row per query; the scores x are computed inline (their dot
+        product too) and never stored."""
+        match = self.kernel.attention
+        out, product = match.out, match.product
+        probs_view = product.views[match.probs_index]
+        idx = []
+        for d, size in enumerate(product.shape):
+            if d == out.arg:
+                idx.append("j")
+            elif size == 1:
+                idx.append("0")
+            elif probs_view.strides[d] == 0:
+                idx.append("dd")
+            else:
+                idx.append(f"i{d}")
+        value_dims = [d for d, i in enumerate(idx) if i == "dd"]
+        rows = [(f"i{d}", size) for d, (i, size) in enumerate(zip(idx, product.shape, strict=True)) if i == f"i{d}"]
+        width = product.shape[value_dims[0]]
+        scale = literal(match.scale)
+        self.block = -1
+        self.lines = []
+        score = self.compute(match.scores, source_indices(probs_view, idx, product.srcs[match.probs_index].shape))
+        score_lines, self.lines = self.lines, []
+        self.block = -2
+        value = self.operand(product, 1 - match.probs_index, idx)
+        value_lines, self.lines = self.lines, []
+        out_index = _sum(0, [(stride, "0" if d == out.arg else i)
+                             for d, (stride, i) in enumerate(zip(contiguous_strides(out.shape), idx, strict=True))])
+        body = [
+            "float m = -INFINITY, l = 0.0f;",
+            f"float o[{width}];",
+            f"for (int dd = 0; dd < {width}; dd++) o[dd] = 0.0f;",
+            f"for (int j = 0; j < {product.shape[out.arg]}; j++) {{",
+            *("  " + line for line in score_lines),
+            f"  const float x = {score};",
+            "  const float mn = lumos_max(m, x);",
+            f"  const float corr = lumos_exp2f((m - mn) * {scale});",
+            f"  const float p = lumos_exp2f((x - mn) * {scale});",
+            "  l = l * corr + p;",
+            "  #pragma omp simd",
+            f"  for (int dd = 0; dd < {width}; dd++) {{",
+            *("    " + line for line in value_lines),
+            f"    o[dd] = o[dd] * corr + p * {value};",
+            "  }",
+            "  m = mn;",
+            "}",
+            f"for (int dd = 0; dd < {width}; dd++) out[{out_index}] = o[dd] / l;",
+        ]
+        params = ["const int n", "float* restrict out"] + [f"const float* restrict {self.params[src]}"
+                                                           for src in self.kernel.reads]
+        lines = [f"/* {self.kernel.name}: %{out.id} attention{list(out.shape)}, online softmax over {product.shape[out.arg]} keys "
+                 f"(scores never stored); {out.origin.replace('*/', '* /')} */",
+                 f"static void {self.kernel.name}({', '.join(params)}) {{"]
+        collapse = f" collapse({len(rows)})" if len(rows) > 1 else ""
+        lines.append(f"#pragma omp for{collapse} schedule(static){'' if barrier else ' nowait'}")
+        for depth, (var, size) in enumerate(rows):
+            bound = "n" if out.batched and var == "i0" else size
+            lines.append("  " * depth + f"for (int {var} = 0; {var} < {bound}; {var}++) {{")
+        lines += ["  " * len(rows) + line for line in body]
+        lines += ["  " * d + "}" for d in range(len(rows) - 1, -1, -1)]
+        lines.append("}")
+        return "\n".join(lines)
 
     def interchange(self, loops: list[tuple[str, int]], body: list[str]) -> list[str] | None:
         """Move the kernel's one reduction loop outside its last output loop when that makes the

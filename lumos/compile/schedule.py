@@ -20,6 +20,7 @@ kernel computes it once into a local.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from lumos.compile.ir import ELEMENTWISE, LEAF, REDUCE, Graph, Node, Op
 
@@ -65,10 +66,14 @@ class Kernel:
     """Every primitive it computes: the inlined nodes and `node`."""
     reads: list[Node] = field(default_factory=list)
     """Buffers it reads: materialized nodes, inputs and constant tensors."""
+    attention: Any = None
+    """An egraph.attention.AttentionMatch: `node` is computed by one online-softmax pass."""
 
     @property
     def kind(self) -> str:
         ops = {node.op for node in self.fused}
+        if self.attention is not None:
+            return "attention"
         if Op.GATHER in ops:
             return "gather"
         return "reduce" if ops & REDUCE else "elementwise"
@@ -167,6 +172,10 @@ def _share_within_kernels(graph: Graph, uses, materialized: set[Node], forced: s
 def schedule(graph: Graph, recompute_cheap: bool = True) -> tuple[list[Kernel], set[Node]]:
     """One kernel per materialized node, in topological order."""
     materialized = choose_materialized(graph, recompute_cheap)
+    return build_kernels(graph, materialized), materialized
+
+
+def build_kernels(graph: Graph, materialized: set[Node]) -> list[Kernel]:
     kernels = []
     for node in graph.nodes:
         if node not in materialized or node.op in LEAF:
@@ -174,7 +183,7 @@ def schedule(graph: Graph, recompute_cheap: bool = True) -> tuple[list[Kernel], 
         kernel = Kernel(f"k{len(kernels)}", node)
         _collect(node, materialized, kernel, top=True)
         kernels.append(kernel)
-    return kernels, materialized
+    return kernels
 
 
 def _collect(node: Node, materialized: set[Node], kernel: Kernel, top: bool = False) -> None:

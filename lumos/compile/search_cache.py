@@ -95,6 +95,23 @@ class SearchCache:
         staging.write_text(json.dumps(data, indent=1))
         os.replace(staging, path)
 
+    def get_decision(self, key: str) -> dict | None:
+        """A whole-program decision (e.g. whether to fuse attention) stored under `key`."""
+        try:
+            data = json.loads(self.path(f"decision:{key}").read_text())
+            return data["decision"] if data.get("format") == FORMAT and data.get("kernel_key") == f"decision:{key}" else None
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+
+    def put_decision(self, key: str, decision: dict) -> None:
+        path = self.path(f"decision:{key}")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        data = {"format": FORMAT, "kernel_key": f"decision:{key}", "target": self.target, "machine": self.machine,
+                "decision": decision}
+        staging = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}")
+        staging.write_text(json.dumps(data, indent=1))
+        os.replace(staging, path)
+
     def clear(self) -> int:
         files = list(self.root.parent.glob("*/*.json")) if self.root.parent.exists() else []
         for file in files:
