@@ -175,11 +175,16 @@ def _and(*conditions: str | None) -> str | None:
     return " && ".join(parts) or None
 
 
+ATTENTION_BLOCK = 32
+"""Keys per block of a fused attention kernel (its schedule's `tile` overrides it)."""
+
+
 class KernelRenderer:
     def __init__(self, kernel: Kernel, materialized: set[Node], params: dict[Node, str], uses: dict[Node, int],
                  schedule: KernelSchedule | None = None):
         self.kernel, self.materialized, self.params, self.uses = kernel, materialized, params, uses
         self.schedule = schedule or KernelSchedule()
+        self.inner_simd = True
         self.lines: list[str] = []
         self.counter = 0
         self.block = 0
@@ -276,7 +281,7 @@ class KernelRenderer:
         self.lines.append("{")
         if self.schedule.unroll:  # gcc takes one loop pragma: unrolled, not explicitly vectorized
             self.lines.append(f"#pragma GCC unroll {self.schedule.unroll}")
-        elif all(line.startswith("const float ") for line in body):  # straight-line: vectorizes
+        elif self.inner_simd and all(line.startswith("const float ") for line in body):  # straight-line: vectorizes
             self.lines.append(f"#pragma omp simd {clause}")
         self.lines.append(f"for (int {r} = 0; {r} < {length}; {r}++) {{")
         self.lines.extend("  " + line for line in body)
@@ -351,6 +356,7 @@ class KernelRenderer:
         scale = literal(match.scale)
         self.block = -1
         self.lines = []
+        self.inner_simd = False  # the score loop is vectorized across keys instead
         score = self.compute(match.scores, source_indices(probs_view, idx, product.srcs[match.probs_index].shape))
         score_lines, self.lines = self.lines, []
         self.block = -2
@@ -358,21 +364,41 @@ class KernelRenderer:
         value_lines, self.lines = self.lines, []
         out_index = _sum(0, [(stride, "0" if d == out.arg else i)
                              for d, (stride, i) in enumerate(zip(contiguous_strides(out.shape), idx, strict=True))])
+        keys = product.shape[out.arg]
+        block = min(self.schedule.tile or ATTENTION_BLOCK, keys)
         body = [
             "float m = -INFINITY, l = 0.0f;",
-            f"float o[{width}];",
+            f"float o[{width}], s[{block}];",
             f"for (int dd = 0; dd < {width}; dd++) o[dd] = 0.0f;",
-            f"for (int j = 0; j < {product.shape[out.arg]}; j++) {{",
-            *("  " + line for line in score_lines),
-            f"  const float x = {score};",
-            "  const float mn = lumos_max(m, x);",
-            f"  const float corr = lumos_exp2f((m - mn) * {scale});",
-            f"  const float p = lumos_exp2f((x - mn) * {scale});",
-            "  l = l * corr + p;",
+            f"for (int j0 = 0; j0 < {keys}; j0 += {block}) {{",
+            f"  const int jn = {keys} - j0 < {block} ? {keys} - j0 : {block};",
+            "  float bm = -INFINITY;",
             "  #pragma omp simd",
-            f"  for (int dd = 0; dd < {width}; dd++) {{",
-            *("    " + line for line in value_lines),
-            f"    o[dd] = o[dd] * corr + p * {value};",
+            "  for (int jj = 0; jj < jn; jj++) {  /* a block of scores, vectorized across keys, kept in L1 */",
+            "    const int j = j0 + jj;",
+            *("    " + line for line in score_lines),
+            f"    s[jj] = {score};",
+            "  }",
+            "  #pragma omp simd reduction(max:bm)",
+            "  for (int jj = 0; jj < jn; jj++) bm = lumos_max(bm, s[jj]);",
+            "  const float mn = lumos_max(m, bm);",
+            f"  const float corr = lumos_exp2f((m - mn) * {scale});  /* the max-rescaling identity */",
+            "  l *= corr;",
+            "  #pragma omp simd",
+            f"  for (int dd = 0; dd < {width}; dd++) o[dd] *= corr;",
+            "  #pragma omp simd reduction(+:l)",
+            "  for (int jj = 0; jj < jn; jj++) {",
+            f"    s[jj] = lumos_exp2f((s[jj] - mn) * {scale});",
+            "    l += s[jj];",
+            "  }",
+            "  for (int jj = 0; jj < jn; jj++) {",
+            "    const int j = j0 + jj;",
+            "    const float p = s[jj];",
+            "    #pragma omp simd",
+            f"    for (int dd = 0; dd < {width}; dd++) {{",
+            *("      " + line for line in value_lines),
+            f"      o[dd] += p * {value};",
+            "    }",
             "  }",
             "  m = mn;",
             "}",

@@ -9,7 +9,8 @@ about this kernel's loops (which the caller asserts as relations):
 - split/tile: split the last output loop into tiles whose accumulators stay in registers;
 - parallelize: share out only the outermost loop instead of the merged (collapsed) outer loops;
 - unroll: unroll the reduction loop;
-- vectorize: mark the innermost output loop `omp simd`.
+- vectorize: mark the innermost output loop `omp simd`;
+- key blocks (fused attention): how many keys' scores are computed before one rescaling.
 
 All the terms end in the kernel's root e-class (they compute the same thing), and every one of
 them is extracted as a candidate for the search to measure: a static cost cannot tell which is
@@ -41,6 +42,8 @@ tile_fits = relation("tile_fits", i64)
 many_outer = relation("many_outer")
 """More than one outer loop is shared out to threads (so sharing only the first is a variant)."""
 elementwise = relation("elementwise")
+key_block = relation("key_block", i64)
+"""A fused attention kernel can take its keys in blocks of this size."""
 
 a, t, c, u, s, n = vars_("a t c u s n", i64)
 
@@ -51,6 +54,8 @@ schedule_rules = ruleset(
         union(Sched(AUTO, 0, c, u, s)).with_(Sched(DOT, 0, c, u, s))),
     rule(Sched(ROW_WISE, 0, c, u, s), tile_fits(n), name="tile:registers").then(
         union(Sched(ROW_WISE, 0, c, u, s)).with_(Sched(ROW_WISE, n, c, u, s))),
+    rule(Sched(AUTO, 0, c, u, s), key_block(n), name="tile:key-block").then(
+        union(Sched(AUTO, 0, c, u, s)).with_(Sched(AUTO, n, c, u, s))),
     rule(Sched(a, t, 0, u, s), many_outer(), name="parallelize:outermost").then(
         union(Sched(a, t, 0, u, s)).with_(Sched(a, t, 1, u, s))),
     rule(Sched(a, t, c, 0, s), reduces(), name="unroll:reduction").then(
@@ -66,6 +71,10 @@ def kernel_facts(kernel: Kernel) -> list:
     node = kernel.node
     loops = [size for size in node.shape if size > 1]
     facts = []
+    if kernel.attention is not None:
+        keys = kernel.attention.product.shape[node.arg]
+        facts += [key_block(i64(block)) for block in (8, 16, 64, 128) if block < keys]
+        return facts + [many_outer()] * (len(loops) >= 3)
     if kernel.kind == "reduce" and len(loops) >= 2:
         facts.append(reduces())
         if loops[-1] <= 1024:
