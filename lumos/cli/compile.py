@@ -32,6 +32,16 @@ def _search_line(summary) -> str:
     return text + (", all from the search cache" if summary.search_cache_hit else "")
 
 
+def _attention_line(attention: dict | None) -> str:
+    if not attention:
+        return "none found"
+    rules = ", ".join(f"{name}×{count}" for name, count in attention["rules"].items())
+    verdict = "kept" if attention["chosen"] else ("not kept: slower" if attention["verified"] else "not kept: differs")
+    times = f"{attention['fused_ms'] or float('nan'):.2f} ms vs {attention['unfused_ms']:.2f} ms unfused"
+    return (f"{attention['matches']} online-softmax kernel(s) ({rules}); {verdict} ({times}); "
+            f"score matrices not written: {_bytes(attention['score_bytes_not_written'])}")
+
+
 def _explain_row(group: dict) -> tuple:
     names = ", ".join(group["kernels"][:3]) + (f" (+{len(group['kernels']) - 3})" if len(group["kernels"]) > 3 else "")
     rules = ", ".join(f"{name}×{count}" for name, count in group["rules"].items()) or "-"
@@ -88,7 +98,8 @@ def compile_model(
                    "seq": summary.seq_len, **stats, "max_error": summary.max_error, "eager_ms": summary.eager_ms,
                    "compiled_ms": summary.compiled_ms, "cache_hit": summary.cache_hit, "seconds": summary.seconds,
                    "artifact": summary.artifact, "library": summary.library, "search_rounds": summary.search_rounds,
-                   "search_cache_hit": summary.search_cache_hit, "search": summary.search})
+                   "search_cache_hit": summary.search_cache_hit, "search": summary.search,
+                   "attention": summary.attention})
         return
     speedup = summary.eager_ms / summary.compiled_ms if summary.compiled_ms else float("nan")
     rows = [
@@ -100,6 +111,7 @@ def compile_model(
         ("max difference vs torch", f"{summary.max_error:.2e}"),
         ("kernel cache", "hit" if summary.cache_hit else f"built in {summary.seconds.get('build', 0):.1f} s"),
         ("schedule search", _search_line(summary)),
+        ("fused attention", _attention_line(summary.attention)),
         ("plan", f"{summary.artifact} of run {summary.run_id}"),
     ]
     print_table(f"{subject.label} → {target}, batch {summary.batch_size}, sequence {summary.seq_len}", ["", ""], rows)

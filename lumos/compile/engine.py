@@ -376,6 +376,8 @@ class CompileSummary:
     """Per distinct kernel: rules fired, candidates tried, baseline, best and worst times (search.py)."""
     search_rounds: int = 0
     search_cache_hit: bool = False
+    attention: dict | None = None
+    """What the attention rules found (online softmax) and whether the fused kernels were kept."""
 
 
 def compile_run(workspace: Workspace, run_id: str, target: str = "cpu", batch_size: int = 256,
@@ -402,7 +404,7 @@ def compile_run(workspace: Workspace, run_id: str, target: str = "cpu", batch_si
     return CompileSummary(run_id, target, batch_size, seq_len, result.compilation.stats(), result.max_error,
                           result.eager_ms, result.compiled_ms, build.hit, result.seconds, artifact, str(build.library),
                           search.report() if search else [], search.rounds if search else 0,
-                          bool(search and search.cache_hit))
+                          bool(search and search.cache_hit), search.attention if search else None)
 
 
 def clear_cache(workspace: Workspace, target: str = "cpu") -> int:

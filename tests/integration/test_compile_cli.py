@@ -70,6 +70,7 @@ def test_compile_verifies_stores_and_serves_the_plan(project):
     assert result.exit_code == 0, result.output
     first = json.loads(result.stdout)
     assert first["search"] and first["search_rounds"] >= 1 and not first["search_cache_hit"]
+    assert first["attention"]["matches"] >= 1 and first["attention"]["verified"]  # online softmax found
     assert first["run_id"] == run_id and first["target"] == "cpu" and first["seq"] == 12 and first["batch"] == 8
     assert first["kernels"] > 0 and first["primitive_ops"] > first["kernels"] and first["fused_ops"] > 0
     assert 0 < first["planned_peak_bytes"] < first["per_node_bytes"]
@@ -107,7 +108,7 @@ def test_table_output_and_clear_cache(project):
     result = lumos(project, "compile", "--run", run_id, "--batch", "4", "--seq", "6", "--search-budget", "2", "--explain")
     assert result.exit_code == 0, result.output
     for row in ("primitive ops in", "kernels out", "fused ops", "planned peak memory", "time per forward",
-                "schedule search", "rules fired", "baseline"):
+                "schedule search", "fused attention", "rules fired", "baseline"):
         assert row in result.stdout
     result = lumos(project, "compile", "--run", run_id, "--batch", "4", "--seq", "6", "--no-search")
     assert result.exit_code == 0, result.output
