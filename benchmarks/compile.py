@@ -192,23 +192,23 @@ def bench_attention(seq: int, batch: int, heads: int, head_dim: int, repeats: in
         scores = (q @ k.transpose(-1, -2)) / head_dim ** 0.5
         return torch.softmax(scores.masked_fill(mask == 0, -1e30), -1) @ v
 
-    graph = Graph()
-    tq, tk, tv = (Tensor.input(graph, name, (batch, heads, seq, head_dim)) for name in "qkv")
-    tmask = Tensor.input(graph, "mask", (batch, 1, 1, seq))
-    mark_output(graph, "y", attention(tq, tk, tv, tmask))
-    graph = graph.prune()
+    def attention_graph() -> Graph:
+        # q, k, v computed (as the projections they are in the model), so that the layout pass
+        # gives k a key-contiguous copy, as it does in the model.
+        graph = Graph()
+        tq, tk, tv = (Tensor.input(graph, name, (batch, heads, seq, head_dim)) * 1.0 for name in "qkv")
+        tmask = Tensor.input(graph, "mask", (batch, 1, 1, seq))
+        mark_output(graph, "y", attention(tq, tk, tv, tmask))
+        return graph.prune()
+
     named = {"q": q.numpy(), "k": k.numpy(), "v": v.numpy(), "mask": mask.numpy()}
     result = {"seq": seq, "batch": batch, "heads": heads, "head_dim": head_dim,
               "score_matrix_bytes": batch * heads * seq * seq * 4}
     with tempfile.TemporaryDirectory(prefix="lumos-bench-attention-") as folder:
         cache = KernelCache(folder, "cpu")
-        plain = compile_graph(graph, cache, Options())
-        graph2 = Graph()
-        tq, tk, tv = (Tensor.input(graph2, name, (batch, heads, seq, head_dim)) for name in "qkv")
-        tmask = Tensor.input(graph2, "mask", (batch, 1, 1, seq))
-        mark_output(graph2, "y", attention(tq, tk, tv, tmask))
+        plain = compile_graph(attention_graph(), cache, Options())
         started = time.perf_counter()
-        searched = compile_graph(graph2.prune(), cache, Options(search_budget_s=search_budget, search_cache=False), named)
+        searched = compile_graph(attention_graph(), cache, Options(search_budget_s=search_budget, search_cache=False), named)
         result["search_s"] = time.perf_counter() - started
         result["search_attention"] = searched.search.attention
         programs = {"lumos_unfused": load_program(plain), "lumos_searched": load_program(searched)}
@@ -231,15 +231,17 @@ def bench_attention(seq: int, batch: int, heads: int, head_dim: int, repeats: in
         result["lumos_unfused_arena_bytes"] = plain.buffers.arena_bytes
         result["lumos_searched_arena_bytes"] = searched.buffers.arena_bytes
         result["fused_chosen"] = fused_chosen
-    # Extra peak memory of one eager call: max RSS growth in a fresh process (torch frees to its cache).
+    # Extra peak memory of one eager call, in a fresh process: the peak RSS (VmHWM, reset through
+    # /proc/self/clear_refs just before the call) above the RSS before it.
     for name in ("sdpa", "explicit"):
-        code = (f"import resource, torch; g = torch.Generator().manual_seed(0); "
+        code = (f"import re, torch; g = torch.Generator().manual_seed(0); "
                 f"q, k, v = (torch.randn({batch}, {heads}, {seq}, {head_dim}, generator=g) for _ in range(3)); "
                 f"mask = torch.rand({batch}, 1, 1, {seq}, generator=g) > 0.2; "
-                "before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss; "
-                + ("torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask); " if name == "sdpa" else
-                   f"torch.softmax(((q @ k.transpose(-1, -2)) / {head_dim ** 0.5}).masked_fill(~mask, -1e30), -1) @ v; ")
-                + "print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) * 1024)")
+                "status = lambda key: int(re.search(key + r':\\s+(\\d+)', open('/proc/self/status').read()).group(1)) * 1024; "
+                "open('/proc/self/clear_refs', 'w').write('5'); before = status('VmRSS'); "
+                + ("y = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask); " if name == "sdpa" else
+                   f"y = torch.softmax(((q @ k.transpose(-1, -2)) / {head_dim ** 0.5}).masked_fill(~mask, -1e30), -1) @ v; ")
+                + "print(status('VmHWM') - before)")
         out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
         result[f"eager_{name}_peak_extra_bytes"] = int(out.stdout.strip().splitlines()[-1])
     mib = 2 ** 20

@@ -36,8 +36,10 @@ def cpu_model() -> str:
 
 
 def machine_signature(cc: str, cflags: tuple[str, ...]) -> str:
-    """What makes a measured schedule valid elsewhere: CPU, thread count, compiler and flags."""
-    described = {"cpu": cpu_model(), "cpus": os.cpu_count(), "omp_threads": os.environ.get("OMP_NUM_THREADS"),
+    """What makes a measured schedule valid elsewhere: CPU, threads per call, compiler and flags."""
+    import torch  # the driver runs on torch's thread count (runtime.py)
+
+    described = {"cpu": cpu_model(), "cpus": os.cpu_count(), "threads": torch.get_num_threads(),
                  "cc": compiler_version(cc), "flags": list(cflags)}
     return hashlib.sha256(json.dumps(described, sort_keys=True).encode()).hexdigest()[:16]
 
