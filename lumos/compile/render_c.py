@@ -547,7 +547,7 @@ def canonical_kernel_source(kernel: Kernel, materialized: set[Node], schedule: K
     """The kernel's C with buffer and kernel names replaced by positional ones: identical layers
     (same computation on different weights and buffers) give the same text."""
     params = {node: f"p{index}" for index, node in enumerate(kernel.reads)}
-    renamed = Kernel("kernel", kernel.node, kernel.fused, kernel.reads)
+    renamed = Kernel("kernel", kernel.node, kernel.fused, kernel.reads, kernel.attention)
     return render_kernel(renamed, materialized, params, schedule).split("\n", 1)[1]
 
 

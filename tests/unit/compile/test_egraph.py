@@ -135,3 +135,13 @@ def test_the_search_reports_and_verifies_the_fused_attention(kernel_cache):
     assert report["chosen"] == (report["fused_ms"] < report["unfused_ms"])
     got = load_program(compilation)(inputs)["y"].reshape(graph.output_shapes["y"])
     np.testing.assert_allclose(got, interpret(graph, inputs)["y"], atol=1e-5, rtol=1e-5)
+
+
+def test_key_blocks_are_distinct_candidates_of_a_fused_attention(kernel_cache):
+    from lumos.compile.search import make_groups
+
+    graph, _ = attention_graph(70)
+    compilation = compile_graph(graph, kernel_cache)
+    kernels, materialized, _ = fuse_attention(graph, compilation.materialized, find_attention(graph)[0])
+    (group,) = make_groups(kernels, materialized, seed=0)
+    assert {candidate.schedule.tile for candidate in group.candidates} >= {0, 8, 16, 64}
