@@ -113,6 +113,7 @@ def bench_model(name: str, model: LumosModel, batch_size: int, repeats: int, ind
         result["search_s"] = search.seconds
         result["search_rounds"] = search.rounds
         result["search_attention"] = search.attention
+        result["search_confirmed"] = search.confirmed
         result["search_kernels"] = search.report()
         result["kernel_ms"] = _kernel_profile(cold, batch)
     print(f"  torch eager      {result['eager_ms']:8.2f} ms", flush=True)
@@ -148,6 +149,10 @@ def bench_model(name: str, model: LumosModel, batch_size: int, repeats: int, ind
         if attention:
             print(f"  fused attention  {attention['matches']} found, {'kept' if attention['chosen'] else 'not kept'} "
                   f"({attention['fused_ms'] or float('nan'):.1f} ms vs {attention['unfused_ms']:.1f} ms, default schedules)")
+    if result.get("search_confirmed"):
+        confirmed = result["search_confirmed"]
+        print(f"  search verdict   whole call {confirmed['searched_ms']:.1f} ms searched vs {confirmed['baseline_ms']:.1f} ms "
+              f"unsearched: {'kept' if confirmed['kept'] else 'reverted to the defaults'}")
     print(f"  compile: cold {result['lumos_compile_cold_s']:.1f} s (search {result.get('search_s', 0):.1f} s, gcc {result['lumos_build_cold_s']:.1f} s), warm "
           f"{result['lumos_compile_warm_s']:.1f} s (cache hit, {result['lumos_build_warm_s'] * 1000:.0f} ms); "
           f"max |diff| vs eager {result['max_error']:.1e}", flush=True)

@@ -29,7 +29,12 @@ def _search_line(summary) -> str:
     searched = sum(not group["cached"] for group in summary.search)
     text = (f"{len(summary.search)} distinct kernels, {searched} searched in {summary.search_rounds} rounds "
             f"({summary.seconds.get('search', 0):.1f} s)")
-    return text + (", all from the search cache" if summary.search_cache_hit else "")
+    text += ", all from the search cache" if summary.search_cache_hit else ""
+    confirmed = summary.search_confirmed
+    if confirmed:
+        verdict = "kept" if confirmed["kept"] else "not kept, the renderer's defaults are used"
+        text += f"; whole call {confirmed['searched_ms']:.2f} ms vs {confirmed['baseline_ms']:.2f} ms unsearched: {verdict}"
+    return text
 
 
 def _attention_line(attention: dict | None) -> str:
@@ -99,7 +104,7 @@ def compile_model(
                    "compiled_ms": summary.compiled_ms, "cache_hit": summary.cache_hit, "seconds": summary.seconds,
                    "artifact": summary.artifact, "library": summary.library, "search_rounds": summary.search_rounds,
                    "search_cache_hit": summary.search_cache_hit, "search": summary.search,
-                   "attention": summary.attention})
+                   "attention": summary.attention, "search_confirmed": summary.search_confirmed})
         return
     speedup = summary.eager_ms / summary.compiled_ms if summary.compiled_ms else float("nan")
     rows = [

@@ -378,6 +378,8 @@ class CompileSummary:
     search_cache_hit: bool = False
     attention: dict | None = None
     """What the attention rules found (online softmax) and whether the fused kernels were kept."""
+    search_confirmed: dict | None = None
+    """Whole-call ms without and with the search's choices, and whether they were kept."""
 
 
 def compile_run(workspace: Workspace, run_id: str, target: str = "cpu", batch_size: int = 256,
@@ -404,7 +406,8 @@ def compile_run(workspace: Workspace, run_id: str, target: str = "cpu", batch_si
     return CompileSummary(run_id, target, batch_size, seq_len, result.compilation.stats(), result.max_error,
                           result.eager_ms, result.compiled_ms, build.hit, result.seconds, artifact, str(build.library),
                           search.report() if search else [], search.rounds if search else 0,
-                          bool(search and search.cache_hit), search.attention if search else None)
+                          bool(search and search.cache_hit), search.attention if search else None,
+                          search.confirmed if search else None)
 
 
 def clear_cache(workspace: Workspace, target: str = "cpu") -> int:

@@ -38,6 +38,9 @@ VERIFY_ROWS = 3
 TOLERANCE = 1e-4
 """Relative to the largest magnitude of the reference buffer (sums reassociate)."""
 WARMUP, REPEATS = 1, 5
+CONFIRM_REPEATS = 7
+"""Whole calls of the baseline and of the searched program, alternately, before the search result
+is kept: per-kernel times on a busy machine can mislead, a whole call is what counts."""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -210,6 +213,8 @@ class SearchResult:
     materialized: set[Node] = field(default_factory=set)
     attention: dict | None = None
     """What the attention rules found, and whether the fused kernels were kept (and why)."""
+    confirmed: dict | None = None
+    """Whole-call ms of the program without and with the search's choices, and whether they were kept."""
 
     @property
     def cache_hit(self) -> bool:
@@ -244,15 +249,36 @@ class Bench:
         self.slowest_ms = None
         """A candidate program this many times slower than the baseline is timed once, not REPEATS times."""
 
-    def measure(self, kernels: list[Kernel], materialized: set[Node], schedules: dict[str, KernelSchedule]) -> Measurement:
+    def program(self, kernels: list[Kernel], materialized: set[Node], schedules: dict[str, KernelSchedule],
+                reuse: bool = False) -> tuple[NativeProgram, object]:
+        """The built program; without `reuse` every intermediate stays readable in the arena and
+        every kernel ends with a barrier (so that each is timed alone)."""
         graph = self.graph
-        buffers = plan_buffers(graph, kernels, reuse=False)  # every intermediate stays readable
-        source = render_library(graph, kernels, materialized, buffers, schedules, always_barrier=True)
+        buffers = plan_buffers(graph, kernels, reuse=reuse)
+        source = render_library(graph, kernels, materialized, buffers, schedules, always_barrier=not reuse)
         program = NativeProgram(self.cache.build(source, self.cc, self.cflags).library,
                                 [(name, node.shape) for name, node in graph.inputs.items()],
                                 [(name, node.shape) for name, node in graph.outputs.items()],
                                 [graph.tensors[name] for name in tensor_names(graph)], buffers.arena_bytes,
                                 symbolic_batch=graph.batch is not None)
+        return program, buffers
+
+    def confirm(self, baseline: tuple, searched: tuple, repeats: int = CONFIRM_REPEATS) -> tuple[float, float]:
+        """Median ms per whole call of two programs as they will run (buffers reused, barriers only
+        where needed), timed alternately so that both see the same background load."""
+        programs = [self.program(*baseline, reuse=True)[0], self.program(*searched, reuse=True)[0]]
+        times: list[list[float]] = [[], []]
+        for program in programs:
+            program(self.inputs)
+        for _ in range(repeats):
+            for index, program in enumerate(programs):
+                began = time.perf_counter()
+                program(self.inputs)
+                times[index].append((time.perf_counter() - began) * 1000)
+        return statistics.median(times[0]), statistics.median(times[1])
+
+    def measure(self, kernels: list[Kernel], materialized: set[Node], schedules: dict[str, KernelSchedule]) -> Measurement:
+        program, buffers = self.program(kernels, materialized, schedules)
         got = program(self.small)
         wrong: set[Node] = set()
         inconclusive: set[str] = set()
@@ -290,6 +316,7 @@ def search_schedules(graph: Graph, kernels: list[Kernel], materialized: set[Node
     verified and faster."""
     started = time.perf_counter()
     inputs = inputs if inputs is not None else random_inputs(graph, seed)
+    original = (kernels, materialized)
     fused_report = None
     bench = None
     if attention:
@@ -313,6 +340,7 @@ def search_schedules(graph: Graph, kernels: list[Kernel], materialized: set[Node
                     fused_report = {**fused_report, "cached": True}
                     if fused_report["chosen"]:
                         kernels, materialized = fused, fused_materialized
+    plain_kernels, plain_materialized = original
     groups = make_groups(kernels, materialized, seed)
     if search_cache is not None:
         for group in groups:
@@ -331,8 +359,20 @@ def search_schedules(graph: Graph, kernels: list[Kernel], materialized: set[Node
         chosen = group.cached.schedule if group.cached is not None else (group.best or group.candidates[0]).schedule
         for kernel in group.kernels:
             schedules[kernel.name] = chosen
+    # The whole program, searched against not searched: kept only if a whole call is faster.
+    confirm_key = hashlib.sha256("|".join(sorted(g.key for g in groups)).encode()).hexdigest()[:24]
+    confirmed = search_cache.get_decision(confirm_key) if search_cache is not None else None
+    if confirmed is None:
+        bench = bench or Bench(graph, {k.node for k in kernels}, inputs, cache, cc, cflags)
+        baseline_ms, searched_ms = bench.confirm((plain_kernels, plain_materialized, {}), (kernels, materialized, schedules))
+        confirmed = {"baseline_ms": baseline_ms, "searched_ms": searched_ms, "kept": searched_ms < baseline_ms}
+        if search_cache is not None:
+            search_cache.put_decision(confirm_key, confirmed)
+    if not confirmed["kept"]:
+        kernels, materialized = plain_kernels, plain_materialized
+        schedules = {kernel.name: KernelSchedule() for kernel in kernels}
     return SearchResult(schedules, groups, rounds, time.perf_counter() - started, budget_s, kernels, materialized,
-                        fused_report)
+                        fused_report, confirmed)
 
 
 def _choose_attention(bench: Bench, kernels, materialized, fused, fused_materialized, used, fired):
