@@ -1,6 +1,7 @@
 """Forward time of the Lumos model at batch 256: torch eager, torch.compile (inductor), Lumos compiled.
 
-    python benchmarks/compile.py [--batch 256] [--repeats 10] [--skip-inductor] [--out benchmarks/results/compile.json]
+    python benchmarks/compile.py [--batch 256] [--repeats 10] [--skip-inductor] [--search-budget 120]
+                                 [--attention-seq 512] [--out benchmarks/results/compile.json]
 
 Two models: the quickstart model (lumos/quickstart/train.toml's [model], feature sizes as the
 quickstart data gives them) and a SASRec-sized one (width 64, 2 heads, 2 layers, sequence 50,
@@ -9,6 +10,11 @@ warm-up, taken round-robin so that every engine sees the same background load. A
 peak memory against one buffer per node, and its largest difference from eager.
 
 GFLOP/s counts the matrix products (2·M·N·K each, from the primitive graph), which dominate.
+Lumos runs with its schedule search (cold: empty caches; warm: the same compile again, which
+reuses the search cache and the kernel cache) and without (`lumos_no_search`); the JSON keeps the
+per-kernel profile of the searched forward and what the search chose per kernel. Last, one
+attention at sequence 512: torch eager (SDPA and the explicit softmax) against Lumos with the
+fused online-softmax kernel, time and extra peak memory.
 """
 
 from __future__ import annotations
@@ -22,12 +28,14 @@ import tempfile
 import time
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from lumos.compile.cache import KernelCache
-from lumos.compile.engine import compile_model, median_ms, verify
+from lumos.compile.engine import SEARCH_BUDGET_S, compile_model, median_ms, verify
 from lumos.compile.frontend import _Forward, batch_tensors, example_batch, input_names
 from lumos.compile.ir import Graph, Op
+from lumos.compile.program import Options, compile_graph, load_program
 from lumos.core.config import load_config
 from lumos.quickstart import RECIPES
 from lumos.train.config import TrainConfig
@@ -57,7 +65,8 @@ def matmul_flops(graph: Graph) -> int:
                if node.op is Op.SUM and node.srcs[0].op is Op.MUL and node.views[0].shape[node.arg] > 1)
 
 
-def bench_model(name: str, model: LumosModel, batch_size: int, repeats: int, inductor: bool) -> dict:
+def bench_model(name: str, model: LumosModel, batch_size: int, repeats: int, inductor: bool,
+                search_budget: float = SEARCH_BUDGET_S) -> dict:
     model.eval()
     seq_len = model.features.max_len
     batch = example_batch(model.features, batch_size, seq_len, seed=3)
@@ -78,11 +87,14 @@ def bench_model(name: str, model: LumosModel, batch_size: int, repeats: int, ind
 
     with tempfile.TemporaryDirectory(prefix="lumos-bench-kernels-") as folder:
         cache = KernelCache(folder, "cpu")
-        cold = compile_model(model, batch_size, seq_len, cache)
-        warm = compile_model(model, batch_size, seq_len, cache)
-        assert warm.compilation.build.hit
+        options = Options(search_budget_s=search_budget)
+        unsearched = compile_model(model, batch_size, seq_len, cache)
+        cold = compile_model(model, batch_size, seq_len, cache, options)
+        warm = compile_model(model, batch_size, seq_len, cache, options)
+        assert warm.compilation.build.hit and (warm.compilation.search is None or warm.compilation.search.cache_hit)
         result["max_error"] = verify(cold, model, seeds=(1,))
         engines["lumos"] = lambda: cold.compiled(batch)
+        engines["lumos_no_search"] = lambda: unsearched.compiled(batch)
         # Round-robin: on a shared machine every engine sees the same background load.
         with torch.no_grad():
             times = {engine: [] for engine in engines}
@@ -96,6 +108,14 @@ def bench_model(name: str, model: LumosModel, batch_size: int, repeats: int, ind
             result[f"{engine}_ms"] = statistics.median(values)
             result[f"{engine}_best_ms"] = min(values)  # least disturbed by other load
         stats = cold.compilation.stats()
+    search = cold.compilation.search
+    if search is not None:
+        result["search_s"] = search.seconds
+        result["search_rounds"] = search.rounds
+        result["search_attention"] = search.attention
+        result["search_confirmed"] = search.confirmed
+        result["search_kernels"] = search.report()
+        result["kernel_ms"] = _kernel_profile(cold, batch)
     print(f"  torch eager      {result['eager_ms']:8.2f} ms", flush=True)
     if inductor:
         print(f"  torch.compile    {result['inductor_ms']:8.2f} ms  (compiled in {result['inductor_compile_s']:.0f} s)")
@@ -112,6 +132,7 @@ def bench_model(name: str, model: LumosModel, batch_size: int, repeats: int, ind
     result["lumos_vs_eager"] = result["eager_ms"] / result["lumos_ms"]
     if "inductor_ms" in result:
         result["lumos_vs_inductor"] = result["inductor_ms"] / result["lumos_ms"]
+    print(f"  lumos, no search {result['lumos_no_search_ms']:8.2f} ms")
     print(f"  lumos compiled   {result['lumos_ms']:8.2f} ms  ({result['lumos_vs_eager']:.2f}x eager"
           + (f", {result['lumos_vs_inductor']:.2f}x inductor" if "inductor_ms" in result else "") + ")")
     print("  best of runs     " + ", ".join(f"{engine} {result[f'{engine}_best_ms']:.2f} ms" for engine in engines))
@@ -121,9 +142,120 @@ def bench_model(name: str, model: LumosModel, batch_size: int, repeats: int, ind
     print(f"  kernels {stats['kernels']} from {stats['primitive_ops']} primitive ops; planned peak "
           f"{stats['planned_peak_bytes'] / 2**20:.1f} MiB vs {stats['per_node_bytes'] / 2**20:.1f} MiB one buffer per node "
           f"({stats['unshared_bytes'] / 2**20:.1f} MiB without reuse)")
-    print(f"  compile: cold {result['lumos_compile_cold_s']:.1f} s (gcc {result['lumos_build_cold_s']:.1f} s), warm "
+    if "kernel_ms" in result:
+        top = ", ".join(f"{row['kernel']} {row['kind']} {row['ms']:.1f} ms" for row in result["kernel_ms"][:5])
+        print(f"  slowest kernels  {top}")
+        attention = result.get("search_attention")
+        if attention:
+            print(f"  fused attention  {attention['matches']} found, {'kept' if attention['chosen'] else 'not kept'} "
+                  f"({attention['fused_ms'] or float('nan'):.1f} ms vs {attention['unfused_ms']:.1f} ms, default schedules)")
+    if result.get("search_confirmed"):
+        confirmed = result["search_confirmed"]
+        print(f"  search verdict   whole call {confirmed['searched_ms']:.1f} ms searched vs {confirmed['baseline_ms']:.1f} ms "
+              f"unsearched: {'kept' if confirmed['kept'] else 'reverted to the defaults'}")
+    print(f"  compile: cold {result['lumos_compile_cold_s']:.1f} s (search {result.get('search_s', 0):.1f} s, gcc {result['lumos_build_cold_s']:.1f} s), warm "
           f"{result['lumos_compile_warm_s']:.1f} s (cache hit, {result['lumos_build_warm_s'] * 1000:.0f} ms); "
           f"max |diff| vs eager {result['max_error']:.1e}", flush=True)
+    return result
+
+
+def _kernel_profile(result, batch, repeats: int = 5) -> list[dict]:
+    """Median ms per kernel of the compiled forward (the driver's timed variant), slowest first."""
+    from lumos.compile.frontend import batch_tensors as tensors_of
+    from lumos.compile.search import kernel_flops
+
+    compiled, kernels = result.compiled, result.compilation.kernels
+    named = {name: t.float().numpy() for name, t in tensors_of(batch, compiled.features).items()
+             if name in compiled.program_inputs}
+    samples = [compiled.program.kernel_seconds(named, len(kernels)) for _ in range(repeats + 1)][1:]
+    medians = [statistics.median(values) * 1000 for values in zip(*samples, strict=True)]
+    rows = [{"kernel": k.name, "kind": k.kind, "shape": list(k.node.shape), "ms": ms,
+             "gflops": kernel_flops(k) / (ms / 1000) / 1e9 if ms > 0 else 0.0, "origin": k.node.origin[:60]}
+            for k, ms in zip(kernels, medians, strict=True)]
+    return sorted(rows, key=lambda row: -row["ms"])
+
+
+def bench_attention(seq: int, batch: int, heads: int, head_dim: int, repeats: int, search_budget: float) -> dict:
+    """One masked attention at sequence `seq`: torch eager (SDPA and the explicit softmax) against
+    Lumos with and without the fused online-softmax kernel; time and the extra memory of one call."""
+    import subprocess
+    import sys
+
+    from lumos.compile.hl_ops import Tensor, attention, mark_output
+    from lumos.compile.ir import Graph
+
+    print(f"== attention: batch {batch}, {heads} heads, sequence {seq}, head size {head_dim}", flush=True)
+    generator = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(batch, heads, seq, head_dim, generator=generator) for _ in range(3))
+    mask = (torch.rand(batch, 1, 1, seq, generator=generator) > 0.2).float()
+    mask[..., 0] = 1.0
+
+    def sdpa():
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask > 0)
+
+    def explicit():
+        scores = (q @ k.transpose(-1, -2)) / head_dim ** 0.5
+        return torch.softmax(scores.masked_fill(mask == 0, -1e30), -1) @ v
+
+    def attention_graph() -> Graph:
+        # q, k, v computed (as the projections they are in the model), so that the layout pass
+        # gives k a key-contiguous copy, as it does in the model.
+        graph = Graph()
+        tq, tk, tv = (Tensor.input(graph, name, (batch, heads, seq, head_dim)) * 1.0 for name in "qkv")
+        tmask = Tensor.input(graph, "mask", (batch, 1, 1, seq))
+        mark_output(graph, "y", attention(tq, tk, tv, tmask))
+        return graph.prune()
+
+    named = {"q": q.numpy(), "k": k.numpy(), "v": v.numpy(), "mask": mask.numpy()}
+    result = {"seq": seq, "batch": batch, "heads": heads, "head_dim": head_dim,
+              "score_matrix_bytes": batch * heads * seq * seq * 4}
+    with tempfile.TemporaryDirectory(prefix="lumos-bench-attention-") as folder:
+        cache = KernelCache(folder, "cpu")
+        plain = compile_graph(attention_graph(), cache, Options())
+        started = time.perf_counter()
+        searched = compile_graph(attention_graph(), cache, Options(search_budget_s=search_budget, search_cache=False), named)
+        result["search_s"] = time.perf_counter() - started
+        result["search_attention"] = searched.search.attention
+        programs = {"lumos_unfused": load_program(plain), "lumos_searched": load_program(searched)}
+        fused_chosen = bool(searched.search.attention and searched.search.attention["chosen"])
+        want = explicit().numpy()
+        for name, program in programs.items():
+            got = program(named)["y"].reshape(want.shape)
+            result[f"{name}_max_error"] = float(np.max(np.abs(got - want)))
+        engines = {"eager_sdpa": sdpa, "eager_explicit": explicit,
+                   **{name: (lambda p=program: p(named)) for name, program in programs.items()}}
+        times = {name: [] for name in engines}
+        with torch.no_grad():
+            for call in engines.values():
+                call()
+            for _ in range(repeats):
+                for name, call in engines.items():
+                    times[name].append(median_ms(call, 1, warmup=0))
+        for name, values in times.items():
+            result[f"{name}_ms"] = statistics.median(values)
+        result["lumos_unfused_arena_bytes"] = plain.buffers.arena_bytes
+        result["lumos_searched_arena_bytes"] = searched.buffers.arena_bytes
+        result["fused_chosen"] = fused_chosen
+    # Extra peak memory of one eager call, in a fresh process: the peak RSS (VmHWM, reset through
+    # /proc/self/clear_refs just before the call) above the RSS before it.
+    for name in ("sdpa", "explicit"):
+        code = (f"import re, torch; g = torch.Generator().manual_seed(0); "
+                f"q, k, v = (torch.randn({batch}, {heads}, {seq}, {head_dim}, generator=g) for _ in range(3)); "
+                f"mask = torch.rand({batch}, 1, 1, {seq}, generator=g) > 0.2; "
+                "status = lambda key: int(re.search(key + r':\\s+(\\d+)', open('/proc/self/status').read()).group(1)) * 1024; "
+                "open('/proc/self/clear_refs', 'w').write('5'); before = status('VmRSS'); "
+                + ("y = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask); " if name == "sdpa" else
+                   f"y = torch.softmax(((q @ k.transpose(-1, -2)) / {head_dim ** 0.5}).masked_fill(~mask, -1e30), -1) @ v; ")
+                + "print(status('VmHWM') - before)")
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+        result[f"eager_{name}_peak_extra_bytes"] = int(out.stdout.strip().splitlines()[-1])
+    mib = 2 ** 20
+    print(f"  torch eager SDPA      {result['eager_sdpa_ms']:8.2f} ms, peak +{result['eager_sdpa_peak_extra_bytes'] / mib:.1f} MiB")
+    print(f"  torch eager explicit  {result['eager_explicit_ms']:8.2f} ms, peak +{result['eager_explicit_peak_extra_bytes'] / mib:.1f} MiB")
+    print(f"  lumos, no search      {result['lumos_unfused_ms']:8.2f} ms, arena {result['lumos_unfused_arena_bytes'] / mib:.1f} MiB")
+    print(f"  lumos, searched       {result['lumos_searched_ms']:8.2f} ms, arena {result['lumos_searched_arena_bytes'] / mib:.1f} MiB"
+          f" (fused online softmax {'chosen' if result['fused_chosen'] else 'not chosen'}; score matrix would be "
+          f"{result['score_matrix_bytes'] / mib:.1f} MiB)", flush=True)
     return result
 
 
@@ -132,6 +264,8 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=256)
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--skip-inductor", action="store_true", help="Leave out torch.compile (slow to build).")
+    parser.add_argument("--search-budget", type=float, default=SEARCH_BUDGET_S, help="Lumos schedule search, seconds per model.")
+    parser.add_argument("--attention-seq", type=int, default=512, help="Sequence length of the attention benchmark (0: skip).")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "compile.json")
     args = parser.parse_args()
 
@@ -141,10 +275,13 @@ def main() -> None:
         ("quickstart", LumosModel(train.model, QUICKSTART_FEATURES)),
         ("sasrec", LumosModel(SASREC_CONFIG, SASREC_FEATURES)),
     ]
-    results = [bench_model(name, model, args.batch, args.repeats, not args.skip_inductor) for name, model in models]
+    results = [bench_model(name, model, args.batch, args.repeats, not args.skip_inductor, args.search_budget)
+               for name, model in models]
     report = {"machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "torch": torch.__version__,
-                          "torch_threads": torch.get_num_threads()},
+                          "torch_threads": torch.get_num_threads(), "load_average": os.getloadavg()},
               "results": results}
+    if args.attention_seq:
+        report["attention"] = bench_attention(args.attention_seq, 16, 2, 32, args.repeats, args.search_budget)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2))
     print(f"wrote {args.out}")

@@ -19,6 +19,42 @@ def _bytes(count: int) -> str:
     return str(count)
 
 
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3f}"
+
+
+def _search_line(summary) -> str:
+    if not summary.search:
+        return "off (--no-search)"
+    searched = sum(not group["cached"] for group in summary.search)
+    text = (f"{len(summary.search)} distinct kernels, {searched} searched in {summary.search_rounds} rounds "
+            f"({summary.seconds.get('search', 0):.1f} s)")
+    text += ", all from the search cache" if summary.search_cache_hit else ""
+    confirmed = summary.search_confirmed
+    if confirmed:
+        verdict = "kept" if confirmed["kept"] else "not kept, the renderer's defaults are used"
+        text += f"; whole call {confirmed['searched_ms']:.2f} ms vs {confirmed['baseline_ms']:.2f} ms unsearched: {verdict}"
+    return text
+
+
+def _attention_line(attention: dict | None) -> str:
+    if not attention:
+        return "none found"
+    rules = ", ".join(f"{name}×{count}" for name, count in attention["rules"].items())
+    verdict = "kept" if attention["chosen"] else ("not kept: slower" if attention["verified"] else "not kept: differs")
+    times = f"{attention['fused_ms'] or float('nan'):.2f} ms vs {attention['unfused_ms']:.2f} ms unfused"
+    return (f"{attention['matches']} online-softmax kernel(s) ({rules}); {verdict} ({times}); "
+            f"score matrices not written: {_bytes(attention['score_bytes_not_written'])}")
+
+
+def _explain_row(group: dict) -> tuple:
+    names = ", ".join(group["kernels"][:3]) + (f" (+{len(group['kernels']) - 3})" if len(group["kernels"]) > 3 else "")
+    rules = ", ".join(f"{name}×{count}" for name, count in group["rules"].items()) or "-"
+    tried = f"{group['tried']}/{group['candidates']}" + (" (cached)" if group["cached"] else "")
+    return (names, group["kind"], "×".join(map(str, group["shape"])), rules, tried, _ms(group["baseline_ms"]),
+            f"{_ms(group['best_ms'])} ({group['best']})", _ms(group["worst_ms"]))
+
+
 @handles_errors
 def compile_model(
     ctx: typer.Context,
@@ -28,6 +64,9 @@ def compile_model(
     batch: Annotated[int, typer.Option("--batch", help="Rows per call the plan is built for; other sizes pad or chunk.")] = 256,
     seq: Annotated[int | None, typer.Option("--seq", help="History length the plan is built for (default: the data's max_len); shorter histories pad.")] = None,
     clear_cache: Annotated[bool, typer.Option("--clear-cache", help="Empty the kernel cache of the target first (alone: only that).")] = False,
+    search_budget: Annotated[float, typer.Option("--search-budget", metavar="SECONDS", help="Time to search kernel schedules by measurement (results are cached per kernel and machine).")] = 120.0,
+    no_search: Annotated[bool, typer.Option("--no-search", help="Skip the search: the renderer's heuristic schedules.")] = False,
+    explain: Annotated[bool, typer.Option("--explain", help="Per distinct kernel: rules fired, candidates tried, best and worst times.")] = False,
     json_output: Annotated[bool, typer.Option("--json", help="Print JSON on stdout.")] = False,
 ) -> None:
     """Compile a training run (--run) or registered model (--model) into fused C kernels.
@@ -56,13 +95,16 @@ def compile_model(
         raise UsageError("name exactly one of --run RUN_ID or --model NAME@alias")
     subject = resolve_subject(workspace, run, model)
     with progress(f"compiling {subject.label} for {target}") as report:
-        summary = compile_run(workspace, subject.run_id, target, batch, seq, report=report)
+        summary = compile_run(workspace, subject.run_id, target, batch, seq, report=report,
+                              search_budget_s=0.0 if no_search else search_budget)
     stats = summary.stats
     if json_output:
         emit_json({"run_id": summary.run_id, "model": subject.model, "target": target, "batch": summary.batch_size,
                    "seq": summary.seq_len, **stats, "max_error": summary.max_error, "eager_ms": summary.eager_ms,
                    "compiled_ms": summary.compiled_ms, "cache_hit": summary.cache_hit, "seconds": summary.seconds,
-                   "artifact": summary.artifact, "library": summary.library})
+                   "artifact": summary.artifact, "library": summary.library, "search_rounds": summary.search_rounds,
+                   "search_cache_hit": summary.search_cache_hit, "search": summary.search,
+                   "attention": summary.attention, "search_confirmed": summary.search_confirmed})
         return
     speedup = summary.eager_ms / summary.compiled_ms if summary.compiled_ms else float("nan")
     rows = [
@@ -73,6 +115,12 @@ def compile_model(
         ("time per forward", f"{summary.compiled_ms:.2f} ms compiled vs {summary.eager_ms:.2f} ms torch eager ({speedup:.2f}x)"),
         ("max difference vs torch", f"{summary.max_error:.2e}"),
         ("kernel cache", "hit" if summary.cache_hit else f"built in {summary.seconds.get('build', 0):.1f} s"),
+        ("schedule search", _search_line(summary)),
+        ("fused attention", _attention_line(summary.attention)),
         ("plan", f"{summary.artifact} of run {summary.run_id}"),
     ]
     print_table(f"{subject.label} → {target}, batch {summary.batch_size}, sequence {summary.seq_len}", ["", ""], rows)
+    if explain and summary.search:
+        print_table("schedule search, per distinct kernel (times: median ms per call, summed over its copies)",
+                    ["kernels", "kind", "shape", "rules fired", "tried", "baseline", "best", "worst"],
+                    [_explain_row(group) for group in summary.search])

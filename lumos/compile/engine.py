@@ -44,6 +44,8 @@ PLAN_FORMAT = 1  # bump when the plan fields or the driver signature (runtime.py
 TARGETS = ("cpu",)
 SEQUENCE_INPUTS = ("mask", "numeric")  # and every tokens.* input: (B, T, ...)
 ATOL = RTOL = 1e-4
+SEARCH_BUDGET_S = 120.0
+"""`lumos compile`'s default schedule-search budget per model (cached results make a rerun fast)."""
 
 Report = Callable[[str], None]
 
@@ -164,8 +166,13 @@ def compile_model(model: LumosModel, batch_size: int, seq_len: int, cache: Kerne
     report(f"tracing the model at batch {batch_size}, sequence {seq_len}")
     graph = lower_model(model, batch_size, seq_len, symbolic_batch=options.symbolic_batch)
     traced = time.perf_counter()
-    report(f"{len(graph.nodes)} IR nodes; fusing, planning buffers and building")
-    compilation = compile_graph(graph, cache, options)
+    report(f"{len(graph.nodes)} IR nodes; fusing, searching schedules ({options.search_budget_s:.0f} s budget), "
+           "planning buffers and building" if options.search_budget_s > 0 else
+           f"{len(graph.nodes)} IR nodes; fusing, planning buffers and building")
+    example = {name: tensor.detach().cpu().float().numpy()
+               for name, tensor in batch_tensors(example_batch(model.features, batch_size, seq_len, seed=5),
+                                                 model.features).items() if name in graph.inputs}
+    compilation = compile_graph(graph, cache, options, example_inputs=example)
     plan = make_plan(compilation, model, batch_size, seq_len, cache.target)
     compiled = CompiledModel(load_program(compilation), plan, model.features)
     seconds = {"trace": traced - started, **compilation.timings, "total": time.perf_counter() - started}
@@ -365,18 +372,26 @@ class CompileSummary:
     seconds: dict[str, float]
     artifact: str
     library: str
+    search: list[dict] = field(default_factory=list)
+    """Per distinct kernel: rules fired, candidates tried, baseline, best and worst times (search.py)."""
+    search_rounds: int = 0
+    search_cache_hit: bool = False
+    attention: dict | None = None
+    """What the attention rules found (online softmax) and whether the fused kernels were kept."""
+    search_confirmed: dict | None = None
+    """Whole-call ms without and with the search's choices, and whether they were kept."""
 
 
 def compile_run(workspace: Workspace, run_id: str, target: str = "cpu", batch_size: int = 256,
                 seq_len: int | None = None, options: Options | None = None,
-                report: Report = lambda _: None) -> CompileSummary:
+                report: Report = lambda _: None, search_budget_s: float = SEARCH_BUDGET_S) -> CompileSummary:
     """Compile a training run's model, verify it against PyTorch, store the plan on the run."""
     from lumos.train.checkpoint import load_model
     from lumos.train.run import download_checkpoint
 
     check_target(target)
     settings = workspace.settings.compile
-    options = options or Options(cc=settings.cc, cflags=tuple(settings.cflags))
+    options = options or Options(cc=settings.cc, cflags=tuple(settings.cflags), search_budget_s=search_budget_s)
     model, _ = load_model(download_checkpoint(workspace, run_id, "--run"))
     model.eval()
     seq_len = seq_len or model.features.max_len
@@ -387,8 +402,12 @@ def compile_run(workspace: Workspace, run_id: str, target: str = "cpu", batch_si
     time_forward(result, model)
     artifact = store_plan(workspace, run_id, result)
     build = result.compilation.build
+    search = result.compilation.search
     return CompileSummary(run_id, target, batch_size, seq_len, result.compilation.stats(), result.max_error,
-                          result.eager_ms, result.compiled_ms, build.hit, result.seconds, artifact, str(build.library))
+                          result.eager_ms, result.compiled_ms, build.hit, result.seconds, artifact, str(build.library),
+                          search.report() if search else [], search.rounds if search else 0,
+                          bool(search and search.cache_hit), search.attention if search else None,
+                          search.confirmed if search else None)
 
 
 def clear_cache(workspace: Workspace, target: str = "cpu") -> int:

@@ -1,6 +1,7 @@
 """The pipeline from a primitive graph to a runnable native program: one linear list of passes.
 
-    check → layout (transpose weights) → schedule (fuse into kernels) → plan buffers → render C → build (kernel cache) → load
+    check → layout (transpose weights) → schedule (fuse into kernels) → search (schedule variants by
+    measurement, search.py) → plan buffers → render C → build (kernel cache) → load
 
 Each pass takes and returns the `Compilation` it fills in; the graph is checked before and
 after, so a pass that breaks an invariant is named at once.
@@ -20,7 +21,9 @@ from lumos.compile.layout import transpose_activations, transpose_weights
 from lumos.compile.plan import BufferPlan, plan_buffers
 from lumos.compile.render_c import render_library, tensor_names
 from lumos.compile.runtime import NativeProgram
-from lumos.compile.schedule import Kernel, schedule
+from lumos.compile.schedule import Kernel, KernelSchedule, schedule
+from lumos.compile.search import SearchResult, search_schedules
+from lumos.compile.search_cache import SearchCache
 
 
 @dataclass(frozen=True)
@@ -37,6 +40,12 @@ class Options:
     """Store linear weights as (in, out) so that matmuls read them row by row (layout.py)."""
     transpose_activations: bool = True
     """Copy matmul operands read across the output row (attention keys) into a row-wise layout."""
+    search_budget_s: float = 0.0
+    """Seconds to search kernel schedules by measurement (search.py); 0: the renderer's heuristic.
+    The first round (the heuristic, measured) always runs; cached results cost no search."""
+    search_cache: bool = True
+    """Reuse and store search results under the kernel cache (search_cache.py)."""
+    search_seed: int = 0
 
 
 @dataclass
@@ -49,6 +58,10 @@ class Compilation:
     source: str = ""
     build: Build | None = None
     timings: dict[str, float] = field(default_factory=dict)
+    example_inputs: Mapping[str, np.ndarray] | None = None
+    """Inputs the search verifies and times candidates on (default: random, valid gather ids)."""
+    search: SearchResult | None = None
+    schedules: dict[str, KernelSchedule] = field(default_factory=dict)
 
     def stats(self) -> dict[str, int]:
         primitive = [node for node in self.graph.nodes if node.op not in LEAF]
@@ -74,12 +87,22 @@ def _schedule(c: Compilation, cache: KernelCache) -> None:
     c.kernels, c.materialized = schedule(c.graph, c.options.recompute_cheap)
 
 
+def _search(c: Compilation, cache: KernelCache) -> None:
+    if c.options.search_budget_s <= 0 or not c.kernels:
+        return
+    store = SearchCache(cache, c.options.cc, c.options.cflags) if c.options.search_cache else None
+    c.search = search_schedules(c.graph, c.kernels, c.materialized, cache, c.options.cc, c.options.cflags,
+                                c.options.search_budget_s, c.example_inputs, store, c.options.search_seed)
+    c.schedules = c.search.schedules
+    c.kernels, c.materialized = c.search.kernels, c.search.materialized
+
+
 def _plan(c: Compilation, cache: KernelCache) -> None:
     c.buffers = plan_buffers(c.graph, c.kernels, c.options.reuse_buffers)
 
 
 def _render(c: Compilation, cache: KernelCache) -> None:
-    c.source = render_library(c.graph, c.kernels, c.materialized, c.buffers)
+    c.source = render_library(c.graph, c.kernels, c.materialized, c.buffers, c.schedules)
 
 
 def _build(c: Compilation, cache: KernelCache) -> None:
@@ -89,14 +112,16 @@ def _build(c: Compilation, cache: KernelCache) -> None:
 PASSES: list[tuple[str, Callable[[Compilation, KernelCache], None]]] = [
     ("layout", _layout),
     ("schedule", _schedule),
+    ("search", _search),
     ("plan_buffers", _plan),
     ("render_c", _render),
     ("build", _build),
 ]
 
 
-def compile_graph(graph: Graph, cache: KernelCache, options: Options | None = None) -> Compilation:
-    compilation = Compilation(graph, options or Options())
+def compile_graph(graph: Graph, cache: KernelCache, options: Options | None = None,
+                  example_inputs: Mapping[str, np.ndarray] | None = None) -> Compilation:
+    compilation = Compilation(graph, options or Options(), example_inputs=example_inputs)
     check_graph(graph)
     for name, run in PASSES:
         started = time.perf_counter()

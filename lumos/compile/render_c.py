@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from lumos.compile.ir import Graph, Node, Op, View, contiguous_strides, prod
 from lumos.compile.plan import BufferPlan
-from lumos.compile.schedule import Kernel, is_buffer
+from lumos.compile.schedule import Kernel, KernelSchedule, is_buffer
 
 HEADER = """\
 #include <math.h>
@@ -175,9 +175,16 @@ def _and(*conditions: str | None) -> str | None:
     return " && ".join(parts) or None
 
 
+ATTENTION_BLOCK = 32
+"""Keys per block of a fused attention kernel (its schedule's `tile` overrides it)."""
+
+
 class KernelRenderer:
-    def __init__(self, kernel: Kernel, materialized: set[Node], params: dict[Node, str], uses: dict[Node, int]):
+    def __init__(self, kernel: Kernel, materialized: set[Node], params: dict[Node, str], uses: dict[Node, int],
+                 schedule: KernelSchedule | None = None):
         self.kernel, self.materialized, self.params, self.uses = kernel, materialized, params, uses
+        self.schedule = schedule or KernelSchedule()
+        self.inner_simd = True
         self.lines: list[str] = []
         self.counter = 0
         self.block = 0
@@ -272,7 +279,9 @@ class KernelRenderer:
         if guard:
             self.lines.append(f"if ({guard})")
         self.lines.append("{")
-        if all(line.startswith("const float ") for line in body):  # straight-line: vectorizes
+        if self.schedule.unroll:  # gcc takes one loop pragma: unrolled, not explicitly vectorized
+            self.lines.append(f"#pragma GCC unroll {self.schedule.unroll}")
+        elif self.inner_simd and all(line.startswith("const float ") for line in body):  # straight-line: vectorizes
             self.lines.append(f"#pragma omp simd {clause}")
         self.lines.append(f"for (int {r} = 0; {r} < {length}; {r}++) {{")
         self.lines.extend("  " + line for line in body)
@@ -285,6 +294,8 @@ class KernelRenderer:
 
     def render(self, barrier: bool = True) -> str:
         """The kernel function; without `barrier`, threads go on to the next kernel at once."""
+        if self.kernel.attention is not None:
+            return self.render_attention(barrier)
         node = self.kernel.node
         wait = "" if barrier else " nowait"
         loops = [(f"i{d}", size) for d, size in enumerate(node.shape) if size > 1]
@@ -304,10 +315,15 @@ class KernelRenderer:
             lines += [f"#pragma omp single{wait}", "{", *("  " + line for line in body), "}", "}"]
             return "\n".join(lines)
         outer = loops[:-1] if len(loops) > 1 else loops
+        if self.schedule.collapse:
+            outer = outer[:self.schedule.collapse]
         collapse = f" collapse({len(outer)})" if len(outer) > 1 else ""
         lines.append(f"#pragma omp for{collapse} schedule(static){wait}")
         depth = 0
+        straight = all(line.startswith("const float ") for line in body[:-1])
         for var, size in loops:
+            if self.schedule.simd and interchanged is None and straight and var == loops[-1][0] and len(loops) > len(outer):
+                lines.append("  " * depth + "#pragma omp simd")
             bound = "n" if node.batched and var == "i0" else size  # the batch: as many rows as given
             lines.append("  " * depth + f"for (int {var} = 0; {var} < {bound}; {var}++) {{")
             depth += 1
@@ -317,6 +333,92 @@ class KernelRenderer:
         return "\n".join(lines)
 
 
+    def render_attention(self, barrier: bool = True) -> str:
+        """sum_j softmax(x)_j · v_j in one pass over j (online softmax, egraph/attention.py): a
+        running max, sum and output row per query; the scores x are computed inline (their dot
+        product too) and never stored."""
+        match = self.kernel.attention
+        out, product = match.out, match.product
+        probs_view = product.views[match.probs_index]
+        idx = []
+        for d, size in enumerate(product.shape):
+            if d == out.arg:
+                idx.append("j")
+            elif size == 1:
+                idx.append("0")
+            elif probs_view.strides[d] == 0:
+                idx.append("dd")
+            else:
+                idx.append(f"i{d}")
+        value_dims = [d for d, i in enumerate(idx) if i == "dd"]
+        rows = [(f"i{d}", size) for d, (i, size) in enumerate(zip(idx, product.shape, strict=True)) if i == f"i{d}"]
+        width = product.shape[value_dims[0]]
+        scale = literal(match.scale)
+        self.block = -1
+        self.lines = []
+        self.inner_simd = False  # the score loop is vectorized across keys instead
+        score = self.compute(match.scores, source_indices(probs_view, idx, product.srcs[match.probs_index].shape))
+        score_lines, self.lines = self.lines, []
+        self.block = -2
+        value = self.operand(product, 1 - match.probs_index, idx)
+        value_lines, self.lines = self.lines, []
+        out_index = _sum(0, [(stride, "0" if d == out.arg else i)
+                             for d, (stride, i) in enumerate(zip(contiguous_strides(out.shape), idx, strict=True))])
+        keys = product.shape[out.arg]
+        block = min(self.schedule.tile or ATTENTION_BLOCK, keys)
+        body = [
+            "float m = -INFINITY, l = 0.0f;",
+            f"float o[{width}], s[{block}];",
+            f"for (int dd = 0; dd < {width}; dd++) o[dd] = 0.0f;",
+            f"for (int j0 = 0; j0 < {keys}; j0 += {block}) {{",
+            f"  const int jn = {keys} - j0 < {block} ? {keys} - j0 : {block};",
+            "  float bm = -INFINITY;",
+            "  #pragma omp simd",
+            "  for (int jj = 0; jj < jn; jj++) {  /* a block of scores, vectorized across keys, kept in L1 */",
+            "    const int j = j0 + jj;",
+            *("    " + line for line in score_lines),
+            f"    s[jj] = {score};",
+            "  }",
+            "  #pragma omp simd reduction(max:bm)",
+            "  for (int jj = 0; jj < jn; jj++) bm = lumos_max(bm, s[jj]);",
+            "  const float mn = lumos_max(m, bm);",
+            f"  const float corr = lumos_exp2f((m - mn) * {scale});  /* the max-rescaling identity */",
+            "  l *= corr;",
+            "  #pragma omp simd",
+            f"  for (int dd = 0; dd < {width}; dd++) o[dd] *= corr;",
+            "  #pragma omp simd reduction(+:l)",
+            "  for (int jj = 0; jj < jn; jj++) {",
+            f"    s[jj] = lumos_exp2f((s[jj] - mn) * {scale});",
+            "    l += s[jj];",
+            "  }",
+            "  for (int jj = 0; jj < jn; jj++) {",
+            "    const int j = j0 + jj;",
+            "    const float p = s[jj];",
+            "    #pragma omp simd",
+            f"    for (int dd = 0; dd < {width}; dd++) {{",
+            *("      " + line for line in value_lines),
+            f"      o[dd] += p * {value};",
+            "    }",
+            "  }",
+            "  m = mn;",
+            "}",
+            f"for (int dd = 0; dd < {width}; dd++) out[{out_index}] = o[dd] / l;",
+        ]
+        params = ["const int n", "float* restrict out"] + [f"const float* restrict {self.params[src]}"
+                                                           for src in self.kernel.reads]
+        lines = [f"/* {self.kernel.name}: %{out.id} attention{list(out.shape)}, online softmax over {product.shape[out.arg]} keys "
+                 f"(scores never stored); {out.origin.replace('*/', '* /')} */",
+                 f"static void {self.kernel.name}({', '.join(params)}) {{"]
+        collapse = f" collapse({len(rows)})" if len(rows) > 1 else ""
+        lines.append(f"#pragma omp for{collapse} schedule(static){'' if barrier else ' nowait'}")
+        for depth, (var, size) in enumerate(rows):
+            bound = "n" if out.batched and var == "i0" else size
+            lines.append("  " * depth + f"for (int {var} = 0; {var} < {bound}; {var}++) {{")
+        lines += ["  " * len(rows) + line for line in body]
+        lines += ["  " * d + "}" for d in range(len(rows) - 1, -1, -1)]
+        lines.append("}")
+        return "\n".join(lines)
+
     def interchange(self, loops: list[tuple[str, int]], body: list[str]) -> list[str] | None:
         """Move the kernel's one reduction loop outside its last output loop when that makes the
         reduction's reads contiguous (e.g. x @ Wᵀ with W stored transposed, or P @ V):
@@ -325,7 +427,9 @@ class KernelRenderer:
             return None
         reduce = self.top_reduces[0]
         last, size = loops[-1]
-        if size > 1024 or _strided_reads(reduce.loads, last) >= _strided_reads(reduce.loads, reduce.var):
+        if size > 1024 or self.schedule.interchange is False:
+            return None
+        if self.schedule.interchange is None and _strided_reads(reduce.loads, last) >= _strided_reads(reduce.loads, reduce.var):
             return None
         rest = body[reduce.end:]  # after the reduction's statements
         hoisted, inner, varying = [], [], {last}
@@ -339,6 +443,33 @@ class KernelRenderer:
         row = f"{reduce.acc}_row"
         update = reduce.update.replace(f"{reduce.acc} ", f"{row}[{last}] ", 1).replace(f"lumos_max({reduce.acc},", f"lumos_max({row}[{last}],")
         prelude, per_step = self._vectorize_hoisted(hoisted, inner + [update], reduce)
+        tile = self.schedule.tile
+        if tile and size % tile == 0 and size > tile:
+            # Register accumulators: a tile of columns is summed over the whole reduction at once.
+            acc = f"{reduce.acc}_tile"
+            tile_update = update.replace(f"{row}[{last}]", f"{acc}[jj]")
+            return [
+                f"float {row}[{size}];",
+                *prelude,
+                f"for (int {last}_0 = 0; {last}_0 < {size}; {last}_0 += {tile}) {{",
+                f"  float {acc}[{tile}];",
+                f"  for (int jj = 0; jj < {tile}; jj++) {acc}[jj] = {reduce.init};",
+                f"  for (int {reduce.var} = 0; {reduce.var} < {reduce.length}; {reduce.var}++) {{",
+                *("    " + line for line in per_step),
+                "    #pragma omp simd",
+                f"    for (int jj = 0; jj < {tile}; jj++) {{",
+                f"      const int {last} = {last}_0 + jj;",
+                *("      " + line for line in inner),
+                f"      {tile_update}",
+                "    }",
+                "  }",
+                f"  for (int jj = 0; jj < {tile}; jj++) {row}[{last}_0 + jj] = {acc}[jj];",
+                "}",
+                f"for (int {last} = 0; {last} < {size}; {last}++) {{",
+                f"  const float {reduce.acc} = {row}[{last}];",
+                *("  " + line for line in rest),
+                "}",
+            ]
         return [
             f"float {row}[{size}];",
             f"for (int {last} = 0; {last} < {size}; {last}++) {row}[{last}] = {reduce.init};",
@@ -404,15 +535,33 @@ def barriers(graph: Graph, kernels: list[Kernel], plan: BufferPlan) -> list[bool
     return keep
 
 
-def render_library(graph: Graph, kernels: list[Kernel], materialized: set[Node], plan: BufferPlan) -> str:
-    """The whole program as one C file: kernels, then `lumos_forward`, the one-call driver."""
+def render_kernel(kernel: Kernel, materialized: set[Node], params: dict[Node, str],
+                  schedule: KernelSchedule | None = None, barrier: bool = True) -> str:
+    uses: dict[Node, int] = {}
+    for node in kernel.fused:  # a node reached by several paths is computed once, into a local
+        uses[node] = uses.get(node, 0) + 1
+    return KernelRenderer(kernel, materialized, params, uses, schedule).render(barrier)
+
+
+def canonical_kernel_source(kernel: Kernel, materialized: set[Node], schedule: KernelSchedule | None = None) -> str:
+    """The kernel's C with buffer and kernel names replaced by positional ones: identical layers
+    (same computation on different weights and buffers) give the same text."""
+    params = {node: f"p{index}" for index, node in enumerate(kernel.reads)}
+    renamed = Kernel("kernel", kernel.node, kernel.fused, kernel.reads, kernel.attention)
+    return render_kernel(renamed, materialized, params, schedule).split("\n", 1)[1]
+
+
+def render_library(graph: Graph, kernels: list[Kernel], materialized: set[Node], plan: BufferPlan,
+                   schedules: dict[str, KernelSchedule] | None = None, always_barrier: bool = False) -> str:
+    """The whole program as one C file: kernels, then `lumos_forward`, the one-call driver.
+    `schedules` by kernel name (default: the renderer's heuristic); `always_barrier` ends every
+    kernel with a barrier, so that the timed driver measures each kernel alone."""
     params = {node: f"b{node.id}" for node in graph.nodes}
+    schedules = schedules or {}
     parts = [HEADER]
-    for kernel, barrier in zip(kernels, barriers(graph, kernels, plan), strict=True):
-        uses: dict[Node, int] = {}
-        for node in kernel.fused:  # a node reached by several paths is computed once, into a local
-            uses[node] = uses.get(node, 0) + 1
-        parts.append(KernelRenderer(kernel, materialized, params, uses).render(barrier))
+    keep = [True] * len(kernels) if always_barrier else barriers(graph, kernels, plan)
+    for kernel, barrier in zip(kernels, keep, strict=True):
+        parts.append(render_kernel(kernel, materialized, params, schedules.get(kernel.name), barrier))
     inputs = list(graph.inputs.values())
     tensors = tensor_names(graph)
     outputs = list(graph.outputs.values())

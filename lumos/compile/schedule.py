@@ -20,6 +20,7 @@ kernel computes it once into a local.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from lumos.compile.ir import ELEMENTWISE, LEAF, REDUCE, Graph, Node, Op
 
@@ -27,6 +28,33 @@ CHEAP_OPS = 4
 """An elementwise subtree of at most this many ops (no reduction) is recomputed rather than stored."""
 REDUCTION_COST = 10**6
 """The cost of a subtree holding a reduction or gather: never cheap."""
+
+
+@dataclass(frozen=True)
+class KernelSchedule:
+    """How the renderer lays out one kernel's loops (search.py picks one per kernel by measuring).
+
+    The default is the renderer's own heuristic; every other value is a legal variant of the same
+    computation (the search verifies each against the interpreter anyway)."""
+
+    interchange: bool | None = None
+    """Row-wise matmul (reduction loop outside the last output loop): None = the renderer's
+    heuristic, True = whenever legal, False = never (one dot product per output)."""
+    tile: int = 0
+    """With interchange: split the last output loop into tiles of this many columns whose
+    accumulators stay in registers for the whole reduction (0: one row-wide accumulator array)."""
+    collapse: int = 0
+    """How many outer loops OpenMP shares out (0: all but the last)."""
+    unroll: int = 0
+    """Unroll reduction loops by this factor (#pragma GCC unroll; 0: leave it to gcc)."""
+    simd: bool = False
+    """Vectorize the innermost output loop explicitly (#pragma omp simd)."""
+
+    def describe(self) -> str:
+        parts = [{None: "auto", True: "row-wise", False: "dot"}[self.interchange]]
+        parts += [f"tile {self.tile}"] * bool(self.tile) + [f"collapse {self.collapse}"] * bool(self.collapse)
+        parts += [f"unroll {self.unroll}"] * bool(self.unroll) + ["simd"] * self.simd
+        return ", ".join(parts)
 
 
 @dataclass
@@ -38,10 +66,14 @@ class Kernel:
     """Every primitive it computes: the inlined nodes and `node`."""
     reads: list[Node] = field(default_factory=list)
     """Buffers it reads: materialized nodes, inputs and constant tensors."""
+    attention: Any = None
+    """An egraph.attention.AttentionMatch: `node` is computed by one online-softmax pass."""
 
     @property
     def kind(self) -> str:
         ops = {node.op for node in self.fused}
+        if self.attention is not None:
+            return "attention"
         if Op.GATHER in ops:
             return "gather"
         return "reduce" if ops & REDUCE else "elementwise"
@@ -140,6 +172,10 @@ def _share_within_kernels(graph: Graph, uses, materialized: set[Node], forced: s
 def schedule(graph: Graph, recompute_cheap: bool = True) -> tuple[list[Kernel], set[Node]]:
     """One kernel per materialized node, in topological order."""
     materialized = choose_materialized(graph, recompute_cheap)
+    return build_kernels(graph, materialized), materialized
+
+
+def build_kernels(graph: Graph, materialized: set[Node]) -> list[Kernel]:
     kernels = []
     for node in graph.nodes:
         if node not in materialized or node.op in LEAF:
@@ -147,7 +183,7 @@ def schedule(graph: Graph, recompute_cheap: bool = True) -> tuple[list[Kernel], 
         kernel = Kernel(f"k{len(kernels)}", node)
         _collect(node, materialized, kernel, top=True)
         kernels.append(kernel)
-    return kernels, materialized
+    return kernels
 
 
 def _collect(node: Node, materialized: set[Node], kernel: Kernel, top: bool = False) -> None:

@@ -66,14 +66,16 @@ def test_compile_verifies_stores_and_serves_the_plan(project):
     model.eval()
     assert load_compiled(workspace, run_id, model) is None  # no plan yet
 
-    result = lumos(project, "compile", "--run", run_id, "--batch", "8", "--json")
+    result = lumos(project, "compile", "--run", run_id, "--batch", "8", "--search-budget", "3", "--json")
     assert result.exit_code == 0, result.output
     first = json.loads(result.stdout)
+    assert first["search"] and first["search_rounds"] >= 1 and not first["search_cache_hit"]
+    assert first["attention"]["matches"] >= 1 and first["attention"]["verified"]  # online softmax found
     assert first["run_id"] == run_id and first["target"] == "cpu" and first["seq"] == 12 and first["batch"] == 8
     assert first["kernels"] > 0 and first["primitive_ops"] > first["kernels"] and first["fused_ops"] > 0
     assert 0 < first["planned_peak_bytes"] < first["per_node_bytes"]
     assert first["max_error"] < 1e-4 and first["eager_ms"] > 0 and first["compiled_ms"] > 0
-    assert not first["cache_hit"] and first["artifact"] == "compile/cpu"
+    assert first["artifact"] == "compile/cpu"  # (the search already built the final library: a cache hit is fine)
     artifacts = {a.path for a in tracking_client(workspace).list_artifacts(run_id, "compile/cpu")}
     assert artifacts == {"compile/cpu/plan.json", "compile/cpu/library.c"}
 
@@ -82,11 +84,13 @@ def test_compile_verifies_stores_and_serves_the_plan(project):
     client.create_registered_model("quickstart_compile")
     version = client.create_model_version("quickstart_compile", source=f"runs:/{run_id}/checkpoints", run_id=run_id)
     client.set_registered_model_alias("quickstart_compile", "production", version.version)
-    result = lumos(project, "compile", "--model", "quickstart_compile@production", "--batch", "8", "--json")
+    result = lumos(project, "compile", "--model", "quickstart_compile@production", "--batch", "8", "--search-budget", "3",
+                   "--json")
     assert result.exit_code == 0, result.output
     second = json.loads(result.stdout)
     assert second["cache_hit"] and second["model"] == "quickstart_compile/1"
-    assert second["seconds"]["build"] < first["seconds"]["build"]
+    assert second["search_cache_hit"] and second["search_rounds"] == 0  # the search cache: no new search
+    assert second["seconds"]["search"] < first["seconds"]["search"]
 
     # Served for inference: more rows than the plan (chunks) and a shorter history (padding).
     compiled = load_compiled(workspace, run_id, model)
@@ -101,10 +105,14 @@ def test_compile_verifies_stores_and_serves_the_plan(project):
 
 def test_table_output_and_clear_cache(project):
     run_id = (project / "run.txt").read_text()
-    result = lumos(project, "compile", "--run", run_id, "--batch", "4", "--seq", "6")
+    result = lumos(project, "compile", "--run", run_id, "--batch", "4", "--seq", "6", "--search-budget", "2", "--explain")
     assert result.exit_code == 0, result.output
-    for row in ("primitive ops in", "kernels out", "fused ops", "planned peak memory", "time per forward"):
+    for row in ("primitive ops in", "kernels out", "fused ops", "planned peak memory", "time per forward",
+                "schedule search", "fused attention", "rules fired", "baseline"):
         assert row in result.stdout
+    result = lumos(project, "compile", "--run", run_id, "--batch", "4", "--seq", "6", "--no-search")
+    assert result.exit_code == 0, result.output
+    assert "off (--no-search)" in result.stdout
     result = lumos(project, "compile", "--clear-cache", "--json")
     assert result.exit_code == 0, result.output
     assert json.loads(result.stdout)["cleared"] >= 1

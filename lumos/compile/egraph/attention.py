@@ -1,0 +1,207 @@
+"""The attention ruleset: softmax by the max-rescaling identity, and online softmax.
+
+softmax(x)_j = exp(x_j - m) / sum_k exp(x_k - m) holds for any m (the max-rescaling identity);
+with m the row max it is what the graph computes. Then sum_j softmax(x)_j · v_j can run in one
+pass over j with a running max m, running sum l and running output o: when m grows to m',
+l ← l·exp(m - m') + exp(x_j - m') and o ← o·exp(m - m') + exp(x_j - m')·v_j; at the end o / l.
+Nothing of length j is stored, so attention never writes its (sequence × sequence) score matrix
+(render_c.KernelRenderer.render_attention emits the loop).
+
+Rules:
+- `softmax (max-shifted)`: exp2((x - max x)·c) / sum exp2((x - max x)·c) → softmax(x, c);
+- `online softmax`: sum_j softmax(x, c)_j · v_j → online_softmax(x, v, c).
+
+The e-graph is kept small: one per candidate (a sum of a product), over the few nodes above it;
+nodes further up are opaque leaves.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from egglog import EGraph, String, f64, i64, ruleset, vars_
+from egglog.deconstruct import get_callable_args, get_callable_fn, get_literal_value
+
+from lumos.compile.egraph.terms import BINARY, REDUCE, UNARY, Term, named
+from lumos.compile.ir import Graph, Node, Op
+
+DEPTH = 10
+"""How many producers above a candidate sum go into its e-graph."""
+
+x, e, s, v, m = vars_("x e s v m", Term)
+va, vb, vc, vd, ve, vf, vg, vh, vi, vj, vk, vl, vm = vars_("va vb vc vd ve vf vg vh vi vj vk vl vm", i64)
+axis, axis2 = vars_("axis axis2", i64)
+(c,) = vars_("c", f64)
+
+_max = Term.max(Term.view(x, va), axis)
+_shifted = Term.add(Term.view(x, vb), Term.view(Term.mul(Term.view(_max, vc), Term.view(Term.num(f64(-1.0)), vd)), ve))
+_exp = Term.exp2(Term.view(Term.mul(Term.view(_shifted, vf), Term.view(Term.num(c), vg)), vh))
+
+attention_rules = ruleset(
+    named("softmax (max-shifted)",
+          Term.mul(Term.view(_exp, vi), Term.view(Term.recip(Term.view(Term.sum(Term.view(_exp, vj), axis), vk)), vl)),
+          Term.softmax(Term.view(x, va), axis, c)),
+    named("online softmax",
+          Term.sum(Term.view(Term.mul(Term.view(Term.softmax(Term.view(x, va), axis, c), vi), v), vm), axis2),
+          Term.online_softmax(Term.view(x, va), v, c)),
+    named("online softmax (values first)",
+          Term.sum(Term.view(Term.mul(v, Term.view(Term.softmax(Term.view(x, va), axis, c), vi)), vm), axis2),
+          Term.online_softmax(Term.view(x, va), v, c)),
+)
+
+
+@dataclass(frozen=True)
+class AttentionMatch:
+    """sum_j softmax(scores · scale)_j · values_j, as found in the graph."""
+
+    out: Node
+    """The sum over j: the attention output (what the fused kernel writes)."""
+    product: Node
+    """Its operand: probabilities × values."""
+    probs_index: int
+    """Which operand of `product` is the probabilities."""
+    scores: Node
+    """x (masked, scaled scores) of which the softmax is taken, over `axis`."""
+    axis: int
+    scale: float
+    """exp(x) = exp2(x · scale)."""
+    chain: frozenset[Node]
+    """The softmax's own nodes (max, shift, exp, sum, reciprocal, probabilities)."""
+
+
+def find_attention(graph: Graph) -> tuple[list[AttentionMatch], dict[str, int]]:
+    """Every sum of a product in `graph` that the attention rules rewrite to online softmax."""
+    matches, fired = [], {}
+    for node in graph.nodes:
+        if node.op is not Op.SUM or node.srcs[0].op is not Op.MUL:
+            continue
+        product = node.srcs[0]
+        if not any(src.op is Op.MUL and any(s.op is Op.RECIP for s in src.srcs) for src in product.srcs):
+            continue  # no normalized probabilities: not worth an e-graph
+        found, counts = _match(node)
+        for name, count in counts.items():
+            fired[name] = fired.get(name, 0) + count
+        if found is not None:
+            matches.append(found)
+    return matches, fired
+
+
+def _local_terms(root: Node) -> tuple[dict[Node, Term], list[Node]]:
+    """Terms for the nodes within DEPTH producers of `root`; farther ones are opaque leaves."""
+    depth = {root: 0}
+    order = [root]
+    for node in order:
+        if depth[node] < DEPTH:
+            for src in node.srcs:
+                if src not in depth:
+                    depth[src] = depth[node] + 1
+                    order.append(src)
+    terms: dict[Node, Term] = {}
+    views: dict[object, int] = {}
+
+    def view_id(view) -> i64:
+        return i64(views.setdefault(view, len(views)))
+
+    for node in sorted(order, key=lambda n: n.id):
+        if node.op in (Op.INPUT, Op.CONST) and node.is_scalar_const:
+            terms[node] = Term.num(f64(node.arg))
+            continue
+        if depth[node] >= DEPTH or node.op in (Op.INPUT, Op.CONST, Op.GATHER):
+            terms[node] = Term.input(String(f"%{node.id}"))
+            continue
+        operands = [Term.view(terms[src], view_id(view)) for src, view in zip(node.srcs, node.views, strict=True)]
+        if node.op in UNARY:
+            terms[node] = UNARY[node.op](*operands)
+        elif node.op in BINARY:
+            terms[node] = BINARY[node.op](*operands)
+        else:
+            terms[node] = REDUCE[node.op](operands[0], i64(node.arg))
+    return terms, order
+
+
+def _match(out: Node) -> tuple[AttentionMatch | None, dict[str, int]]:
+    terms, nodes = _local_terms(out)
+    egraph = EGraph()
+    root = egraph.let("root", terms[out])
+    report = egraph.run(attention_rules.saturate())
+    fired = {getattr(r, "name", None) or str(r): n for r, n in report.num_matches_per_rule.items() if n}
+    if not any(name.startswith("online softmax") for name in fired):
+        return None, fired
+    extracted = egraph.extract(root)
+    if get_callable_fn(extracted) != Term.online_softmax:
+        return None, fired
+    scores_view, _, scale = get_callable_args(extracted)
+    scores_term = get_callable_args(scores_view)[0]
+    by_text = {str(term): node for node, term in terms.items()}
+    scores = by_text.get(str(scores_term))
+    product = out.srcs[0]
+    probs_index = next((i for i, src in enumerate(product.srcs) if src.op is Op.MUL and src.srcs and
+                        any(s.op is Op.RECIP for s in src.srcs)), None)
+    if scores is None or probs_index is None:
+        return None, fired
+    maxima = [n for n in nodes if n.op is Op.MAX and n.srcs[0] is scores]
+    if len(maxima) != 1:
+        return None, fired
+    probs = product.srcs[probs_index]
+    chain = _between(probs, scores)
+    return AttentionMatch(out, product, probs_index, scores, maxima[0].arg, float(get_literal_value(scale)),
+                          frozenset(chain)), fired
+
+
+def _between(top: Node, bottom: Node) -> set[Node]:
+    """Nodes on paths from `top` down to `bottom` (both ends: top included, bottom not)."""
+    memo: dict[Node, bool] = {}
+
+    def reaches(node: Node) -> bool:
+        if node is bottom:
+            return True
+        if node not in memo:
+            memo[node] = any([reaches(src) for src in node.srcs])  # a list: every path is explored
+        return memo[node]
+
+    reaches(top)
+    return {node for node, hit in memo.items() if hit}
+
+
+def supported(match: AttentionMatch, uses) -> bool:
+    """The fused kernel handles one value dim (head size) and needs the softmax's nodes to serve
+    only this attention (nothing else reads the probabilities or the maxima)."""
+    product, out = match.product, match.out
+    view = product.views[match.probs_index]
+    value_dims = [d for d, size in enumerate(product.shape) if size > 1 and view.strides[d] == 0 and d != out.arg]
+    inside = set(match.chain) | {product}
+    return (len(value_dims) == 1 and product.shape[value_dims[0]] <= 1024 and out.arg == len(out.shape) - 1
+            and all(consumer in inside for node in match.chain for consumer, _ in uses[node])
+            and all(consumer in inside for consumer, _ in uses[match.scores]) and len(uses[product]) == 1)
+
+
+def fuse_attention(graph: Graph, materialized: set[Node], matches: list[AttentionMatch]):
+    """Kernels with each supported attention computed by one online-softmax kernel: its softmax
+    nodes, the scores and what only feeds them (down to the score products) are no longer stored."""
+    from lumos.compile.schedule import build_kernels
+
+    uses = graph.consumers()
+    keep = set(materialized)
+    used = []
+    for match in matches:
+        if not supported(match, uses):
+            continue
+        removed = set(match.chain) | {match.product, match.scores}
+        stack = list(match.scores.srcs)
+        while stack:
+            node = stack.pop()
+            if node in removed or node.op in (Op.INPUT, Op.CONST):
+                continue
+            if not all(consumer in removed for consumer, _ in uses[node]):
+                continue
+            removed.add(node)
+            if node.op not in (Op.SUM, Op.MAX):  # the score product itself is computed inline, its inputs are not
+                stack.extend(node.srcs)
+        keep -= removed
+        keep.add(match.out)
+        used.append(match)
+    kernels = build_kernels(graph, keep)
+    by_out = {match.out: match for match in used}
+    for kernel in kernels:
+        kernel.attention = by_out.get(kernel.node)
+    return kernels, keep, used

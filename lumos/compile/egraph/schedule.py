@@ -1,0 +1,109 @@
+"""The schedule ruleset: the loop-nest variants of one kernel, as an e-graph of equivalent schedules.
+
+A kernel's loop nest is the term `Sched(interchange, tile, collapse, unroll, simd)` (the fields of
+schedule.KernelSchedule; interchange 0 = the renderer's heuristic, 1 = reduction loop outside the
+last output loop, 2 = never). Each rule is one local loop transformation, legal only under facts
+about this kernel's loops (which the caller asserts as relations):
+
+- swap: move the reduction loop outside the last output loop (row-wise matmul), or keep it inside;
+- split/tile: split the last output loop into tiles whose accumulators stay in registers;
+- parallelize: share out only the outermost loop instead of the merged (collapsed) outer loops;
+- unroll: unroll the reduction loop;
+- vectorize: mark the innermost output loop `omp simd`;
+- key blocks (fused attention): how many keys' scores are computed before one rescaling.
+
+All the terms end in the kernel's root e-class (they compute the same thing), and every one of
+them is extracted as a candidate for the search to measure: a static cost cannot tell which is
+fastest on this machine.
+"""
+
+from __future__ import annotations
+
+import re
+
+from egglog import EGraph, Expr, i64, i64Like, relation, rule, ruleset, union, vars_
+
+from lumos.compile.schedule import Kernel, KernelSchedule
+
+TILES = (8, 16, 32, 64)
+UNROLL = 4
+AUTO, ROW_WISE, DOT = 0, 1, 2
+
+
+class Sched(Expr):
+    def __init__(self, interchange: i64Like, tile: i64Like, collapse: i64Like, unroll: i64Like, simd: i64Like) -> None: ...
+
+
+reduces = relation("reduces")
+"""The kernel has a top-level reduction loop (its loops can be swapped)."""
+row_wise_legal = relation("row_wise_legal")
+tile_fits = relation("tile_fits", i64)
+"""The last output loop splits evenly into tiles of this size."""
+many_outer = relation("many_outer")
+"""More than one outer loop is shared out to threads (so sharing only the first is a variant)."""
+elementwise = relation("elementwise")
+key_block = relation("key_block", i64)
+"""A fused attention kernel can take its keys in blocks of this size."""
+
+a, t, c, u, s, n = vars_("a t c u s n", i64)
+
+schedule_rules = ruleset(
+    rule(Sched(AUTO, 0, c, u, s), row_wise_legal(), name="swap:row-wise").then(
+        union(Sched(AUTO, 0, c, u, s)).with_(Sched(ROW_WISE, 0, c, u, s))),
+    rule(Sched(AUTO, 0, c, u, s), reduces(), name="swap:dot").then(
+        union(Sched(AUTO, 0, c, u, s)).with_(Sched(DOT, 0, c, u, s))),
+    rule(Sched(ROW_WISE, 0, c, u, s), tile_fits(n), name="tile:registers").then(
+        union(Sched(ROW_WISE, 0, c, u, s)).with_(Sched(ROW_WISE, n, c, u, s))),
+    rule(Sched(AUTO, 0, c, u, s), key_block(n), name="tile:key-block").then(
+        union(Sched(AUTO, 0, c, u, s)).with_(Sched(AUTO, n, c, u, s))),
+    rule(Sched(a, t, 0, u, s), many_outer(), name="parallelize:outermost").then(
+        union(Sched(a, t, 0, u, s)).with_(Sched(a, t, 1, u, s))),
+    rule(Sched(a, t, c, 0, s), reduces(), name="unroll:reduction").then(
+        union(Sched(a, t, c, 0, s)).with_(Sched(a, t, c, UNROLL, s))),
+    rule(Sched(a, t, c, u, 0), elementwise(), name="vectorize:inner").then(
+        union(Sched(a, t, c, u, 0)).with_(Sched(a, t, c, u, 1))),
+)
+
+_TERM = re.compile(r"Sched\((-?\d+), (-?\d+), (-?\d+), (-?\d+), (-?\d+)\)")
+
+
+def kernel_facts(kernel: Kernel) -> list:
+    node = kernel.node
+    loops = [size for size in node.shape if size > 1]
+    facts = []
+    if kernel.attention is not None:
+        keys = kernel.attention.product.shape[node.arg]
+        facts += [key_block(i64(block)) for block in (8, 16, 64, 128) if block < keys]
+        return facts + [many_outer()] * (len(loops) >= 3)
+    if kernel.kind == "reduce" and len(loops) >= 2:
+        facts.append(reduces())
+        if loops[-1] <= 1024:
+            facts.append(row_wise_legal())
+            facts += [tile_fits(i64(tile)) for tile in TILES if loops[-1] % tile == 0 and loops[-1] > tile]
+    if len(loops) >= 3:
+        facts.append(many_outer())
+    if kernel.kind == "elementwise" and len(loops) >= 2:
+        facts.append(elementwise())
+    return facts
+
+
+def schedule_candidates(kernel: Kernel, limit: int = 256) -> tuple[list[KernelSchedule], dict[str, int]]:
+    """Every schedule the rules reach from the renderer's default, and how often each rule fired."""
+    egraph = EGraph()
+    root = egraph.let("root", Sched(AUTO, 0, 0, 0, 0))
+    facts = kernel_facts(kernel)
+    if facts:
+        egraph.register(*facts)
+    report = egraph.run(schedule_rules.saturate())
+    terms = egraph.extract_multiple(root, limit)
+    schedules = []
+    for term in terms:
+        match = _TERM.fullmatch(str(term))
+        if match is None:
+            continue
+        interchange, tile, collapse, unroll, simd = map(int, match.groups())
+        schedules.append(KernelSchedule({AUTO: None, ROW_WISE: True, DOT: False}[interchange], tile, collapse,
+                                        unroll, bool(simd)))
+    schedules.sort(key=lambda sched: sched != KernelSchedule())
+    fired = {getattr(rule_, "name", None) or str(rule_): count for rule_, count in report.num_matches_per_rule.items() if count}
+    return schedules, fired

@@ -1,0 +1,457 @@
+"""Schedule search by measurement: for each distinct kernel, try schedule variants and keep the
+fastest one that computes what the interpreter computes.
+
+    kernels → group identical ones (same C modulo buffer names) → candidates per group (egraph.py's
+    schedule ruleset) → rounds: render every kernel with one untried candidate of its group, build,
+    check each kernel's buffer against the reference interpreter, time each kernel (warm-up,
+    repeats, median) → best verified candidate per group → search cache
+
+One round builds and runs the whole program once, so one gcc call times a candidate of every
+group at the same time. Rounds run while the budget lasts; candidates that render to the same C
+as one already tried are skipped (de-duplication by source hash). A group's baseline is the
+renderer's own heuristic (round 0, always run), so the search never does worse than no search,
+and no candidate is ever chosen without having been verified.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+import statistics
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from lumos.compile.cache import BuildError, KernelCache
+from lumos.compile.interpret import read_view, run_node
+from lumos.compile.ir import LEAF, Graph, Node, Op, View, prod
+from lumos.compile.plan import FLOAT_BYTES, plan_buffers
+from lumos.compile.render_c import canonical_kernel_source, render_library, tensor_names
+from lumos.compile.runtime import NativeProgram
+from lumos.compile.schedule import Kernel, KernelSchedule
+from lumos.compile.search_cache import SearchCache, SearchEntry
+
+VERIFY_ROWS = 3
+"""Rows of a symbolic batch that candidates are checked on (an awkward size; the interpreter is slow)."""
+TOLERANCE = 1e-4
+"""Relative to the largest magnitude of the reference buffer (sums reassociate)."""
+WARMUP, REPEATS = 1, 5
+CONFIRM_REPEATS = 7
+"""Whole calls of the baseline and of the searched program, alternately, before the search result
+is kept: per-kernel times on a busy machine can mislead, a whole call is what counts."""
+
+
+# ---------------------------------------------------------------------------------------------
+# The reference: the interpreter on a few rows
+
+
+def random_inputs(graph: Graph, seed: int = 0) -> dict[str, np.ndarray]:
+    """Random float inputs; an input used as gather ids gets valid row numbers of its table."""
+    rng = np.random.default_rng(seed)
+    rows_of: dict[Node, int] = {}
+    for node in graph.nodes:
+        if node.op is Op.GATHER and node.srcs[1].op is Op.INPUT:
+            rows_of[node.srcs[1]] = node.views[0].shape[0]
+    inputs = {}
+    for name, node in graph.inputs.items():
+        if node in rows_of:
+            inputs[name] = rng.integers(0, rows_of[node], node.shape).astype(np.float32)
+        else:
+            inputs[name] = rng.standard_normal(node.shape).astype(np.float32)
+    return inputs
+
+
+def _rows_view(view: View, rows: int, batch: int, src_batched: bool) -> View:
+    """The operand view of a batched consumer at `rows` instead of `batch` rows."""
+    if not view.shape or view.shape[0] != batch or not (src_batched or view.strides[0] == 0):
+        return view
+    mask = None
+    if view.mask is not None:
+        lo, hi = view.mask[0]
+        mask = ((min(lo, rows), min(hi, rows)), *view.mask[1:])
+    return View((rows, *view.shape[1:]), view.strides, view.offset, mask)
+
+
+def row_mixed(graph: Graph) -> set[Node]:
+    """Nodes that are not batched but read batched ones (a layout copy that moves the batch dim
+    inward): at fewer rows than traced, only the parts of them that batched consumers read are
+    defined, so they are checked through those consumers, not on their own."""
+    mixed: set[Node] = set()
+    for node in graph.nodes:
+        if not node.batched and any(src.batched or src in mixed for src in node.srcs):
+            mixed.add(node)
+    return mixed
+
+
+def reference_values(graph: Graph, inputs: Mapping[str, np.ndarray], keep: set[Node], rows: int | None) -> dict[Node, np.ndarray]:
+    """The interpreter's value of every node in `keep`, on the first `rows` rows of a symbolic
+    batch (None: the whole traced shape). Other values are dropped once no node needs them."""
+    mixed = row_mixed(graph) if rows is not None else set()
+    uses = {node: 0 for node in graph.nodes}
+    for node in graph.nodes:
+        for src in node.srcs:
+            uses[src] += 1
+    values: dict[Node, np.ndarray] = {}
+    kept: dict[Node, np.ndarray] = {}
+    for node in graph.nodes:
+        if node.op is Op.INPUT:
+            value = np.asarray(inputs[node.arg], np.float32)
+            values[node] = value[:rows] if rows is not None and node.batched else value
+        else:
+            operands = []
+            for src, view in zip(node.srcs, node.views, strict=True):
+                source = values[src]
+                if rows is not None and node.batched:
+                    view = _rows_view(view, rows, graph.batch, src.batched or src in mixed)
+                elif node in mixed and src.batched:  # zeros for the rows not given
+                    source = np.pad(source, [(0, graph.batch - rows)] + [(0, 0)] * (source.ndim - 1))
+                operands.append(read_view(source, view))
+            value = run_node(node, operands, graph.tensors)
+            values[node] = value
+        if node in keep:
+            kept[node] = values[node]
+        for src in node.srcs:
+            uses[src] -= 1
+            if uses[src] == 0 and src not in keep:
+                values.pop(src, None)
+    return kept
+
+
+# ---------------------------------------------------------------------------------------------
+# Groups of identical kernels and their candidates
+
+
+def kernel_key(kernel: Kernel, materialized: set[Node]) -> str:
+    """Identifies a kernel up to buffer names: identical layers share it, so they are searched once."""
+    return hashlib.sha256(canonical_kernel_source(kernel, materialized).encode()).hexdigest()[:24]
+
+
+@dataclass
+class Candidate:
+    schedule: KernelSchedule
+    source_hash: str
+    ms: float | None = None
+    """Summed median time of the group's kernels; None until measured."""
+    verified: bool = False
+    rejected: str = ""
+
+
+@dataclass
+class Group:
+    key: str
+    kernels: list[Kernel]
+    candidates: list[Candidate]
+    rules: dict[str, int] = field(default_factory=dict)
+    """egglog rules that fired while building the candidates, with their match counts."""
+    cached: SearchEntry | None = None
+    queue: list[int] = field(default_factory=list)
+
+    @property
+    def best(self) -> Candidate | None:
+        measured = [c for c in self.candidates if c.verified and c.ms is not None]
+        return min(measured, key=lambda c: c.ms) if measured else None
+
+    @property
+    def worst(self) -> Candidate | None:
+        measured = [c for c in self.candidates if c.verified and c.ms is not None]
+        return max(measured, key=lambda c: c.ms) if measured else None
+
+    def report(self) -> dict:
+        kernel = self.kernels[0]
+        base = {"key": self.key, "kernels": [k.name for k in self.kernels], "kind": kernel.kind,
+                "shape": list(kernel.node.shape), "origin": kernel.node.origin}
+        if self.cached is not None:
+            return {**base, **self.cached.report(), "cached": True}
+        best, worst = self.best, self.worst
+        return {**base, "cached": False, "rules": self.rules, "candidates": len(self.candidates),
+                "tried": sum(c.ms is not None or bool(c.rejected) for c in self.candidates),
+                "rejected": sum(bool(c.rejected) for c in self.candidates),
+                "baseline_ms": self.candidates[0].ms, "best": best.schedule.describe() if best else None,
+                "best_ms": best.ms if best else None, "worst": worst.schedule.describe() if worst else None,
+                "worst_ms": worst.ms if worst else None}
+
+
+def make_groups(kernels: list[Kernel], materialized: set[Node], seed: int) -> list[Group]:
+    from lumos.compile.egraph.schedule import schedule_candidates
+
+    by_key: dict[str, list[Kernel]] = {}
+    for kernel in kernels:
+        by_key.setdefault(kernel_key(kernel, materialized), []).append(kernel)
+    rng = random.Random(seed)
+    groups = []
+    for key, members in by_key.items():
+        schedules, rules = schedule_candidates(members[0])
+        seen: set[str] = set()
+        candidates = []
+        for sched in [KernelSchedule(), *schedules]:
+            source = canonical_kernel_source(members[0], materialized, sched)
+            digest = hashlib.sha256(source.encode()).hexdigest()
+            if digest not in seen:  # a variant that renders to C already tried is the same candidate
+                seen.add(digest)
+                candidates.append(Candidate(sched, digest))
+        queue = list(range(1, len(candidates)))
+        rng.shuffle(queue)  # Monte Carlo: a budget that ends early has sampled the space evenly
+        groups.append(Group(key, members, candidates, rules, queue=[0, *queue]))
+    return groups
+
+
+# ---------------------------------------------------------------------------------------------
+# The search
+
+
+@dataclass
+class SearchResult:
+    schedules: dict[str, KernelSchedule]
+    groups: list[Group]
+    rounds: int
+    seconds: float
+    budget_s: float
+    kernels: list[Kernel] = field(default_factory=list)
+    """The kernels searched: the scheduler's, or with attention fused (see `attention`)."""
+    materialized: set[Node] = field(default_factory=set)
+    attention: dict | None = None
+    """What the attention rules found, and whether the fused kernels were kept (and why)."""
+    confirmed: dict | None = None
+    """Whole-call ms of the program without and with the search's choices, and whether they were kept."""
+
+    @property
+    def cache_hit(self) -> bool:
+        return all(group.cached is not None for group in self.groups)
+
+    def report(self) -> list[dict]:
+        return [group.report() for group in self.groups]
+
+
+@dataclass
+class Measurement:
+    ms: np.ndarray
+    """Median milliseconds per kernel."""
+    wrong: set[Node]
+    """Kernels (by node) whose buffer differs from the interpreter."""
+    inconclusive: set[str]
+    """Kernels (by name) that read a wrong buffer: their own check proves nothing."""
+
+
+class Bench:
+    """Builds, verifies and times whole programs (any kernel list with any schedules) against one
+    reference: the interpreter's value of every candidate kernel's node on a few rows."""
+
+    def __init__(self, graph: Graph, nodes: set[Node], inputs: Mapping[str, np.ndarray], cache: KernelCache,
+                 cc: str, cflags: tuple[str, ...]):
+        self.graph, self.inputs, self.cache, self.cc, self.cflags = graph, inputs, cache, cc, cflags
+        self.rows = min(VERIFY_ROWS, graph.batch) if graph.batch is not None else None
+        self.small = {name: (value[:self.rows] if self.rows is not None else value) for name, value in inputs.items()}
+        self.reference = reference_values(graph, self.small, nodes, self.rows)
+        self.unchecked = row_mixed(graph) if self.rows is not None else set()
+        self.outputs = {node: name for name, node in graph.outputs.items()}
+        self.slowest_ms = None
+        """A candidate program this many times slower than the baseline is timed once, not REPEATS times."""
+
+    def program(self, kernels: list[Kernel], materialized: set[Node], schedules: dict[str, KernelSchedule],
+                reuse: bool = False) -> tuple[NativeProgram, object]:
+        """The built program; without `reuse` every intermediate stays readable in the arena and
+        every kernel ends with a barrier (so that each is timed alone)."""
+        graph = self.graph
+        buffers = plan_buffers(graph, kernels, reuse=reuse)
+        source = render_library(graph, kernels, materialized, buffers, schedules, always_barrier=not reuse)
+        program = NativeProgram(self.cache.build(source, self.cc, self.cflags).library,
+                                [(name, node.shape) for name, node in graph.inputs.items()],
+                                [(name, node.shape) for name, node in graph.outputs.items()],
+                                [graph.tensors[name] for name in tensor_names(graph)], buffers.arena_bytes,
+                                symbolic_batch=graph.batch is not None)
+        return program, buffers
+
+    def confirm(self, baseline: tuple, searched: tuple, repeats: int = CONFIRM_REPEATS) -> tuple[float, float]:
+        """Median ms per whole call of two programs as they will run (buffers reused, barriers only
+        where needed), timed alternately so that both see the same background load."""
+        programs = [self.program(*baseline, reuse=True)[0], self.program(*searched, reuse=True)[0]]
+        times: list[list[float]] = [[], []]
+        for program in programs:
+            program(self.inputs)
+        for _ in range(repeats):
+            for index, program in enumerate(programs):
+                began = time.perf_counter()
+                program(self.inputs)
+                times[index].append((time.perf_counter() - began) * 1000)
+        return statistics.median(times[0]), statistics.median(times[1])
+
+    def measure(self, kernels: list[Kernel], materialized: set[Node], schedules: dict[str, KernelSchedule]) -> Measurement:
+        program, buffers = self.program(kernels, materialized, schedules)
+        got = program(self.small)
+        wrong: set[Node] = set()
+        inconclusive: set[str] = set()
+        for kernel in kernels:
+            if wrong.intersection(kernel.reads):  # downstream of a wrong kernel: proves nothing
+                wrong.add(kernel.node)
+                inconclusive.add(kernel.name)
+                continue
+            if kernel.node in self.unchecked:
+                continue
+            want = self.reference[kernel.node]
+            if kernel.node in self.outputs:
+                have = got[self.outputs[kernel.node]].reshape(-1)[:want.size]
+            else:
+                buffer = buffers.buffers[kernel.node]
+                have = program.arena[buffer.offset:buffer.offset + want.size * FLOAT_BYTES].view(np.float32)
+            scale = max(1.0, float(np.max(np.abs(want)))) if want.size else 1.0
+            if not np.allclose(have, want.reshape(-1), rtol=TOLERANCE, atol=TOLERANCE * scale, equal_nan=True):
+                wrong.add(kernel.node)
+        times = [program.kernel_seconds(self.inputs, len(kernels)) for _ in range(WARMUP)]
+        slow = self.slowest_ms is not None and times[-1].sum() * 1000 > 5 * self.slowest_ms
+        times = [program.kernel_seconds(self.inputs, len(kernels)) for _ in range(1 if slow else REPEATS)]
+        ms = np.median(np.stack(times), axis=0) * 1000
+        if self.slowest_ms is None:
+            self.slowest_ms = float(ms.sum())
+        return Measurement(ms, wrong, inconclusive)
+
+
+def search_schedules(graph: Graph, kernels: list[Kernel], materialized: set[Node], cache: KernelCache,
+                     cc: str, cflags: tuple[str, ...], budget_s: float, inputs: Mapping[str, np.ndarray] | None = None,
+                     search_cache: SearchCache | None = None, seed: int = 0, attention: bool = True) -> SearchResult:
+    """The fastest verified schedule of every kernel found within `budget_s` seconds (round 0, the
+    baseline, always runs). Groups found in `search_cache` are not searched again. With
+    `attention`, the attention rules' fused kernels replace the kernels they cover when they are
+    verified and faster."""
+    started = time.perf_counter()
+    inputs = inputs if inputs is not None else random_inputs(graph, seed)
+    original = (kernels, materialized)
+    fused_report = None
+    bench = None
+    if attention:
+        from lumos.compile.egraph.attention import find_attention, fuse_attention
+
+        matches, fired = find_attention(graph)
+        if matches:
+            fused, fused_materialized, used = fuse_attention(graph, materialized, matches)
+            if used:
+                decision_key = hashlib.sha256("\n".join(sorted(
+                    canonical_kernel_source(k, fused_materialized) for k in fused if k.attention is not None)).encode()
+                ).hexdigest()[:24]
+                fused_report = search_cache.get_decision(decision_key) if search_cache is not None else None
+                if fused_report is None:
+                    bench = Bench(graph, {k.node for k in kernels} | {k.node for k in fused}, inputs, cache, cc, cflags)
+                    kernels, materialized, fused_report = _choose_attention(
+                        bench, kernels, materialized, fused, fused_materialized, used, fired)
+                    if search_cache is not None:
+                        search_cache.put_decision(decision_key, fused_report)
+                else:
+                    fused_report = {**fused_report, "cached": True}
+                    if fused_report["chosen"]:
+                        kernels, materialized = fused, fused_materialized
+    plain_kernels, plain_materialized = original
+    groups = make_groups(kernels, materialized, seed)
+    if search_cache is not None:
+        for group in groups:
+            group.cached = search_cache.get(group.key)
+    pending = [group for group in groups if group.cached is None]
+    rounds = 0
+    if pending:
+        bench = bench or Bench(graph, {k.node for k in kernels}, inputs, cache, cc, cflags)
+        rounds = _run_rounds(bench, kernels, materialized, groups, pending, started + budget_s)
+        if search_cache is not None:
+            for group in pending:
+                if group.best is not None:
+                    search_cache.put(group.key, SearchEntry.from_group(group))
+    schedules = {}
+    for group in groups:
+        chosen = group.cached.schedule if group.cached is not None else (group.best or group.candidates[0]).schedule
+        for kernel in group.kernels:
+            schedules[kernel.name] = chosen
+    # The whole program, searched against not searched: kept only if a whole call is faster.
+    confirm_key = hashlib.sha256("|".join(sorted(g.key for g in groups)).encode()).hexdigest()[:24]
+    confirmed = search_cache.get_decision(confirm_key) if search_cache is not None else None
+    if confirmed is None:
+        bench = bench or Bench(graph, {k.node for k in kernels}, inputs, cache, cc, cflags)
+        baseline_ms, searched_ms = bench.confirm((plain_kernels, plain_materialized, {}), (kernels, materialized, schedules))
+        confirmed = {"baseline_ms": baseline_ms, "searched_ms": searched_ms, "kept": searched_ms < baseline_ms}
+        if search_cache is not None:
+            search_cache.put_decision(confirm_key, confirmed)
+    if not confirmed["kept"]:
+        kernels, materialized = plain_kernels, plain_materialized
+        schedules = {kernel.name: KernelSchedule() for kernel in kernels}
+    return SearchResult(schedules, groups, rounds, time.perf_counter() - started, budget_s, kernels, materialized,
+                        fused_report, confirmed)
+
+
+def _choose_attention(bench: Bench, kernels, materialized, fused, fused_materialized, used, fired):
+    """Both programs with the renderer's default schedules: the fused one is kept only when every
+    kernel checks out against the interpreter and the attention kernels beat what they replace."""
+    plain = bench.measure(kernels, materialized, {})
+    if plain.wrong:
+        raise AssertionError("the program differs from the interpreter with the renderer's default schedules")
+    try:
+        trial = bench.measure(fused, fused_materialized, {})
+        verified = not trial.wrong
+    except BuildError:
+        trial, verified = None, False
+    fused_ms = float(trial.ms.sum()) if trial is not None else None
+    plain_ms = float(plain.ms.sum())
+    chosen = verified and fused_ms < plain_ms
+    score_bytes = sum(match.scores.size * FLOAT_BYTES for match in used)
+    report = {"rules": fired, "matches": len(used), "kernels": [k.name for k in fused if k.attention is not None],
+              "verified": verified, "fused_ms": fused_ms, "unfused_ms": plain_ms, "chosen": chosen,
+              "score_bytes_not_written": score_bytes,
+              "fused_kernel_ms": float(sum(trial.ms[i] for i, k in enumerate(fused) if k.attention is not None))
+              if trial is not None else None}
+    if chosen:
+        return fused, fused_materialized, report
+    return kernels, materialized, report
+
+
+def _run_rounds(bench: Bench, kernels, materialized, groups, pending, deadline) -> int:
+    rounds, round_seconds = 0, []
+    while any(group.queue for group in pending):
+        if rounds and time.perf_counter() + statistics.mean(round_seconds) > deadline:
+            break
+        began = time.perf_counter()
+        trying: dict[str, int] = {}  # group key → candidate index tried this round
+        schedules = {}
+        for group in groups:
+            if group.cached is not None:
+                chosen = group.cached.schedule
+            elif group.queue:
+                index = group.queue.pop(0)
+                trying[group.key] = index
+                chosen = group.candidates[index].schedule
+            else:
+                chosen = (group.best or group.candidates[0]).schedule
+            for kernel in group.kernels:
+                schedules[kernel.name] = chosen
+        try:
+            result = bench.measure(kernels, materialized, schedules)
+        except BuildError:
+            if not trying or 0 in trying.values():
+                raise
+            for key, index in trying.items():  # one of them does not compile: none is kept
+                next(g for g in groups if g.key == key).candidates[index].rejected = "does not build"
+            rounds += 1
+            round_seconds.append(time.perf_counter() - began)
+            continue
+        position = {kernel.name: i for i, kernel in enumerate(kernels)}
+        for key, index in trying.items():
+            group = next(g for g in groups if g.key == key)
+            candidate = group.candidates[index]
+            names = [k.name for k in group.kernels]
+            if any(kernels[position[n]].node in result.wrong and n not in result.inconclusive for n in names):
+                candidate.rejected = "differs from the interpreter"
+            elif any(n in result.inconclusive for n in names):
+                group.queue.append(index)  # try again once its inputs are right
+            else:
+                candidate.verified = True
+                candidate.ms = float(sum(result.ms[position[n]] for n in names))
+            if index == 0 and candidate.rejected:
+                kernel = group.kernels[0]
+                raise AssertionError(f"kernel {kernel.name} ({kernel.node.origin}) differs from the interpreter with "
+                                     "the renderer's default schedule: a renderer bug")
+        rounds += 1
+        round_seconds.append(time.perf_counter() - began)
+    return rounds
+
+
+def kernel_flops(kernel: Kernel) -> int:
+    """2·M·N·K of the matrix products a kernel computes (0 for the rest)."""
+    return sum(2 * node.views[0].shape[node.arg] * node.size for node in kernel.fused
+               if node.op is Op.SUM and node.srcs[0].op is Op.MUL and node.views[0].shape[node.arg] > 1
+               and node.srcs[0].op not in LEAF and prod(node.shape) > 0)

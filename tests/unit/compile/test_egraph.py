@@ -1,0 +1,147 @@
+"""egglog rulesets: each preserves semantics (the interpreter before and after on random inputs),
+the schedule rules span the variants the search measures, the attention rules find online softmax."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from lumos.compile.egraph.algebra import algebra_rules
+from lumos.compile.egraph.attention import find_attention, fuse_attention
+from lumos.compile.egraph.fusion import fusion_rules
+from lumos.compile.egraph.schedule import schedule_candidates
+from lumos.compile.egraph.terms import run, to_graph, to_terms
+from lumos.compile.egraph.views import view_rules
+from lumos.compile.hl_ops import Tensor, attention, mark_output
+from lumos.compile.interpret import interpret
+from lumos.compile.ir import LEAF, Graph
+from lumos.compile.plan import plan_buffers
+from lumos.compile.program import Options, compile_graph, load_program
+from lumos.compile.render_c import render_library, tensor_names
+from lumos.compile.runtime import NativeProgram
+from lumos.compile.schedule import schedule
+
+
+def rewritten(graph: Graph, *rulesets, stores=None):
+    encoding = to_terms(graph, stores)
+    egraph, roots, fired = run(encoding, *rulesets)
+    return to_graph(encoding, {name: egraph.extract(term) for name, term in roots.items()}), fired
+
+
+def assert_same(before: Graph, after: Graph, inputs) -> None:
+    for name, want in interpret(before, inputs).items():
+        np.testing.assert_allclose(interpret(after, inputs)[name], want, rtol=1e-5, atol=1e-5, err_msg=name)
+
+
+def computed(graph: Graph) -> int:
+    return sum(node.op not in LEAF for node in graph.nodes)
+
+
+@pytest.fixture
+def redundant() -> tuple[Graph, dict[str, np.ndarray]]:
+    """x·1, +0, exp2(log2 ·), recip(recip ·), constants to fold, a·c + b·c, at awkward sizes."""
+    rng = np.random.default_rng(3)
+    graph = Graph()
+    x = Tensor.input(graph, "x", (3, 17))
+    w = Tensor.constant(graph, "w", rng.standard_normal((3, 17)).astype(np.float32))
+    y = (x * 1.0 + 0.0).log2().exp2().recip().recip() * 2.0 * 3.0
+    mark_output(graph, "y", (y * w + x * w).sum(1))
+    return graph.prune(), {"x": (np.abs(rng.standard_normal((3, 17))) + 0.1).astype(np.float32)}
+
+
+def test_algebra_preserves_semantics_and_removes_work(redundant):
+    graph, inputs = redundant
+    after, fired = rewritten(graph, algebra_rules, view_rules)
+    assert {"x*1", "x+0", "exp2(log2 x)", "recip(recip x)", "fold (x*a)*b", "distribute a*c+b*c"} <= set(fired)
+    assert computed(after) < computed(graph) // 2
+    assert_same(graph, after, inputs)
+
+
+def test_views_compose_movement_ops():
+    rng = np.random.default_rng(4)
+    graph = Graph()
+    x = Tensor.input(graph, "x", (5, 7))
+    y = (x.permute((1, 0)) * 1.0).reshape((7, 5)).permute((1, 0)) * 1.0 + x
+    mark_output(graph, "y", y.reshape((35,)).reshape((5, 7)).exp2())
+    graph = graph.prune()
+    after, fired = rewritten(graph, algebra_rules, view_rules)
+    assert fired.get("compose views") and fired.get("identity view")
+    assert computed(after) <= 3  # the add, the exp2 and the output copy: no copies for the views
+    assert_same(graph, after, {"x": rng.standard_normal((5, 7)).astype(np.float32)})
+
+
+def test_fusion_inlines_producers_and_preserves_semantics():
+    rng = np.random.default_rng(5)
+    graph = Graph()
+    x = Tensor.input(graph, "x", (4, 9, 8))
+    w = Tensor.constant(graph, "w", rng.standard_normal((8, 8)).astype(np.float32))
+    mark_output(graph, "y", x.linear(w).gelu().layer_norm(None, None, 1e-5))
+    graph = graph.prune()
+    stores = {node for node in graph.nodes if node.op not in LEAF}  # every node its own loop
+    after, fired = rewritten(graph, fusion_rules, stores=stores)
+    assert fired.get("inline producer") and (fired.get("prologue into sum") or fired.get("prologue into max"))
+    assert_same(graph, after, {"x": rng.standard_normal((4, 9, 8)).astype(np.float32)})
+
+
+def test_schedule_rules_span_the_loop_variants():
+    graph = Graph()
+    x = Tensor.input(graph, "x", (3, 17, 64))
+    w = Tensor.constant(graph, "w", np.ones((64, 64), np.float32))
+    mark_output(graph, "y", x.linear(w))
+    kernels, _ = schedule(graph.prune())
+    matmul = next(kernel for kernel in kernels if kernel.kind == "reduce")
+    candidates, fired = schedule_candidates(matmul)
+    assert len(set(candidates)) == len(candidates) >= 10
+    assert {sched.tile for sched in candidates} >= {0, 16, 32}
+    assert {sched.interchange for sched in candidates} == {None, True, False}
+    assert {"swap:row-wise", "swap:dot", "tile:registers", "unroll:reduction", "parallelize:outermost"} <= set(fired)
+
+
+def attention_graph(length: int = 17) -> tuple[Graph, dict[str, np.ndarray]]:
+    rng = np.random.default_rng(6)
+    graph = Graph()
+    B, H, D = 3, 2, 8
+    q, k, v = (Tensor.input(graph, name, (B, H, length, D)) for name in "qkv")
+    mask = Tensor.input(graph, "mask", (B, 1, 1, length))
+    mark_output(graph, "y", attention(q, k, v, mask))
+    inputs = {name: rng.standard_normal((B, H, length, D)).astype(np.float32) for name in "qkv"}
+    inputs["mask"] = (rng.random((B, 1, 1, length)) > 0.3).astype(np.float32)
+    return graph.prune(), inputs
+
+
+def test_attention_rules_find_online_softmax_and_the_fused_kernel_never_stores_scores(kernel_cache):
+    graph, inputs = attention_graph()
+    matches, fired = find_attention(graph)
+    assert len(matches) == 1 and fired["softmax (max-shifted)"] and fired["online softmax"]
+    compilation = compile_graph(graph, kernel_cache)
+    kernels, materialized, used = fuse_attention(graph, compilation.materialized, matches)
+    assert used and [kernel.kind for kernel in kernels] == ["attention"]
+    plan = plan_buffers(graph, kernels)
+    assert plan.arena_bytes < matches[0].scores.size * 4 <= compilation.buffers.arena_bytes
+    source = render_library(graph, kernels, materialized, plan)
+    program = NativeProgram(kernel_cache.build(source, "gcc", Options().cflags).library,
+                            [(n, node.shape) for n, node in graph.inputs.items()],
+                            [(n, node.shape) for n, node in graph.outputs.items()],
+                            [graph.tensors[n] for n in tensor_names(graph)], plan.arena_bytes)
+    got = program(inputs)["y"].reshape(graph.output_shapes["y"])
+    np.testing.assert_allclose(got, interpret(graph, inputs)["y"], atol=1e-5, rtol=1e-5)
+
+
+def test_the_search_reports_and_verifies_the_fused_attention(kernel_cache):
+    graph, inputs = attention_graph(33)
+    compilation = compile_graph(graph, kernel_cache, Options(search_budget_s=0.001, search_cache=False), inputs)
+    report = compilation.search.attention
+    assert report["matches"] == 1 and report["verified"] and report["score_bytes_not_written"] == 3 * 2 * 33 * 33 * 4
+    assert report["chosen"] == (report["fused_ms"] < report["unfused_ms"])
+    got = load_program(compilation)(inputs)["y"].reshape(graph.output_shapes["y"])
+    np.testing.assert_allclose(got, interpret(graph, inputs)["y"], atol=1e-5, rtol=1e-5)
+
+
+def test_key_blocks_are_distinct_candidates_of_a_fused_attention(kernel_cache):
+    from lumos.compile.search import make_groups
+
+    graph, _ = attention_graph(70)
+    compilation = compile_graph(graph, kernel_cache)
+    kernels, materialized, _ = fuse_attention(graph, compilation.materialized, find_attention(graph)[0])
+    (group,) = make_groups(kernels, materialized, seed=0)
+    assert {candidate.schedule.tile for candidate in group.candidates} >= {0, 8, 16, 64}
