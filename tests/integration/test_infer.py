@@ -250,7 +250,7 @@ def test_compiled_engine_falls_back_without_a_plan_and_matches_torch_with_one(sp
     assert summary["engine"] == "torch" and "no compiled plan" in summary["warnings"][0]
     torch_rows = {row["user_id"]: row for row in predictions(spark, promoted, day)}
 
-    compiled = lumos(promoted, "compile", "--model", "quickstart@production", "--batch", "64")
+    compiled = lumos(promoted, "compile", "--model", "quickstart@production", "--batch", "64", "--search-budget", "5")
     assert compiled.exit_code == 0, compiled.output
     result = lumos(promoted, *args)
     assert result.exit_code == 0, result.output
