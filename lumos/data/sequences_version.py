@@ -110,18 +110,23 @@ def open_sequences(workspace: Workspace, ref: TableRef) -> SequencesVersion:
     (both from the commit's lineage) and FeatureSpec."""
     snapshot = active_files(table_location(workspace, ref), ref.version)
     pinned = ref.at(snapshot.version)
-    info = commit_info(snapshot.table_path, snapshot.version) or {}
-    try:
-        lineage = LineageRecord.from_json(info["userMetadata"])
-        vocab_ref = TableRef.parse(lineage.stats["tables"]["vocab"])
-    except (KeyError, TypeError, ValueError) as error:
-        raise UsageError(
-            f"{pinned} has no ingest lineage naming its recipe and vocab version; "
-            "call feature_spec_for(sequences, vocab, recipe) with them"
-        ) from error
+    lineage, vocab_ref = ingest_lineage(workspace, pinned)
     vocab = active_files(table_location(workspace, vocab_ref), vocab_ref.version)
     spec = feature_spec_for(snapshot, vocab, lineage.config)
     return SequencesVersion(pinned, snapshot, lineage.config, spec)
+
+
+def ingest_lineage(workspace: Workspace, pinned: TableRef) -> tuple[LineageRecord, TableRef]:
+    """The ingest lineage in the commit of sequences version `pinned`, and the vocab version it names."""
+    info = commit_info(table_location(workspace, pinned), pinned.version) or {}
+    try:
+        lineage = LineageRecord.from_json(info["userMetadata"])
+        return lineage, TableRef.parse(lineage.stats["tables"]["vocab"])
+    except (KeyError, TypeError, ValueError) as error:
+        raise UsageError(
+            f"{pinned} has no ingest lineage naming its recipe and vocab version; re-ingest it with lumos ingest, "
+            "or call feature_spec_for(sequences, vocab, recipe) with them"
+        ) from error
 
 
 def _snapshot(table: DeltaSnapshot | str | Path) -> DeltaSnapshot:

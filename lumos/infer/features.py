@@ -15,13 +15,13 @@ from pathlib import Path
 
 from lumos.core.config import from_dict
 from lumos.core.errors import UsageError
-from lumos.core.lineage import LineageInput, LineageRecord
+from lumos.core.lineage import LineageInput
 from lumos.core.tables import TABLE_REF, TableRef, read_table, table_location
 from lumos.core.workspace import Workspace, is_uri
-from lumos.data.delta_log import commit_info
 from lumos.data.ingest import read_calendar, read_users
 from lumos.data.recipe import Cutoff, IngestRecipe, SplitSpec
 from lumos.data.sequences import build_sequences
+from lumos.data.sequences_version import ingest_lineage
 from lumos.data.sources import read_source
 from lumos.data.validation import check_columns, check_events, event_columns, valid_events
 
@@ -42,12 +42,7 @@ class TrainingData:
 
 def training_data(workspace: Workspace, sequences: TableRef) -> TrainingData:
     """Read the recipe, vocab version and sources from the ingest lineage of `sequences` (pinned)."""
-    info = commit_info(table_location(workspace, sequences), sequences.version) or {}
-    try:
-        lineage = LineageRecord.from_json(info["userMetadata"])
-        vocab = TableRef.parse(lineage.stats["tables"]["vocab"])
-    except (KeyError, TypeError, ValueError) as error:
-        raise UsageError(f"{sequences} has no ingest lineage naming its recipe and vocab; re-ingest it with lumos ingest") from error
+    lineage, vocab = ingest_lineage(workspace, sequences)
     recipe = from_dict(IngestRecipe, lineage.config, source=f"the recipe recorded in {sequences}")
     # The ingest lists its inputs as events, then users, then calendar, each only when the recipe has it.
     roles = ["events"] + (["users"] if recipe.users else []) + (["calendar"] if recipe.calendar else [])

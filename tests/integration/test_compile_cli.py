@@ -13,45 +13,19 @@ from typer.testing import CliRunner
 from lumos.cli.app import app
 from lumos.compile.engine import load_compiled
 from lumos.compile.frontend import example_batch
-from lumos.core.config import from_dict, load_config
 from lumos.core.tracking import tracking_client
 from lumos.core.workspace import open_workspace
-from lumos.data.ingest import run_ingest
-from lumos.data.recipe import IngestRecipe
-from lumos.data.synthetic import SyntheticSpec, generate_quickstart
-from lumos.quickstart import RECIPES
 from lumos.train.checkpoint import load_model
-from lumos.train.config import TrainConfig
-from lumos.train.run import download_checkpoint, train
+from lumos.train.run import download_checkpoint
 
-QUICKSTART = RECIPES
 runner = CliRunner()
 
 
 @pytest.fixture(scope="module")
-def project(spark, tmp_path_factory) -> Path:
+def project(trained_quickstart, tmp_path_factory) -> Path:
     """Quickstart data, one ingest, one tiny trained run (its id in run.txt)."""
     folder = tmp_path_factory.mktemp("compile")
-    data = folder / "data"
-    generate_quickstart(data, SyntheticSpec(users=200, events=8_000, seed=3))
-    recipe = load_config(IngestRecipe, QUICKSTART / "ingest.toml", [
-        f"source.path={data / 'events'}", f"users.path={data / 'users.parquet'}",
-        f"calendar.path={data / 'calendar.csv'}", "tokens.max_len=12",
-    ])
-    run_ingest(spark, open_workspace(folder), recipe, QUICKSTART)
-    config = from_dict(TrainConfig, {
-        "data": {"loader_workers": 1},
-        "model": {"d_model": 8, "n_heads": 2, "encoder_layers": 1, "decoder_layers": 1, "d_ff": 16, "dropout": 0.0,
-                  "max_len": 12},
-        "run": {"batch_size": 32, "max_steps": 5, "eval_every": 1000, "log_every": 10, "checkpoint_every": 1000,
-                "experiment": "test-compile"},
-    })
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        (folder / "run.txt").write_text(train(config, open_workspace(folder)).run_id)
-    finally:
-        torch.set_num_threads(threads)
+    (folder / "run.txt").write_text(trained_quickstart(folder, seed=3, max_len=12, steps=5, experiment="test-compile"))
     return folder
 
 

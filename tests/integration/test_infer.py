@@ -12,55 +12,28 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
-import torch
 from typer.testing import CliRunner
 
 from lumos.cli.app import app
-from lumos.core.config import from_dict, load_config
 from lumos.core.tables import TableRef, read_table
 from lumos.core.workspace import open_workspace
-from lumos.data.ingest import run_ingest
-from lumos.data.recipe import IngestRecipe
-from lumos.data.synthetic import SyntheticSpec, generate_quickstart
 from lumos.infer.predictions import RunInProgress, partition_lock
 from lumos.infer.trace import trace_prediction
 from lumos.quickstart import RECIPES
-from lumos.train.config import TrainConfig
-from lumos.train.run import train
 
-QUICKSTART = RECIPES
 AS_OF = "2026-09-14"
 runner = CliRunner()
 
 
 @pytest.fixture(scope="module")
-def project(spark, tmp_path_factory) -> Path:
+def project(trained_quickstart, tmp_path_factory) -> Path:
     """Quickstart data, its next_item and will_purchase tasks, one ingest and one trained run."""
     folder = tmp_path_factory.mktemp("infer")
-    data = folder / "data"
-    generate_quickstart(data, SyntheticSpec(users=200, events=8_000, seed=5))
     (folder / "tasks").mkdir()
     for task in ("next_item", "will_purchase_7d"):
-        shutil.copy(QUICKSTART / "tasks" / f"{task}.toml", folder / "tasks")
-    recipe = load_config(IngestRecipe, QUICKSTART / "ingest.toml", [
-        f"source.path={data / 'events'}", f"users.path={data / 'users.parquet'}",
-        f"calendar.path={data / 'calendar.csv'}", "tokens.max_len=20",
-    ])
-    run_ingest(spark, open_workspace(folder), recipe, QUICKSTART)
-    config = from_dict(TrainConfig, {
-        "data": {"loader_workers": 1},
-        "model": {"d_model": 8, "n_heads": 2, "encoder_layers": 1, "decoder_layers": 1, "d_ff": 16, "dropout": 0.0,
-                  "max_len": 20},
-        "run": {"batch_size": 32, "max_steps": 20, "eval_every": 1000, "log_every": 10, "checkpoint_every": 1000,
-                "experiment": "test-infer"},
-    })
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        summary = train(config, open_workspace(folder))
-    finally:
-        torch.set_num_threads(threads)
-    (folder / "run").write_text(summary.run_id)
+        shutil.copy(RECIPES / "tasks" / f"{task}.toml", folder / "tasks")
+    run = trained_quickstart(folder, seed=5, max_len=20, steps=20, experiment="test-infer")
+    (folder / "run").write_text(run)
     return folder
 
 

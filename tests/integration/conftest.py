@@ -1,0 +1,49 @@
+"""A tiny trained quickstart project, the starting point of the tests of every later verb."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+
+from lumos.core.config import from_dict, load_config
+from lumos.core.workspace import open_workspace
+from lumos.data.ingest import run_ingest
+from lumos.data.recipe import IngestRecipe
+from lumos.data.synthetic import SyntheticSpec, generate_quickstart
+from lumos.quickstart import RECIPES
+from lumos.train.config import TrainConfig
+from lumos.train.run import train
+
+
+@pytest.fixture(scope="session")
+def trained_quickstart(spark) -> Callable[..., str]:
+    """`make(folder, seed=, max_len=, steps=, experiment=)`: synthetic quickstart data in
+    folder/data (200 users, 8,000 events), one ingest with histories of max_len, and one run of a
+    d=8 model trained for `steps`; returns the run id."""
+
+    def make(folder: Path, *, seed: int, max_len: int, steps: int, experiment: str) -> str:
+        data = folder / "data"
+        generate_quickstart(data, SyntheticSpec(users=200, events=8_000, seed=seed))
+        recipe = load_config(IngestRecipe, RECIPES / "ingest.toml", [
+            f"source.path={data / 'events'}", f"users.path={data / 'users.parquet'}",
+            f"calendar.path={data / 'calendar.csv'}", f"tokens.max_len={max_len}",
+        ])
+        run_ingest(spark, open_workspace(folder), recipe, RECIPES)
+        config = from_dict(TrainConfig, {
+            "data": {"loader_workers": 1},
+            "model": {"d_model": 8, "n_heads": 2, "encoder_layers": 1, "decoder_layers": 1, "d_ff": 16,
+                      "dropout": 0.0, "max_len": max_len},
+            "run": {"batch_size": 32, "max_steps": steps, "eval_every": 1000, "log_every": 10,
+                    "checkpoint_every": 1000, "experiment": experiment},
+        })
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            return train(config, open_workspace(folder)).run_id
+        finally:
+            torch.set_num_threads(threads)
+
+    return make
