@@ -7,11 +7,12 @@ item vocabulary with the row's history items excluded, the same metric code
 (`lumos.eval.metrics`), and early stopping on valid NDCG@10 with the best epoch's weights kept.
 
 Training uses every train target once per epoch: each user's sequence up to (not including) the
-valid target is rebuilt from the table's train rows (every train row's target follows the last
-item of its history; MovieLens has no repeated user-item pair, so the chain is unique), cut
-into windows of max_len + 1 items from the end, and trained causally with a full softmax over
-the item vocabulary (cross-entropy; Klenitskiy & Vasilev 2023 show it beats the original
-one-negative binary loss). Needs a table ingested with splits.train_targets = "every".
+valid target is rebuilt from the table's train rows, cut into windows of max_len + 1 items from
+the end, and trained causally with a full softmax over the item vocabulary (cross-entropy;
+Klenitskiy & Vasilev 2023 show it beats the original one-negative binary loss). Needs a table
+ingested with splits.train_targets = "every" (every train row's target follows the last item of
+its history; MovieLens has no repeated user-item pair, so the chain is unique) or "windows" (the
+rows' histories and targets tile the sequence; concatenated in time order).
 
     python benchmarks/sasrec.py --workspace . --table movielens.sequences --seeds 0 1 2
 
@@ -69,6 +70,8 @@ class SplitRows:
     histories: list[list[int]]
     """Item ids of each row's history, oldest first (at most the table's max_len)."""
     targets: np.ndarray
+    as_of: list
+    """Each row's cut time (its target's timestamp)."""
 
 
 @dataclass
@@ -85,45 +88,68 @@ class TableData:
 def read_table(workspace_dir: str, table: str) -> TableData:
     workspace = open_workspace(workspace_dir)
     sequences = open_sequences(workspace, TableRef.parse(table))
-    parts = [pq.read_table(f.path, columns=["user_id", "split", "item", "next_item"]) for f in sequences.snapshot.files]
+    parts = [pq.read_table(f.path, columns=["user_id", "split", "as_of", "item", "next_item"]) for f in sequences.snapshot.files]
     rows = {split: _split_rows(parts, split) for split in ("train", "valid", "test")}
+    layout = sequences.recipe["splits"]["train_targets"]
+    rebuild = {"every": _chained_sequences, "windows": _tiled_sequences}.get(layout)
+    if rebuild is None:
+        raise ValueError(f'{sequences.ref}: SASRec needs splits.train_targets = "every" or "windows", not {layout!r}')
     return TableData(
         ref=str(sequences.ref), item_vocab_size=sequences.spec.item_vocab_size, max_len=sequences.spec.max_len,
-        train_sequences=_train_sequences(rows["train"], rows["valid"]), valid=rows["valid"], test=rows["test"],
+        train_sequences=_checked(rebuild(rows["train"]), rows["valid"]), valid=rows["valid"], test=rows["test"],
     )
 
 
 def _split_rows(parts, split: str) -> SplitRows:
-    users, histories, targets = [], [], []
+    users, as_of, histories, targets = [], [], [], []
     for part in parts:
         chosen = part.filter(pc.equal(part["split"], split))
         users += chosen["user_id"].to_pylist()
+        as_of += chosen["as_of"].to_pylist()
         histories += chosen["item"].to_pylist()
         targets += chosen["next_item"].to_pylist()
-    return SplitRows(users, histories, np.asarray(targets, dtype=np.int64))
+    return SplitRows(users, histories, np.asarray(targets, dtype=np.int64), as_of)
 
 
-def _train_sequences(train: SplitRows, valid: SplitRows) -> list[list[int]]:
-    """Each user's items before the valid target, chained from the train rows: a row's target
-    follows the last item of its history, and the row with a one-item history starts the chain."""
+def _chained_sequences(train: SplitRows) -> dict[str, list[int]]:
+    """"every" rows: a row's target follows the last item of its history, and the row with a
+    one-item history starts the chain."""
     following: dict[str, dict[int, int]] = {}
     first: dict[str, int] = {}
     for user, history, target in zip(train.users, train.histories, train.targets.tolist(), strict=True):
         following.setdefault(user, {})[history[-1]] = target
         if len(history) == 1:
             first[user] = history[0]
-    sequences = []
-    for user, history in zip(valid.users, valid.histories, strict=True):
+    sequences = {}
+    for user, after in following.items():
         chain = [first[user]] if user in first else []
-        while chain and chain[-1] in following.get(user, {}):
-            chain.append(following[user][chain[-1]])
-            if len(chain) > len(following[user]) + 1:
+        while chain and chain[-1] in after:
+            chain.append(after[chain[-1]])
+            if len(chain) > len(after) + 1:
                 raise ValueError(f"user {user}: the train rows do not form one chain (a repeated item?)")
-        if chain[-len(history):] != history:
-            raise ValueError(f"user {user}: the rebuilt sequence does not end with the valid row's history; "
-                             'was the table ingested with splits.train_targets = "every" and min_history = 1?')
-        sequences.append(chain)
+        sequences[user] = chain
     return sequences
+
+
+def _tiled_sequences(train: SplitRows) -> dict[str, list[int]]:
+    """"windows" rows: each row's history and target follow the previous row's target."""
+    windows: dict[str, list] = {}
+    for user, as_of, history, target in zip(train.users, train.as_of, train.histories, train.targets.tolist(), strict=True):
+        windows.setdefault(user, []).append((as_of, history + [target]))
+    return {user: [item for _, window in sorted(rows, key=lambda row: row[0]) for item in window]
+            for user, rows in windows.items()}
+
+
+def _checked(sequences: dict[str, list[int]], valid: SplitRows) -> list[list[int]]:
+    """Per valid row, its user's items before the valid target; they must end with its history."""
+    rebuilt = []
+    for user, history in zip(valid.users, valid.histories, strict=True):
+        sequence = sequences.get(user, [])
+        if sequence[-len(history):] != history:
+            raise ValueError(f"user {user}: the rebuilt sequence does not end with the valid row's history; "
+                             "was the table ingested with min_history = 1?")
+        rebuilt.append(sequence)
+    return rebuilt
 
 
 def training_windows(sequences: list[list[int]], max_len: int) -> np.ndarray:

@@ -265,6 +265,10 @@ LOWERINGS: dict[str, Callable] = {
     "aten.gt.Tensor": lambda lower, a, b: a > b,
     "aten.gt.Scalar": lambda lower, a, b: a > b,
     "aten.logical_not.default": lambda lower, x: 1.0 - x,
+    # Booleans are 0/1 floats in the IR, so "and" is a product (the causal & padding mask).
+    "aten.__and__.Tensor": lambda lower, a, b: a * b,
+    "aten.bitwise_and.Tensor": lambda lower, a, b: a * b,
+    "aten.logical_and.default": lambda lower, a, b: a * b,
     "aten.where.self": lambda lower, c, a, b: c.where(a, b),
     "aten.masked_fill.Scalar": lambda lower, x, mask, value: x.masked_fill(mask, max(float(value), MASKED)),
     # reductions and composites

@@ -117,6 +117,10 @@ class TokenSpec:
     features, with the day's event count and value sum)."""
     max_len: int = 200
     """Histories keep their most recent max_len tokens."""
+    age_days: bool = True
+    """Write age_days, each token's age in days at the row's as_of. With leave_last_out, as_of is
+    the target's own time, so the ages tell the model when the next event happens: turn it off
+    for a benchmark protocol in which that is unknown."""
 
     def __post_init__(self) -> None:
         require_valid([("max_len", "must be at least 1")] if self.max_len < 1 else [])
@@ -139,10 +143,12 @@ class SplitSpec:
     """For mode = time: the cutoffs, e.g. [{ split = "train", as_of = 2026-08-01 }, …]."""
     min_history: int = 1
     """Rows whose history has fewer tokens than this are not written."""
-    train_targets: Literal["last", "every"] = "last"
+    train_targets: Literal["last", "every", "windows"] = "last"
     """For mode = leave_last_out: "last" writes one train row per user (target: the third to last
     token); "every" writes one train row per token before the valid target (each prefix of the
-    history predicts its next token), as sequential recommenders train."""
+    history predicts its next token); "windows" writes one train row per max_len + 1 tokens, back
+    from the valid target, so rows tile the train tokens: with model.position_targets every
+    position of a row is trained, as sequential recommenders (SASRec) train."""
 
     def __post_init__(self) -> None:
         problems = []

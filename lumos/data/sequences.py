@@ -25,12 +25,14 @@ Semantics (the contract the training loader and the model rely on):
 - **Time features** are in UTC whatever the session's time zone: `hour` 0–23, `weekday` 0 = Monday
   … 6 = Sunday, `gap_bucket` = 0 for a user's first token, else min(15, 1 + floor(log2(1 + whole
   minutes since the previous token))), computed over the full token sequence before any cut or
-  truncation, and `age_days` = days from the token to `as_of`.
+  truncation, and `age_days` = days from the token to `as_of` (unless `tokens.age_days = false`).
 - **Cuts.** A row is (user, split, as_of) with a cut position c: its history is tokens[0:c], keeping
   the most recent `tokens.max_len` (oldest first), and its target token is tokens[c]. Rows whose
   history before truncation has fewer than `splits.min_history` tokens are not written.
   leave_last_out: with n tokens, test cuts at n-1, valid at n-2, train at n-3 (with
-  `splits.train_targets = "every"`, at every c ≤ n-3), and `as_of` is the target token's `ts`.
+  `splits.train_targets = "every"`, at every c ≤ n-3; with "windows", at c = n-3 - k·(max_len + 1)
+  for k = 0, 1, …, so that the rows' histories and targets tile the train tokens without overlap),
+  and `as_of` is the target token's `ts`.
   time: per cutoff, `as_of` is the cutoff date at 00:00 UTC and c is the number of tokens before it.
 - **Targets.** `next_item` is the item id of the target token (null when there is none; OOV when
   its item is null). `act_<K>d` is 1 when a raw event of an act type (any type when
@@ -153,7 +155,9 @@ def build_sequences(
 
 def _output_columns(recipe: IngestRecipe) -> list[str]:
     """The sequences table's columns, in their fixed order."""
-    columns = ["user_id", "split", "as_of", "length", *_history_features(recipe), "age_days"]
+    columns = ["user_id", "split", "as_of", "length", *_history_features(recipe)]
+    if recipe.tokens.age_days:
+        columns.append("age_days")
     if recipe.users is not None:
         columns += [f"user_{name}" for name in (*recipe.users.categorical, *recipe.users.numeric)]
     if recipe.targets.next_item:
@@ -249,19 +253,25 @@ def _gap_bucket(previous_ts: Column, ts: Column) -> Column:
 
 def _cut_rows(tokens: DataFrame, recipe: IngestRecipe) -> DataFrame:
     if recipe.splits.mode == "leave_last_out":
-        cuts = _leave_last_out_cuts(tokens, every_train_target=recipe.splits.train_targets == "every")
+        cuts = _leave_last_out_cuts(tokens, recipe.splits.train_targets, recipe.tokens.max_len)
     else:
         cuts = _time_cuts(tokens, recipe)
     # The history before truncation is exactly the cut_position tokens before the cut.
     return cuts.where(F.col("cut_position") >= recipe.splits.min_history)
 
 
-def _leave_last_out_cuts(tokens: DataFrame, every_train_target: bool = False) -> DataFrame:
-    """Test targets a user's last token, valid the one before; train the one before that, or with
-    `every_train_target` every earlier token too."""
+def _leave_last_out_cuts(tokens: DataFrame, train_targets: str = "last", max_len: int = 0) -> DataFrame:
+    """Test targets a user's last token, valid the one before; train the one before that, with
+    "every" every earlier token too, with "windows" every (max_len + 1)-th earlier token."""
     back = F.col("token_count") - 1 - F.col("position")
-    split = F.array(*[F.lit(name) for name in LEAVE_LAST_OUT_SPLITS])[F.least(back, F.lit(len(LEAVE_LAST_OUT_SPLITS) - 1))]
-    targets = tokens if every_train_target else tokens.where(back < len(LEAVE_LAST_OUT_SPLITS))
+    n_splits = len(LEAVE_LAST_OUT_SPLITS)
+    split = F.array(*[F.lit(name) for name in LEAVE_LAST_OUT_SPLITS])[F.least(back, F.lit(n_splits - 1))]
+    if train_targets == "every":
+        targets = tokens
+    elif train_targets == "windows":  # back = 2, 2 + (max_len + 1), ...: windows tile the train tokens
+        targets = tokens.where((back < n_splits) | (F.pmod(back - (n_splits - 1), F.lit(max_len + 1)) == 0))
+    else:
+        targets = tokens.where(back < n_splits)
     return targets.select(
         "user_id",
         split.alias("split"),
@@ -350,10 +360,11 @@ def _with_history(rows: DataFrame, user_tokens: DataFrame, recipe: IngestRecipe)
     age_days = F.transform(
         "history", lambda token: ((as_of_micros - token["ts_micros"]) / MICROS_PER_DAY).cast("float")
     )
+    ages = [age_days.alias("age_days")] if recipe.tokens.age_days else []
     # No target token (a time cutoff after the user's last token) leaves next_item null.
     next_item = [F.try_element_at("target", F.lit(1))["item"].alias("next_item")] if recipe.targets.next_item else []
     return with_history.select(
-        *rows.columns, F.size("history").alias("length"), *arrays, age_days.alias("age_days"), *next_item
+        *rows.columns, F.size("history").alias("length"), *arrays, *ages, *next_item
     )
 
 
@@ -362,8 +373,8 @@ def _user_tokens(tokens: DataFrame, vocab: DataFrame, recipe: IngestRecipe) -> D
 
     Only tokens within reach of a cut are kept (the target and the max_len before it), so a
     user's array is bounded by the recipe, however long their history: max_len + 3 tokens for
-    leave_last_out, (max_len + 1) per cutoff for time splits. With train_targets = "every" every
-    token is a target, so the whole sequence is kept.
+    leave_last_out, (max_len + 1) per cutoff for time splits. With train_targets = "every" or
+    "windows" every token is some row's history or target, so the whole sequence is kept.
     """
     reachable = tokens.where(_within_reach(recipe))
     for feature, column in _event_vocab_features(recipe):
@@ -391,7 +402,7 @@ def _within_reach(recipe: IngestRecipe) -> Column:
     already computed over the full sequence, so dropping the rest changes nothing)."""
     position, max_len = F.col("position"), recipe.tokens.max_len
     if recipe.splits.mode == "leave_last_out":
-        if recipe.splits.train_targets == "every":
+        if recipe.splits.train_targets in ("every", "windows"):
             return F.lit(True)
         return position >= F.col("token_count") - len(LEAVE_LAST_OUT_SPLITS) - max_len
     cuts = [F.col(f"tokens_before_{index}") for index in range(len(recipe.splits.cutoffs))]

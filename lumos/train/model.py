@@ -4,6 +4,10 @@ Read top-down, smallest piece first: attention → MLP → blocks → config →
 only simple ops (linear, embedding, layer norm, GELU, softmax attention, masking, matmul) because
 the compiler lowers it to primitives.
 
+The encoder is bidirectional by default. With `encoder_attention = "causal"` and
+`position_targets`, the next-item slot is trained at every history position, SASRec's dense
+training with Lumos's decoder kept (`decode_positions`).
+
 Shapes: B rows, T history tokens, S = 1 + T encoder positions (the user token first),
 Q decoder slots, H horizons, V items, C = d_model, n_heads heads of size D.
 """
@@ -35,8 +39,13 @@ def signed_expm1(y: Tensor) -> Tensor:
     return torch.sign(y) * torch.expm1(torch.abs(y))
 
 
+def memory_mask_of(mask: Tensor) -> Tensor:
+    """(B, S) True for the encoder positions that are real: the user token (always) and the history."""
+    return torch.cat([mask.new_ones(mask.shape[0], 1), mask], dim=1)
+
+
 class Attention(nn.Module):
-    """Multi-head attention of `x` over `context` (itself for self-attention), no causal mask."""
+    """Multi-head attention of `x` over `context` (itself for self-attention)."""
 
     def __init__(self, d_model: int, n_heads: int, dropout: float):
         super().__init__()
@@ -47,17 +56,16 @@ class Attention(nn.Module):
         self.proj = nn.Linear(d_model, d_model)
         self.residual_dropout = nn.Dropout(dropout)
 
-    def forward(self, x: Tensor, context: Tensor, key_mask: Tensor | None = None) -> Tensor:
+    def forward(self, x: Tensor, context: Tensor, allowed: Tensor | None = None) -> Tensor:
+        """`allowed` (B, 1, 1 or L, S), True = this query may attend to this key; None = all."""
         B, L, C = x.shape
         S = context.shape[1]
         q = self.query(x).view(B, L, self.n_heads, C // self.n_heads).transpose(1, 2)  # (B, nh, L, D)
         k, v = self.key_value(context).split(C, dim=2)  # (B, S, C) each
         k = k.view(B, S, self.n_heads, C // self.n_heads).transpose(1, 2)  # (B, nh, S, D)
         v = v.view(B, S, self.n_heads, C // self.n_heads).transpose(1, 2)  # (B, nh, S, D)
-        # key_mask (B, S), True = real: broadcast over heads and queries, so padding is never a key.
-        attn_mask = None if key_mask is None else key_mask[:, None, None, :]  # (B, 1, 1, S)
         y = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=attn_mask, dropout_p=self.dropout if self.training else 0.0
+            q, k, v, attn_mask=allowed, dropout_p=self.dropout if self.training else 0.0
         )  # (B, nh, L, D)
         y = y.transpose(1, 2).reshape(B, L, C)  # (B, L, C)
         return self.residual_dropout(self.proj(y))
@@ -84,9 +92,9 @@ class EncoderBlock(nn.Module):
         self.ln_2 = nn.LayerNorm(config.d_model)
         self.mlp = MLP(config.d_model, config.d_ff, config.dropout)
 
-    def forward(self, x: Tensor, key_mask: Tensor) -> Tensor:
+    def forward(self, x: Tensor, allowed: Tensor) -> Tensor:
         h = self.ln_1(x)
-        x = x + self.attn(h, h, key_mask)
+        x = x + self.attn(h, h, allowed)
         return x + self.mlp(self.ln_2(x))
 
 
@@ -102,10 +110,10 @@ class DecoderBlock(nn.Module):
         self.ln_3 = nn.LayerNorm(config.d_model)
         self.mlp = MLP(config.d_model, config.d_ff, config.dropout)
 
-    def forward(self, x: Tensor, memory: Tensor, memory_mask: Tensor) -> Tensor:
+    def forward(self, x: Tensor, memory: Tensor, slots_allowed: Tensor | None, memory_allowed: Tensor) -> Tensor:
         h = self.ln_1(x)
-        x = x + self.self_attn(h, h)
-        x = x + self.cross_attn(self.ln_2(x), memory, memory_mask)
+        x = x + self.self_attn(h, h, slots_allowed)
+        x = x + self.cross_attn(self.ln_2(x), memory, memory_allowed)
         return x + self.mlp(self.ln_3(x))
 
 
@@ -133,6 +141,16 @@ class ModelConfig:
     items sampled uniformly (for large vocabularies)."""
     negatives: int = 256
     """Negatives per batch for the sampled retrieval loss, shared by all rows."""
+    encoder_attention: Literal["bidirectional", "causal"] = "bidirectional"
+    """bidirectional: every history token sees the whole history. causal: each token sees only the
+    user token and older tokens, so every position holds a summary of the history up to it (what
+    position_targets trains)."""
+    position_targets: bool = False
+    """With causal attention and the retrieval head: the next-item slot is trained at every encoder
+    position (cross-attending to the history up to it, predicting the token that follows; the
+    row's target after the last), as SASRec trains, so one row gives a target per history token
+    instead of one. Then the next-item slot attends to no other slot, so that every position's
+    query is computed alike."""
 
     def __post_init__(self) -> None:
         problems = []
@@ -148,6 +166,10 @@ class ModelConfig:
             problems.append(("heads", f"unknown head(s) {unknown}; choose from {list(HEADS)}"))
         elif not self.heads:
             problems.append(("heads", f"needs at least one of {list(HEADS)}"))
+        if self.position_targets and self.encoder_attention != "causal":
+            problems.append(("position_targets", "needs encoder_attention = \"causal\" (else a position sees its target)"))
+        if self.position_targets and "retrieval" not in self.heads:
+            problems.append(("position_targets", "needs the retrieval head in heads"))
         require_valid(problems)
 
 
@@ -162,6 +184,8 @@ class ModelOutput:
     value_pred: Tensor | None
     """(B, H) value within each horizon in signed-log1p space; `signed_expm1` turns it back (that is
     a median-like estimate, not the mean, as is any prediction trained in log space)."""
+    memory: Tensor | None = None
+    """(B, S, C) encoder output, the user token first: what the position_targets loss reads."""
 
 
 class LumosModel(nn.Module):
@@ -203,6 +227,9 @@ class LumosModel(nn.Module):
         self.static_numeric = nn.Linear(n_static, C, bias=False) if n_static else None
         self.embedding_dropout = nn.Dropout(config.dropout)
         self.encoder = nn.ModuleList([EncoderBlock(config) for _ in range(config.encoder_layers)])
+        # Not persistent: (S, S) lower triangle for causal attention, sliced to the batch's length.
+        S_max = config.max_len + 1
+        self.register_buffer("causal", torch.ones(S_max, S_max, dtype=torch.bool).tril(), persistent=False)
         self.encoder_ln = nn.LayerNorm(C)
         # No affine: no loss reaches the pooled embedding, so learned scale and shift would never
         # train (and DDP rejects parameters that get no gradient).
@@ -217,6 +244,11 @@ class LumosModel(nn.Module):
         # Not persistent: it follows from the FeatureSpec, so the state dict holds only parameters.
         self.register_buffer("slot_context_weights", torch.tensor(slot_weights), persistent=False)  # (Q, L)
         self.slot_queries = nn.Parameter(torch.zeros(len(slot_weights), C))
+        # (Q, Q) True = may attend. With position_targets the next-item slot sees only itself, as
+        # at every position in training; the horizon slots still read it.
+        slots_allowed = torch.ones(len(slot_weights), len(slot_weights), dtype=torch.bool)
+        slots_allowed[0, 1:] = not config.position_targets
+        self.register_buffer("slots_allowed", slots_allowed, persistent=False)
         n_flags = len(features.future_flags)
         self.future_context = nn.Linear(n_flags, C, bias=False) if n_flags else None
         self.decoder = nn.ModuleList([DecoderBlock(config) for _ in range(config.decoder_layers)])
@@ -278,11 +310,15 @@ class LumosModel(nn.Module):
         if self.static_numeric is not None:
             user = user + self.static_numeric(signed_log1p(batch.static_numeric))
         x = torch.cat([user[:, None, :], x], dim=1)  # (B, S, C)
-        memory_mask = torch.cat([mask.new_ones(B, 1), mask], dim=1)  # (B, S): user token always on
+        memory_mask = memory_mask_of(mask)
 
         x = self.embedding_dropout(x)
+        allowed = memory_mask[:, None, None, :]  # (B, 1, 1, S): padding is never a key
+        if self.config.encoder_attention == "causal":
+            S = T + 1
+            allowed = allowed & self.causal[:S, :S]  # (B, 1, S, S)
         for block in self.encoder:
-            x = block(x, memory_mask)
+            x = block(x, allowed)
         return self.encoder_ln(x), memory_mask
 
     def pool(self, memory: Tensor, memory_mask: Tensor) -> Tensor:
@@ -303,9 +339,37 @@ class LumosModel(nn.Module):
         if self.future_context is not None:
             context = self.slot_context_weights @ batch.future  # (Q, L) @ (B, L, F) → (B, Q, F)
             x = x + self.future_context(context)
+        if self.config.position_targets:
+            # The next-item slot starts from the encoder's state at the last real position, as it
+            # does at every position in training (`decode_positions`).
+            real = memory_mask.to(memory.dtype)  # (B, S): ones, then padding zeros
+            is_last = real - torch.cat([real[:, 1:], real.new_zeros(real.shape[0], 1)], dim=1)  # (B, S) one-hot
+            latest = (memory * is_last[:, :, None]).sum(dim=1, keepdim=True)  # (B, 1, C)
+            x = torch.cat([x[:, :1] + latest, x[:, 1:]], dim=1)
         x = self.embedding_dropout(x)
+        slots_allowed = self.slots_allowed if self.config.position_targets else None
+        memory_allowed = memory_mask[:, None, None, :]  # (B, 1, 1, S): padding is never a key
         for block in self.decoder:
-            x = block(x, memory, memory_mask)
+            x = block(x, memory, slots_allowed, memory_allowed)
+        return self.decoder_ln(x)
+
+    def decode_positions(self, batch: Batch, memory: Tensor, memory_mask: Tensor) -> Tensor:
+        """(B, S, C) the next-item slot's output at every encoder position s: it starts from the
+        encoder's state at s (the slot's query alone could not tell which keys are the latest that
+        s may see) and attends to memory 0..s only. At the last real position this is `decode`'s
+        next-item slot; the calendar of the cut day is known there only, so the other positions
+        get no calendar context."""
+        B, S = memory_mask.shape
+        x = self.slot_queries[0] + memory  # (B, S, C)
+        if self.future_context is not None:
+            context = self.future_context(self.slot_context_weights[0] @ batch.future)  # (B, C)
+            last = torch.arange(S, device=x.device) == memory_mask.sum(dim=1, keepdim=True) - 1  # (B, S)
+            x = x + last[:, :, None] * context[:, None, :]
+        x = self.embedding_dropout(x)
+        itself = torch.eye(S, dtype=torch.bool, device=x.device)  # each position's slot sees only itself
+        memory_allowed = memory_mask[:, None, None, :] & self.causal[:S, :S]  # (B, 1, S, S)
+        for block in self.decoder:
+            x = block(x, memory, itself, memory_allowed)
         return self.decoder_ln(x)
 
     def forward(self, batch: Batch) -> ModelOutput:
@@ -317,6 +381,7 @@ class LumosModel(nn.Module):
             item_query=self.item_projection(slots[:, 0]) if self.item_projection is not None else None,
             act_logits=self.act_head(horizon_slots).squeeze(-1) if self.act_head is not None else None,
             value_pred=self.value_head(horizon_slots).squeeze(-1) if self.value_head is not None else None,
+            memory=memory,
         )
 
     def score_items(self, batch: Batch, output: ModelOutput | None = None) -> Tensor:
@@ -358,6 +423,15 @@ class LumosModel(nn.Module):
         total = F.cross_entropy(logits, labels, ignore_index=-100, reduction="sum")
         return total / has_target.sum().clamp(min=1)
 
+    def position_targets(self, batch: Batch) -> Tensor:
+        """(B, S) the item each encoder position predicts: position s has seen the user token and
+        history tokens 0..s-1, so it predicts history token s, and the last real one the row's
+        next_item. Padding (0) after that; OOV ids (1) are ignored by the loss like padding."""
+        items, mask = batch.tokens[self.features.item_feature], batch.mask  # (B, T)
+        targets = torch.cat([items * mask, items.new_zeros(items.shape[0], 1)], dim=1)  # (B, S)
+        length = mask.sum(dim=1, keepdim=True)  # (B, 1): the position after the last real token
+        return targets.scatter(1, length, batch.next_item[:, None])
+
     def loss(self, batch: Batch, output: ModelOutput | None = None) -> tuple[Tensor, dict[str, Tensor]]:
         """Total loss with learned uncertainty weights, and each task's loss (detached) for logging.
 
@@ -366,7 +440,12 @@ class LumosModel(nn.Module):
         """
         output = output if output is not None else self(batch)
         losses: dict[str, Tensor] = {}
-        if "retrieval" in self.config.heads:
+        if self.config.position_targets:
+            targets = self.position_targets(batch)  # (B, S)
+            keep = targets >= FIRST_ITEM_ID
+            slots = self.decode_positions(batch, output.memory, memory_mask_of(batch.mask))  # (B, S, C)
+            losses["retrieval"] = self.retrieval_loss(self.item_projection(slots[keep]), targets[keep])
+        elif "retrieval" in self.config.heads:
             losses["retrieval"] = self.retrieval_loss(output.item_query, batch.next_item)
         if "binary" in self.config.heads:
             losses["binary"] = F.binary_cross_entropy_with_logits(output.act_logits, batch.act)

@@ -1,4 +1,4 @@
-"""examples/movielens: the fetch (checksum, parsers), its configs, every-prefix train rows, early
+"""examples/movielens: the fetch (checksum, parsers), its configs, every-prefix and window train rows, early
 stopping on a validation metric, and a tiny end to end (ingest → train → eval → SASRec baseline)
 on a few hundred ratings in the MovieLens format. The real download is opt-in (`-m slow`)."""
 
@@ -9,6 +9,7 @@ import importlib.util
 import sys
 from pathlib import Path
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import torch
@@ -131,11 +132,12 @@ def test_real_fetch_from_pypi(tmp_path):
 
 def test_movielens_configs_load():
     recipe = load_config(IngestRecipe, MOVIELENS / "ingest.toml")
-    assert recipe.splits.mode == "leave_last_out" and recipe.splits.train_targets == "every"
+    assert recipe.splits.mode == "leave_last_out" and recipe.splits.train_targets == "windows"
     assert recipe.targets.horizons_days == () and recipe.columns.value == "rating"
     config = load_config(TrainConfig, MOVIELENS / "train.toml")
     assert config.data.table == "movielens.sequences" and config.model.heads == ("retrieval",)
     assert config.run.valid_metric == "ndcg@10" and config.run.patience > 0
+    assert config.model.encoder_attention == "causal" and config.model.position_targets
     assert config.model.max_len >= recipe.tokens.max_len
     tasks = load_tasks([MOVIELENS / "tasks"])
     task = tasks["movielens_next_item"].spec
@@ -186,6 +188,27 @@ def test_every_train_target_and_tie_break_by_item_string(spark):
     assert sequences["train", order[1]].value == [4.0]  # the history token's rating, never the target's
 
 
+def test_windows_of_train_rows_tile_the_train_tokens(spark):
+    recipe = load_config(IngestRecipe, MOVIELENS / "ingest.toml", ["tokens.max_len=2"])
+    start = __import__("datetime").datetime(2026, 1, 1, tzinfo=__import__("datetime").UTC)
+    items = [f"i{index}" for index in range(9)]  # one user, 9 ratings a minute apart
+    events = spark.createDataFrame(
+        [("u", start + __import__("datetime").timedelta(minutes=index), "rating", item, 3.0) for index, item in enumerate(items)],
+        "user_id string, ts timestamp, event_type string, item_id string, value double",
+    )
+    vocab = build_vocab(events, None, recipe)
+    ids = {row.token: row.id for row in vocab.where("feature = 'item'").collect()}
+    sequences = build_sequences(events, vocab, None, None, recipe)
+    assert "age_days" not in sequences.columns  # as_of is the target's time: no ages in this protocol
+    rows = sorted((row.split, row.item, row.next_item) for row in sequences.collect())
+    token = [ids[item] for item in items]
+    # test cuts at 8, valid at 7, train every max_len + 1 = 3 back from 6: 6 and 3 (0 has no history).
+    assert rows == sorted([
+        ("test", token[6:8], token[8]), ("valid", token[5:7], token[7]),
+        ("train", token[4:6], token[6]), ("train", token[1:3], token[3]),
+    ])  # fmt: skip
+
+
 # ---------------------------------------------------------------------------------------------
 # A tiny end to end: fetch → ingest → train with early stopping → eval → SASRec
 
@@ -193,7 +216,7 @@ def test_every_train_target_and_tie_break_by_item_string(spark):
 TINY = {
     "data": {"table": "movielens.sequences", "loader_workers": 1},
     "model": {"d_model": 8, "n_heads": 2, "encoder_layers": 1, "decoder_layers": 1, "d_ff": 16, "max_len": 50,
-              "heads": ["retrieval"], "dropout": 0.0},
+              "heads": ["retrieval"], "dropout": 0.0, "encoder_attention": "causal", "position_targets": True},
     "optim": {"lr": 1e-2, "warmup_steps": 0},
     "run": {"batch_size": 32, "max_steps": 12, "eval_every": 3, "eval_batches": 0, "log_every": 3,
             "checkpoint_every": 100, "valid_metric": "ndcg@10", "seed": 0, "experiment": "test-movielens"},
@@ -217,7 +240,7 @@ def project(spark, tmp_path_factory) -> Path:
     fetch.write_events(fetch.parse_u_data(content), data)
     recipe = load_config(IngestRecipe, MOVIELENS / "ingest.toml", [f"source.path={data / fetch.EVENTS_FILE}"])
     result = run_ingest(spark, open_workspace(folder), recipe, MOVIELENS)
-    assert result.stats["rows_by_split"] == {"test": 24, "train": 24 * 11, "valid": 24}
+    assert result.stats["rows_by_split"] == {"test": 24, "train": 24, "valid": 24}  # 12 train tokens: one window
     return folder
 
 
@@ -253,6 +276,18 @@ def test_tiny_end_to_end_and_sasrec_on_the_same_rows(project):
     run = sasrec.train_and_score(data, sasrec.SASRecConfig(d_model=8, max_epochs=2, patience=5, batch_size=8),
                                  report=lambda _: None)
     assert run["test_rows"] == 24 and all(0.0 <= run[name] <= 1.0 for name in sasrec.METRICS)
+
+
+def test_sasrec_rebuilds_the_same_sequences_from_either_layout(spark, project):
+    events = spark.read.parquet(str(project / "data" / fetch.EVENTS_FILE)).withColumnRenamed("rating", "value")
+    rebuilt = {}
+    for layout, rebuild in (("every", sasrec._chained_sequences), ("windows", sasrec._tiled_sequences)):
+        recipe = load_config(IngestRecipe, MOVIELENS / "ingest.toml", [f"splits.train_targets={layout}", "tokens.max_len=5"])
+        rows = build_sequences(events, build_vocab(events, None, recipe), None, None, recipe)
+        table = pa.Table.from_pandas(rows.select("user_id", "split", "as_of", "item", "next_item").toPandas())
+        rebuilt[layout] = rebuild(sasrec._split_rows([table], "train"))
+    assert len(rebuilt["every"]) == 24 and all(len(sequence) == 12 for sequence in rebuilt["every"].values())
+    assert rebuilt["windows"] == rebuilt["every"]  # max_len 5: windows of 6 (history + target), two per user
 
 
 def test_sasrec_windows_cover_every_target_once():

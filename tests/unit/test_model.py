@@ -11,7 +11,7 @@ from safetensors.torch import load_file, save_file
 from lumos.core.config import from_dict
 from lumos.core.errors import ConfigError
 from lumos.train.features import Batch, FeatureSpec
-from lumos.train.model import LumosModel, ModelConfig, signed_expm1, signed_log1p
+from lumos.train.model import LumosModel, ModelConfig, memory_mask_of, signed_expm1, signed_log1p
 
 FEATURES = FeatureSpec(
     token_categorical={"item": 12, "event_type": 4, "hour": 24},
@@ -129,6 +129,57 @@ def test_encoder_attention_is_not_causal():
     after = outputs(model, batch)["memory"]
     first_history_token = 1  # position 0 is the user token
     assert not torch.allclose(after[0, first_history_token], before[0, first_history_token], atol=1e-6)
+
+
+CAUSAL = dataclasses.replace(CONFIG, encoder_attention="causal", position_targets=True)
+
+
+def test_causal_encoder_positions_never_see_later_tokens():
+    model, batch = make_model(CAUSAL), make_batch()
+    before = outputs(model, batch)["memory"]
+    changed = 9  # a real history token of row 0, at encoder position 10
+    batch.tokens["item"][0, changed] = batch.tokens["item"][0, changed] % 11 + 1
+    batch.numeric[0, changed] += 5.0
+    after = outputs(model, batch)["memory"]
+    torch.testing.assert_close(after[0, : changed + 1], before[0, : changed + 1], rtol=0, atol=1e-6)
+    assert not torch.allclose(after[0, changed + 1], before[0, changed + 1], atol=1e-6)
+    torch.testing.assert_close(after[1:], before[1:], rtol=0, atol=1e-6)
+
+
+def test_each_position_targets_the_item_that_follows_it():
+    model, batch = make_model(CAUSAL), make_batch()
+    targets = model.position_targets(batch)  # (B, S) with S = 1 + T
+    items = batch.tokens["item"]
+    assert targets.shape == (3, 18)
+    assert torch.equal(targets[0, :17], items[0]) and targets[0, 17] == batch.next_item[0]
+    assert torch.equal(targets[1, :5], items[1, :5]) and targets[1, 5] == batch.next_item[1]
+    assert (targets[1, 6:] == 0).all()
+    assert targets[2, 0] == batch.next_item[2] and (targets[2, 1:] == 0).all()  # no history: the user token predicts
+
+
+def test_position_targets_train_the_next_item_slot_at_every_position():
+    model = make_model(dataclasses.replace(CAUSAL, dropout=0.1)).train()
+    total, losses = model.loss(make_batch())
+    assert set(losses) == {"retrieval", "binary", "regression"}
+    assert torch.isfinite(total) and losses["retrieval"] > 0
+    total.backward()
+    assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
+
+    # At each row's last real position, the slot is what inference computes: the same query.
+    model.eval()
+    batch = make_batch()
+    with torch.no_grad():
+        output = model(batch)
+        slots = model.decode_positions(batch, output.memory, memory_mask_of(batch.mask))  # (B, S, C)
+        last = batch.mask.sum(1)  # the user token is position 0
+        torch.testing.assert_close(model.item_projection(slots[torch.arange(3), last]), output.item_query)
+
+
+def test_position_targets_need_a_causal_encoder_and_the_retrieval_head():
+    with pytest.raises(ConfigError, match="encoder_attention"):
+        from_dict(ModelConfig, {"position_targets": True})
+    with pytest.raises(ConfigError, match="retrieval head"):
+        from_dict(ModelConfig, {"position_targets": True, "encoder_attention": "causal", "heads": ["binary"]})
 
 
 def test_decoder_slots_attend_to_each_other():
