@@ -79,7 +79,7 @@ schedule_rules = ruleset(
 _TERM = re.compile(r"Sched\((-?\d+), (-?\d+), (-?\d+), (-?\d+), (-?\d+), (-?\d+)\)")
 
 
-def kernel_facts(kernel: Kernel) -> list:
+def kernel_facts(kernel: Kernel, register_blocks: bool = True) -> list:
     node = kernel.node
     loops = [size for size in node.shape if size > 1]
     facts = []
@@ -92,7 +92,8 @@ def kernel_facts(kernel: Kernel) -> list:
         if loops[-1] <= 1024:
             facts.append(row_wise_legal())
             facts += [tile_fits(i64(tile)) for tile in TILES if loops[-1] % tile == 0 and loops[-1] > tile]
-            facts += [register_block(i64(rows), i64(cols)) for rows, cols in BLOCKS if cols <= loops[-1]]
+            if register_blocks:
+                facts += [register_block(i64(rows), i64(cols)) for rows, cols in BLOCKS if cols <= loops[-1]]
     if len(loops) >= 3:
         facts.append(many_outer())
     if kernel.kind == "elementwise" and len(loops) >= 2:
@@ -100,11 +101,13 @@ def kernel_facts(kernel: Kernel) -> list:
     return facts
 
 
-def schedule_candidates(kernel: Kernel, limit: int = 256) -> tuple[list[KernelSchedule], dict[str, int]]:
-    """Every schedule the rules reach from the renderer's default, and how often each rule fired."""
+def schedule_candidates(kernel: Kernel, limit: int = 256,
+                        register_blocks: bool = True) -> tuple[list[KernelSchedule], dict[str, int]]:
+    """Every schedule the rules reach from the renderer's default, and how often each rule fired
+    (without `register_blocks`: no register-blocked matmuls, to measure what they gain)."""
     egraph = EGraph()
     root = egraph.let("root", Sched(AUTO, 0, 0, 0, 0, 0))
-    facts = kernel_facts(kernel)
+    facts = kernel_facts(kernel, register_blocks)
     if facts:
         egraph.register(*facts)
     report = egraph.run(schedule_rules.saturate())

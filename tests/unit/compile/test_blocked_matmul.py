@@ -77,6 +77,8 @@ def test_the_egraph_offers_blocks_for_matmuls_only(kernel_cache):
     compilation = compile_graph(graph, kernel_cache)
     offered = {kernel.kind: any(s.rows for s in schedule_candidates(kernel)[0]) for kernel in compilation.kernels}
     assert offered["reduce"] and not offered.get("elementwise", False)
+    assert not any(s.rows for kernel in compilation.kernels  # the benchmark's "unblocked" search
+                   for s in schedule_candidates(kernel, register_blocks=False)[0])
 
 
 def test_the_search_verifies_every_blocked_candidate(kernel_cache):
