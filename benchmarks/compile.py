@@ -11,8 +11,10 @@ peak memory against one buffer per node, and its largest difference from eager.
 
 GFLOP/s counts the matrix products (2·M·N·K each, from the primitive graph), which dominate.
 Lumos runs with its schedule search (cold: empty caches; warm: the same compile again, which
-reuses the search cache and the kernel cache) and without (`lumos_no_search`); the JSON keeps the
-per-kernel profile of the searched forward and what the search chose per kernel. Last, one
+reuses the search cache and the kernel cache), with the search but without its register-blocked
+matmul candidates (`lumos_unblocked`: what the search found before them, timed in the same
+rounds as the rest) and without search (`lumos_no_search`); the JSON keeps the per-kernel profile
+of the searched forward (and of the unblocked one) and what the search chose per kernel. Last, one
 attention at sequence 512: torch eager (SDPA and the explicit softmax) against Lumos with the
 fused online-softmax kernel, time and extra peak memory.
 """
@@ -92,8 +94,11 @@ def bench_model(name: str, model: LumosModel, batch_size: int, repeats: int, ind
         cold = compile_model(model, batch_size, seq_len, cache, options)
         warm = compile_model(model, batch_size, seq_len, cache, options)
         assert warm.compilation.build.hit and (warm.compilation.search is None or warm.compilation.search.cache_hit)
+        unblocked = compile_model(model, batch_size, seq_len, cache,
+                                  Options(search_budget_s=search_budget, search_cache=False, register_blocks=False))
         result["max_error"] = verify(cold, model, seeds=(1,))
         engines["lumos"] = lambda: cold.compiled(batch)
+        engines["lumos_unblocked"] = lambda: unblocked.compiled(batch)
         engines["lumos_no_search"] = lambda: unsearched.compiled(batch)
         # Round-robin: on a shared machine every engine sees the same background load.
         with torch.no_grad():
@@ -104,6 +109,7 @@ def bench_model(name: str, model: LumosModel, batch_size: int, repeats: int, ind
             for _ in range(repeats):
                 for engine, call in engines.items():
                     times[engine].append(median_ms(call, 1, warmup=0))
+        result["load_average"] = os.getloadavg()  # right after the timed calls: comparable only at a like load
         for engine, values in times.items():
             result[f"{engine}_ms"] = statistics.median(values)
             result[f"{engine}_best_ms"] = min(values)  # least disturbed by other load
@@ -116,6 +122,8 @@ def bench_model(name: str, model: LumosModel, batch_size: int, repeats: int, ind
         result["search_confirmed"] = search.confirmed
         result["search_kernels"] = search.report()
         result["kernel_ms"] = _kernel_profile(cold, batch)
+        result["unblocked_kernel_ms"] = _kernel_profile(unblocked, batch)
+    print(f"  load average     {', '.join(f'{x:.2f}' for x in result['load_average'])} (1, 5, 15 min) after the timed calls")
     print(f"  torch eager      {result['eager_ms']:8.2f} ms", flush=True)
     if inductor:
         print(f"  torch.compile    {result['inductor_ms']:8.2f} ms  (compiled in {result['inductor_compile_s']:.0f} s)")
@@ -133,6 +141,7 @@ def bench_model(name: str, model: LumosModel, batch_size: int, repeats: int, ind
     if "inductor_ms" in result:
         result["lumos_vs_inductor"] = result["inductor_ms"] / result["lumos_ms"]
     print(f"  lumos, no search {result['lumos_no_search_ms']:8.2f} ms")
+    print(f"  lumos, unblocked {result['lumos_unblocked_ms']:8.2f} ms  (searched without the register-blocked matmul)")
     print(f"  lumos compiled   {result['lumos_ms']:8.2f} ms  ({result['lumos_vs_eager']:.2f}x eager"
           + (f", {result['lumos_vs_inductor']:.2f}x inductor" if "inductor_ms" in result else "") + ")")
     print("  best of runs     " + ", ".join(f"{engine} {result[f'{engine}_best_ms']:.2f} ms" for engine in engines))

@@ -46,6 +46,9 @@ class Options:
     search_cache: bool = True
     """Reuse and store search results under the kernel cache (search_cache.py)."""
     search_seed: int = 0
+    register_blocks: bool = True
+    """Let the search try the register-blocked matmul micro-kernel (False: measure what it gains;
+    then also turn `search_cache` off, since the cache does not tell the two searches apart)."""
 
 
 @dataclass
@@ -92,7 +95,8 @@ def _search(c: Compilation, cache: KernelCache) -> None:
         return
     store = SearchCache(cache, c.options.cc, c.options.cflags) if c.options.search_cache else None
     c.search = search_schedules(c.graph, c.kernels, c.materialized, cache, c.options.cc, c.options.cflags,
-                                c.options.search_budget_s, c.example_inputs, store, c.options.search_seed)
+                                c.options.search_budget_s, c.example_inputs, store, c.options.search_seed,
+                                register_blocks=c.options.register_blocks)
     c.schedules = c.search.schedules
     c.kernels, c.materialized = c.search.kernels, c.search.materialized
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from lumos.compile.ir import Graph, Node, Op, View, contiguous_strides, prod
 from lumos.compile.plan import BufferPlan
@@ -47,6 +47,14 @@ static inline float lumos_exp2f(float x) {
   float result = n <= -127.0f ? 0.0f : (n >= 128.0f ? INFINITY : p * scale);
   return x != x ? x : result;
 }
+
+/* The register-blocked matmul's vectors: 8 floats, one AVX2 register. GCC's vector extension
+   lowers them to what the target has (two SSE registers, or scalars), so the code stays portable;
+   memcpy is how an unaligned vector load or store is spelled without intrinsics (it compiles to
+   one vmovups). a * w + c on them becomes one FMA where the target has it. */
+typedef float lumos_f8 __attribute__((vector_size(32)));
+static inline lumos_f8 lumos_load8(const float* p) { lumos_f8 v; memcpy(&v, p, sizeof v); return v; }
+static inline void lumos_store8(float* p, lumos_f8 v) { memcpy(p, &v, sizeof v); }
 """
 
 UNARY_C = {
@@ -153,6 +161,12 @@ class TopReduce:
     loads: list[tuple[View, list[str]]]
     body: list[str]
     """Straight-line statements (locals) before the update, inside the loop."""
+    factors: tuple[str, str] | None = None
+    """A sum of a product: the product's two operands as C expressions."""
+    summand: str = ""
+    """What the update adds: the product itself, or the local it was computed into."""
+    reads: dict[str, tuple[View, list[str]]] = field(default_factory=dict)
+    """Each buffer read of the loop body as rendered (`b7[(…)]`), with its view and indices."""
 
 
 def _coefficient(view: View, idx: list[str], var: str) -> int:
@@ -163,6 +177,24 @@ def _coefficient(view: View, idx: list[str], var: str) -> int:
 
 def _strided_reads(loads: list[tuple[View, list[str]]], var: str) -> int:
     return sum(1 for view, idx in loads if _coefficient(view, idx, var) > 1)
+
+
+def _local_name(line: str) -> str:
+    return line.split("=")[0].split()[-1]
+
+
+def _split_row_locals(lines: list[str], last: str) -> tuple[list[str], list[str]]:
+    """A reduction body's locals that do not change along the output row `last` (hoisted: once
+    per reduction step) and those that do (inner: once per output)."""
+    hoisted, inner, varying = [], [], {last}
+    for line in lines:
+        name = _local_name(line)
+        if any(_mentions(line.split("=", 1)[1], var) for var in varying):
+            inner.append(line)
+            varying.add(name)
+        else:
+            hoisted.append(line)
+    return hoisted, inner
 
 
 def _and(*conditions: str | None) -> str | None:
@@ -177,6 +209,14 @@ def _and(*conditions: str | None) -> str | None:
 
 ATTENTION_BLOCK = 32
 """Keys per block of a fused attention kernel (its schedule's `tile` overrides it)."""
+VECTOR = 8
+"""Floats per lumos_f8 vector of the register-blocked matmul (HEADER)."""
+BLOCK_UNROLL = 4
+"""The blocked matmul's reduction loop is unrolled this far: more independent loads in flight."""
+
+
+def _mentions(text: str, name: str) -> bool:
+    return re.search(rf"\b{re.escape(name)}\b", text) is not None
 
 
 class KernelRenderer:
@@ -190,10 +230,14 @@ class KernelRenderer:
         self.block = 0
         """Which block statements go to now (the kernel body, or a reduction loop's body)."""
         self.shared: dict[tuple, str] = {}
+        """Values already computed in this block: (node, indices, guard, block) → local variable."""
         self.top_reduces: list[TopReduce] = []
         self.loads: list[tuple[View, list[str]]] | None = None
         """Buffer reads of the reduction being rendered: which loop order suits them."""
-        """Values already computed in this block: (node, indices, guard, block) → local variable."""
+        self.reads: dict[str, tuple[View, list[str]]] = {}
+        """The same reads by their C text (which of them a vector load can replace)."""
+        self.products: dict[str, tuple[str, str]] = {}
+        """Every product rendered, by its C text (or the local it went into): its two operands."""
 
     def fresh(self, prefix: str) -> str:
         self.counter += 1
@@ -210,6 +254,7 @@ class KernelRenderer:
             value = f"{self.params[src]}[{view_offset(view, idx)}]"
             if self.loads is not None:
                 self.loads.append((view, list(idx)))
+                self.reads[value] = (view, list(idx))
         else:
             inner = _and(guard, valid)
             value = self.compute(src, source_indices(view, idx, src.shape), guard=inner)
@@ -237,6 +282,8 @@ class KernelRenderer:
                     self.lines += [f"float {local} = 0.0f;", f"if ({guard}) {local} = {value};"]
                 else:
                     self.lines.append(f"const float {local} = {value};")
+                if value in self.products:
+                    self.products[local] = self.products[value]
                 self.shared[key] = local
         return self.shared[key]
 
@@ -247,7 +294,10 @@ class KernelRenderer:
             a, b = self.operand(node, 0, idx, guard), self.operand(node, 1, idx, guard)
             if node.op is Op.ADD and b == "0.0f":  # a contiguous copy (x + 0)
                 return a
-            return BINARY_C[node.op].format(a, b)
+            text = BINARY_C[node.op].format(a, b)
+            if node.op is Op.MUL:
+                self.products[text] = (a, b)
+            return text
         if node.op is Op.GATHER:
             row = f"(int){self.operand(node, 1, idx[:-1], guard)}"
             return self.operand_at(node, 0, [row, idx[-1]])
@@ -266,7 +316,7 @@ class KernelRenderer:
         top = self.block == 0 and not guard
         outer_lines, self.lines = self.lines, []
         outer_block, self.block = self.block, self.counter
-        self.loads = [] if top else None
+        self.loads, self.reads = ([] if top else None), {}
         value = self.operand(node, 0, inner)
         body, self.lines, self.block = self.lines, outer_lines, outer_block
         if node.op is Op.SUM:
@@ -274,7 +324,8 @@ class KernelRenderer:
         else:
             # NaN wins, as in torch; written out because fmaxf is a library call that stops vectorizing
             init, update, clause = "-INFINITY", f"{acc} = lumos_max({acc}, {value});", f"reduction(max:{acc})"
-        start, loads, self.loads = len(self.lines), self.loads, None
+        start, loads, reads, self.loads = len(self.lines), self.loads, self.reads, None
+        factors = self.products.get(value) if node.op is Op.SUM else None
         self.lines.append(f"float {acc} = {init};")
         if guard:
             self.lines.append(f"if ({guard})")
@@ -289,7 +340,8 @@ class KernelRenderer:
         self.lines.append("}")
         self.lines.append("}")
         if top and all(line.startswith("const float ") for line in body):
-            self.top_reduces.append(TopReduce(acc, r, length, init, update, start, len(self.lines), loads, body))
+            self.top_reduces.append(TopReduce(acc, r, length, init, update, start, len(self.lines), loads, body,
+                                              factors, value, reads))
         return acc
 
     def render(self, barrier: bool = True) -> str:
@@ -303,8 +355,11 @@ class KernelRenderer:
         value = self.expression(node, idx)
         out = f"out[{_sum(0, [(stride, i) for stride, i in zip(contiguous_strides(node.shape), idx, strict=True)])}]"
         body = [*self.lines, f"{out} = {value};"]
-        interchanged = self.interchange(loops, body)
-        if interchanged is not None:
+        blocked = self.register_block(loops, body)
+        interchanged = blocked[1] if blocked is not None else self.interchange(loops, body)
+        if blocked is not None:
+            loops, body = blocked
+        elif interchanged is not None:
             loops, body = loops[:-1], interchanged
         params = ["const int n", "float* restrict out"] + [f"const float* restrict {self.params[src]}"
                                                            for src in self.kernel.reads]
@@ -432,14 +487,7 @@ class KernelRenderer:
         if self.schedule.interchange is None and _strided_reads(reduce.loads, last) >= _strided_reads(reduce.loads, reduce.var):
             return None
         rest = body[reduce.end:]  # after the reduction's statements
-        hoisted, inner, varying = [], [], {last}
-        for line in reduce.body:  # locals that do not change along the row: once per reduction step
-            name = line.split("=")[0].split()[-1]
-            if any(re.search(rf"\b{var}\b", line.split("=", 1)[1]) for var in varying):
-                inner.append(line)
-                varying.add(name)
-            else:
-                hoisted.append(line)
+        hoisted, inner = _split_row_locals(reduce.body, last)
         row = f"{reduce.acc}_row"
         update = reduce.update.replace(f"{reduce.acc} ", f"{row}[{last}] ", 1).replace(f"lumos_max({reduce.acc},", f"lumos_max({row}[{last}],")
         prelude, per_step = self._vectorize_hoisted(hoisted, inner + [update], reduce)
@@ -488,6 +536,127 @@ class KernelRenderer:
             "}",
         ]
 
+
+    def register_block(self, loops: list[tuple[str, int]], body: list[str]) -> tuple[list, list[str]] | None:
+        """The register-blocked matmul micro-kernel (schedule.rows × schedule.tile): the kernel's
+        one reduction is a sum of `value · weight` where `weight` is a buffer read contiguous
+        along the output row and the same for every row of some outer loop `row` (x @ Wᵀ with W
+        stored (in, out), or P @ V). Then a block of `rows` rows × `tile` columns is summed at once
+        in vector registers: per reduction step, `tile / 8` weight vectors are loaded once and
+        shared by the block's rows, and each row's value is loaded once and shared by its
+        columns, so the loop does rows·tile/8 FMAs per rows + tile/8 loads (the row-wise loop: one
+        FMA, one load and one store of its row accumulator each).
+
+        Rows past the last are clamped to the last (computed, not stored), columns past the last
+        whole tile take one dot product each. The prologue (the value's locals: layer norm, GELU)
+        is computed once per row and step into arrays before the tiles; the epilogue (bias, GELU,
+        residual: the statements after the sum) runs per output on the summed tile. Returns the
+        loops (the row loop stepping by blocks, the column loop gone) and body, or None when the
+        kernel has no such shape (the schedule then renders as plain row-wise)."""
+        rows, tile = self.schedule.rows, self.schedule.tile
+        if not rows or not tile or tile % VECTOR or len(loops) < 2 or len(self.top_reduces) != 1:
+            return None
+        reduce = self.top_reduces[0]
+        last, size = loops[-1]
+        if reduce.start != 0 or reduce.init != "0.0f" or reduce.factors is None or not tile <= size <= 1024:
+            return None
+        # The product's own local (when it was shared) is replaced by the blocked update.
+        lines = [line for line in reduce.body if _local_name(line) != reduce.summand]
+        hoisted, inner = _split_row_locals(lines, last)
+        along = [factor for factor in reduce.factors if _mentions(factor, last)]
+        if inner or len(along) != 1 or any(_mentions(line, reduce.summand) for line in lines):
+            return None
+        weight = along[0]
+        value = reduce.factors[1 - reduce.factors.index(weight)]
+        read = reduce.reads.get(weight)
+        locals_ = [_local_name(line) for line in hoisted]
+        if read is None or _coefficient(*read, last) != 1 or any(_mentions(weight, name) for name in locals_):
+            return None  # not one contiguous vector load per step, or not the same for every row
+        shared = [(var, extent) for var, extent in loops[:-1] if not _mentions(weight, var)]
+        if not shared:
+            return None
+        row, extent = next(((var, e) for var, e in reversed(shared) if e >= rows), shared[-1])
+        bound = "n" if self.kernel.node.batched and row == "i0" else str(extent)
+        blocks = f"({bound} + {rows - 1}) / {rows}" if bound == "n" else -(-extent // rows)
+        loops = [(f"{row}_b", blocks) if var == row else (var, e) for var, e in loops[:-1]]
+
+        acc, r, steps = reduce.acc, reduce.var, reduce.length
+        m, v, lanes = f"{acc}_m", f"{acc}_v", tile // VECTOR
+        full = size - size % tile
+        rest = body[reduce.end:]  # the epilogue, once per output
+        prologue, per_step = self._block_prologue(hoisted, value, reduce, row, m, rows)
+        lines = [
+            f"const int {row}_0 = {row}_b * {rows};",
+            f"int {row}_rows[{rows}];  /* rows past the last: the last again (computed, not stored) */",
+            f"for (int {m} = 0; {m} < {rows}; {m}++) {row}_rows[{m}] = {row}_0 + {m} < {bound} ? {row}_0 + {m} : {bound} - 1;",
+            *prologue,
+            f"for (int {last}_0 = 0; {last}_0 < {full}; {last}_0 += {tile}) {{",
+            f"  lumos_f8 {acc}_blk[{rows}][{lanes}];  /* the block's sums: {rows * lanes} vector registers */",
+            f"  #pragma GCC unroll {rows}",
+            f"  for (int {m} = 0; {m} < {rows}; {m}++)",
+            f"    for (int {v} = 0; {v} < {lanes}; {v}++) {acc}_blk[{m}][{v}] = (lumos_f8){{0}};",
+            f"  #pragma GCC unroll {BLOCK_UNROLL}",
+            f"  for (int {r} = 0; {r} < {steps}; {r}++) {{",
+            f"    lumos_f8 {acc}_w[{lanes}];  /* loaded once, used by every row of the block */",
+            f"    #pragma GCC unroll {lanes}",
+            f"    for (int {v} = 0; {v} < {lanes}; {v}++) {{",
+            f"      const int {last} = {last}_0 + {VECTOR} * {v};",
+            f"      {acc}_w[{v}] = lumos_load8(&{weight});",
+            "    }",
+            f"    #pragma GCC unroll {rows}",
+            f"    for (int {m} = 0; {m} < {rows}; {m}++) {{",
+            f"      const int {row} = {row}_rows[{m}];",
+            *("      " + line for line in per_step),
+            f"      const float {acc}_x = {value};  /* used by every column of the block */",
+            f"      #pragma GCC unroll {lanes}",
+            f"      for (int {v} = 0; {v} < {lanes}; {v}++) {acc}_blk[{m}][{v}] += {acc}_x * {acc}_w[{v}];",
+            "    }",
+            "  }",
+            f"  float {acc}_tile[{rows}][{tile}];",
+            f"  for (int {m} = 0; {m} < {rows}; {m}++)",
+            f"    for (int {v} = 0; {v} < {lanes}; {v}++) lumos_store8(&{acc}_tile[{m}][{VECTOR} * {v}], {acc}_blk[{m}][{v}]);",
+            f"  for (int {m} = 0; {m} < {rows} && {row}_0 + {m} < {bound}; {m}++) {{",
+            f"    const int {row} = {row}_0 + {m};",
+            f"    for (int {last} = {last}_0; {last} < {last}_0 + {tile}; {last}++) {{",
+            f"      const float {acc} = {acc}_tile[{m}][{last} - {last}_0];",
+            *("      " + line for line in rest),
+            "    }",
+            "  }",
+            "}",
+        ]
+        if full < size:  # the columns past the last whole tile: one dot product each
+            lines += [
+                f"for (int {m} = 0; {m} < {rows} && {row}_0 + {m} < {bound}; {m}++) {{",
+                f"  const int {row} = {row}_0 + {m};",
+                f"  for (int {last} = {full}; {last} < {size}; {last}++) {{",
+                f"    float {acc} = 0.0f;",
+                f"    for (int {r} = 0; {r} < {steps}; {r}++) {{",
+                *("      " + line for line in per_step),
+                f"      {acc} += {value} * {weight};",
+                "    }",
+                *("    " + line for line in rest),
+                "  }",
+                "}",
+            ]
+        return loops, lines
+
+    @staticmethod
+    def _block_prologue(hoisted: list[str], value: str, reduce: TopReduce, row: str, m: str,
+                        rows: int) -> tuple[list[str], list[str]]:
+        """The value's per-step locals (layer norm, GELU of the previous layer) for every row of
+        the block, computed once before the column tiles in one vectorized loop per row, into
+        arrays that the tiles read; per_step reads row `m`'s. Very long reductions compute them
+        in place instead (per_step is then the locals themselves)."""
+        needed = [_local_name(line) for line in hoisted if _mentions(value, _local_name(line))]
+        if not hoisted or reduce.length > 4096:
+            return [], hoisted
+        r = reduce.var
+        prologue = [f"float {name}_steps[{rows}][{reduce.length}];" for name in needed]
+        prologue += [f"for (int {m} = 0; {m} < {rows}; {m}++) {{", f"  const int {row} = {row}_rows[{m}];",
+                     "  #pragma omp simd", f"  for (int {r} = 0; {r} < {reduce.length}; {r}++) {{",
+                     *("    " + line for line in hoisted),
+                     *(f"    {name}_steps[{m}][{r}] = {name};" for name in needed), "  }", "}"]
+        return prologue, [f"const float {name} = {name}_steps[{m}][{r}];" for name in needed]
 
     @staticmethod
     def _vectorize_hoisted(hoisted: list[str], users: list[str], reduce: TopReduce) -> tuple[list[str], list[str]]:

@@ -49,10 +49,18 @@ class KernelSchedule:
     """Unroll reduction loops by this factor (#pragma GCC unroll; 0: leave it to gcc)."""
     simd: bool = False
     """Vectorize the innermost output loop explicitly (#pragma omp simd)."""
+    rows: int = 0
+    """With interchange: the register-blocked matmul micro-kernel, a block of `rows` output rows ×
+    `tile` columns summed in vector registers (each weight load shared by `rows` rows, each input
+    load by `tile` columns); remainders of rows and columns are handled (0: off)."""
 
     def describe(self) -> str:
         parts = [{None: "auto", True: "row-wise", False: "dot"}[self.interchange]]
-        parts += [f"tile {self.tile}"] * bool(self.tile) + [f"collapse {self.collapse}"] * bool(self.collapse)
+        if self.rows:
+            parts.append(f"block {self.rows}x{self.tile}")
+        else:
+            parts += [f"tile {self.tile}"] * bool(self.tile)
+        parts += [f"collapse {self.collapse}"] * bool(self.collapse)
         parts += [f"unroll {self.unroll}"] * bool(self.unroll) + ["simd"] * self.simd
         return ", ".join(parts)
 

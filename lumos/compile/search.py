@@ -173,7 +173,7 @@ class Group:
                 "worst_ms": worst.ms if worst else None}
 
 
-def make_groups(kernels: list[Kernel], materialized: set[Node], seed: int) -> list[Group]:
+def make_groups(kernels: list[Kernel], materialized: set[Node], seed: int, register_blocks: bool = True) -> list[Group]:
     from lumos.compile.egraph.schedule import schedule_candidates
 
     by_key: dict[str, list[Kernel]] = {}
@@ -182,7 +182,7 @@ def make_groups(kernels: list[Kernel], materialized: set[Node], seed: int) -> li
     rng = random.Random(seed)
     groups = []
     for key, members in by_key.items():
-        schedules, rules = schedule_candidates(members[0])
+        schedules, rules = schedule_candidates(members[0], register_blocks=register_blocks)
         seen: set[str] = set()
         candidates = []
         for sched in [KernelSchedule(), *schedules]:
@@ -309,11 +309,12 @@ class Bench:
 
 def search_schedules(graph: Graph, kernels: list[Kernel], materialized: set[Node], cache: KernelCache,
                      cc: str, cflags: tuple[str, ...], budget_s: float, inputs: Mapping[str, np.ndarray] | None = None,
-                     search_cache: SearchCache | None = None, seed: int = 0, attention: bool = True) -> SearchResult:
+                     search_cache: SearchCache | None = None, seed: int = 0, attention: bool = True,
+                     register_blocks: bool = True) -> SearchResult:
     """The fastest verified schedule of every kernel found within `budget_s` seconds (round 0, the
     baseline, always runs). Groups found in `search_cache` are not searched again. With
     `attention`, the attention rules' fused kernels replace the kernels they cover when they are
-    verified and faster."""
+    verified and faster; without `register_blocks`, no register-blocked matmul is a candidate."""
     started = time.perf_counter()
     inputs = inputs if inputs is not None else random_inputs(graph, seed)
     original = (kernels, materialized)
@@ -341,7 +342,7 @@ def search_schedules(graph: Graph, kernels: list[Kernel], materialized: set[Node
                     if fused_report["chosen"]:
                         kernels, materialized = fused, fused_materialized
     plain_kernels, plain_materialized = original
-    groups = make_groups(kernels, materialized, seed)
+    groups = make_groups(kernels, materialized, seed, register_blocks)
     if search_cache is not None:
         for group in groups:
             group.cached = search_cache.get(group.key)

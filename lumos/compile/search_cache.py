@@ -21,7 +21,8 @@ from pathlib import Path
 from lumos.compile.cache import KernelCache, compiler_version
 from lumos.compile.schedule import KernelSchedule
 
-FORMAT = 1
+FORMAT = 2
+"""2: the register-blocked matmul joined the candidates; choices made without it are not reused."""
 
 
 @functools.cache

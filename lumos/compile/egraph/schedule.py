@@ -1,12 +1,14 @@
 """The schedule ruleset: the loop-nest variants of one kernel, as an e-graph of equivalent schedules.
 
-A kernel's loop nest is the term `Sched(interchange, tile, collapse, unroll, simd)` (the fields of
-schedule.KernelSchedule; interchange 0 = the renderer's heuristic, 1 = reduction loop outside the
-last output loop, 2 = never). Each rule is one local loop transformation, legal only under facts
+A kernel's loop nest is the term `Sched(interchange, tile, collapse, unroll, simd, rows)` (the
+fields of schedule.KernelSchedule; interchange 0 = the renderer's heuristic, 1 = reduction loop
+outside the last output loop, 2 = never). Each rule is one local loop transformation, legal only under facts
 about this kernel's loops (which the caller asserts as relations):
 
 - swap: move the reduction loop outside the last output loop (row-wise matmul), or keep it inside;
 - split/tile: split the last output loop into tiles whose accumulators stay in registers;
+- block: also split an outer loop into blocks of rows, a rows × columns block of sums held in
+  vector registers (the register-blocked matmul micro-kernel; it unrolls its own reduction loop);
 - parallelize: share out only the outermost loop instead of the merged (collapsed) outer loops;
 - unroll: unroll the reduction loop;
 - vectorize: mark the innermost output loop `omp simd`;
@@ -27,11 +29,16 @@ from lumos.compile.schedule import Kernel, KernelSchedule
 
 TILES = (8, 16, 32, 64)
 UNROLL = 4
+BLOCKS = ((2, 32), (4, 16), (4, 32), (6, 16), (8, 16))
+"""(rows, columns) of the register-blocked matmul: rows × columns / 8 vector accumulators, plus
+columns / 8 weight vectors and one broadcast value, fit AVX2's 16 registers (8 × 16 spills a few
+there, not with AVX-512's 32); which is fastest depends on the machine and the matmul's sizes."""
 AUTO, ROW_WISE, DOT = 0, 1, 2
 
 
 class Sched(Expr):
-    def __init__(self, interchange: i64Like, tile: i64Like, collapse: i64Like, unroll: i64Like, simd: i64Like) -> None: ...
+    def __init__(self, interchange: i64Like, tile: i64Like, collapse: i64Like, unroll: i64Like, simd: i64Like,
+                 rows: i64Like) -> None: ...
 
 
 reduces = relation("reduces")
@@ -39,35 +46,40 @@ reduces = relation("reduces")
 row_wise_legal = relation("row_wise_legal")
 tile_fits = relation("tile_fits", i64)
 """The last output loop splits evenly into tiles of this size."""
+register_block = relation("register_block", i64, i64)
+"""A block of this many rows × columns fits the matmul's output (the renderer checks the rest:
+a contiguous weight read shared by the rows; else the schedule renders as plain row-wise)."""
 many_outer = relation("many_outer")
 """More than one outer loop is shared out to threads (so sharing only the first is a variant)."""
 elementwise = relation("elementwise")
 key_block = relation("key_block", i64)
 """A fused attention kernel can take its keys in blocks of this size."""
 
-a, t, c, u, s, n = vars_("a t c u s n", i64)
+a, t, c, u, s, m, n = vars_("a t c u s m n", i64)
 
 schedule_rules = ruleset(
-    rule(Sched(AUTO, 0, c, u, s), row_wise_legal(), name="swap:row-wise").then(
-        union(Sched(AUTO, 0, c, u, s)).with_(Sched(ROW_WISE, 0, c, u, s))),
-    rule(Sched(AUTO, 0, c, u, s), reduces(), name="swap:dot").then(
-        union(Sched(AUTO, 0, c, u, s)).with_(Sched(DOT, 0, c, u, s))),
-    rule(Sched(ROW_WISE, 0, c, u, s), tile_fits(n), name="tile:registers").then(
-        union(Sched(ROW_WISE, 0, c, u, s)).with_(Sched(ROW_WISE, n, c, u, s))),
-    rule(Sched(AUTO, 0, c, u, s), key_block(n), name="tile:key-block").then(
-        union(Sched(AUTO, 0, c, u, s)).with_(Sched(AUTO, n, c, u, s))),
-    rule(Sched(a, t, 0, u, s), many_outer(), name="parallelize:outermost").then(
-        union(Sched(a, t, 0, u, s)).with_(Sched(a, t, 1, u, s))),
-    rule(Sched(a, t, c, 0, s), reduces(), name="unroll:reduction").then(
-        union(Sched(a, t, c, 0, s)).with_(Sched(a, t, c, UNROLL, s))),
-    rule(Sched(a, t, c, u, 0), elementwise(), name="vectorize:inner").then(
-        union(Sched(a, t, c, u, 0)).with_(Sched(a, t, c, u, 1))),
+    rule(Sched(AUTO, 0, c, u, s, 0), row_wise_legal(), name="swap:row-wise").then(
+        union(Sched(AUTO, 0, c, u, s, 0)).with_(Sched(ROW_WISE, 0, c, u, s, 0))),
+    rule(Sched(AUTO, 0, c, u, s, 0), reduces(), name="swap:dot").then(
+        union(Sched(AUTO, 0, c, u, s, 0)).with_(Sched(DOT, 0, c, u, s, 0))),
+    rule(Sched(ROW_WISE, 0, c, u, s, 0), tile_fits(n), name="tile:registers").then(
+        union(Sched(ROW_WISE, 0, c, u, s, 0)).with_(Sched(ROW_WISE, n, c, u, s, 0))),
+    rule(Sched(ROW_WISE, 0, c, 0, s, 0), register_block(m, n), name="block:registers").then(
+        union(Sched(ROW_WISE, 0, c, 0, s, 0)).with_(Sched(ROW_WISE, n, c, 0, s, m))),
+    rule(Sched(AUTO, 0, c, u, s, 0), key_block(n), name="tile:key-block").then(
+        union(Sched(AUTO, 0, c, u, s, 0)).with_(Sched(AUTO, n, c, u, s, 0))),
+    rule(Sched(a, t, 0, u, s, m), many_outer(), name="parallelize:outermost").then(
+        union(Sched(a, t, 0, u, s, m)).with_(Sched(a, t, 1, u, s, m))),
+    rule(Sched(a, t, c, 0, s, 0), reduces(), name="unroll:reduction").then(
+        union(Sched(a, t, c, 0, s, 0)).with_(Sched(a, t, c, UNROLL, s, 0))),
+    rule(Sched(a, t, c, u, 0, m), elementwise(), name="vectorize:inner").then(
+        union(Sched(a, t, c, u, 0, m)).with_(Sched(a, t, c, u, 1, m))),
 )
 
-_TERM = re.compile(r"Sched\((-?\d+), (-?\d+), (-?\d+), (-?\d+), (-?\d+)\)")
+_TERM = re.compile(r"Sched\((-?\d+), (-?\d+), (-?\d+), (-?\d+), (-?\d+), (-?\d+)\)")
 
 
-def kernel_facts(kernel: Kernel) -> list:
+def kernel_facts(kernel: Kernel, register_blocks: bool = True) -> list:
     node = kernel.node
     loops = [size for size in node.shape if size > 1]
     facts = []
@@ -80,6 +92,8 @@ def kernel_facts(kernel: Kernel) -> list:
         if loops[-1] <= 1024:
             facts.append(row_wise_legal())
             facts += [tile_fits(i64(tile)) for tile in TILES if loops[-1] % tile == 0 and loops[-1] > tile]
+            if register_blocks:
+                facts += [register_block(i64(rows), i64(cols)) for rows, cols in BLOCKS if cols <= loops[-1]]
     if len(loops) >= 3:
         facts.append(many_outer())
     if kernel.kind == "elementwise" and len(loops) >= 2:
@@ -87,11 +101,13 @@ def kernel_facts(kernel: Kernel) -> list:
     return facts
 
 
-def schedule_candidates(kernel: Kernel, limit: int = 256) -> tuple[list[KernelSchedule], dict[str, int]]:
-    """Every schedule the rules reach from the renderer's default, and how often each rule fired."""
+def schedule_candidates(kernel: Kernel, limit: int = 256,
+                        register_blocks: bool = True) -> tuple[list[KernelSchedule], dict[str, int]]:
+    """Every schedule the rules reach from the renderer's default, and how often each rule fired
+    (without `register_blocks`: no register-blocked matmuls, to measure what they gain)."""
     egraph = EGraph()
-    root = egraph.let("root", Sched(AUTO, 0, 0, 0, 0))
-    facts = kernel_facts(kernel)
+    root = egraph.let("root", Sched(AUTO, 0, 0, 0, 0, 0))
+    facts = kernel_facts(kernel, register_blocks)
     if facts:
         egraph.register(*facts)
     report = egraph.run(schedule_rules.saturate())
@@ -101,9 +117,9 @@ def schedule_candidates(kernel: Kernel, limit: int = 256) -> tuple[list[KernelSc
         match = _TERM.fullmatch(str(term))
         if match is None:
             continue
-        interchange, tile, collapse, unroll, simd = map(int, match.groups())
+        interchange, tile, collapse, unroll, simd, rows = map(int, match.groups())
         schedules.append(KernelSchedule({AUTO: None, ROW_WISE: True, DOT: False}[interchange], tile, collapse,
-                                        unroll, bool(simd)))
+                                        unroll, bool(simd), rows))
     schedules.sort(key=lambda sched: sched != KernelSchedule())
     fired = {getattr(rule_, "name", None) or str(rule_): count for rule_, count in report.num_matches_per_rule.items() if count}
     return schedules, fired
