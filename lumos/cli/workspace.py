@@ -6,19 +6,21 @@ from typing import Annotated
 
 import typer
 
-from lumos.cli.output import echo, emit_json, handles_errors
+from lumos.cli.output import echo, emit_json, handles_errors, state
 from lumos.core.workspace import init_workspace
 
 
 @handles_errors
 def init(
     ctx: typer.Context,
-    directory: Annotated[str, typer.Argument(help="Project folder to create or use.")] = ".",
+    directory: Annotated[
+        str | None, typer.Argument(help="Project folder to create or use (default: --workspace, else here).")
+    ] = None,
     force: Annotated[bool, typer.Option("--force", help="Replace an existing lumos.toml.")] = False,
     json_output: Annotated[bool, typer.Option("--json", help="Print a JSON summary on stdout.")] = False,
 ) -> None:
     """Write DIR/lumos.toml holding every setting with its default and an explanation."""
-    target = init_workspace(directory, force=force)
+    target = init_workspace(directory or state(ctx).workspace_dir or ".", force=force)
     if json_output:
         emit_json({"config_file": str(target.resolve())})
     else:

@@ -24,6 +24,12 @@ def test_init_then_config_show_reflects_the_file_and_overrides(tmp_path):
     assert shown["workspace_root"] == str(tmp_path / ".lumos")
 
 
+def test_init_writes_into_the_workspace_option_when_no_folder_is_given(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert runner.invoke(app, ["--workspace", "project", "init"]).exit_code == 0
+    assert (tmp_path / "project" / "lumos.toml").is_file() and not (tmp_path / "lumos.toml").exists()
+
+
 def test_bad_lumos_toml_names_file_and_keys(tmp_path):
     (tmp_path / "lumos.toml").write_text('[spark]\nmaster = 3\nshufle_partitions = 2\n[mlflw]\n')
     result = runner.invoke(app, ["--workspace", str(tmp_path), "config", "show"])
