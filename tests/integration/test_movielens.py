@@ -169,7 +169,7 @@ def test_early_stopping_settings_are_checked():
 
 
 def test_every_train_target_and_tie_break_by_item_string(spark):
-    recipe = load_config(IngestRecipe, MOVIELENS / "ingest.toml", ["tokens.max_len=2"])
+    recipe = load_config(IngestRecipe, MOVIELENS / "ingest.toml", ["tokens.max_len=2", "splits.train_targets=every"])
     rows = [("u", 100, "9", 5.0), ("u", 100, "10", 4.0), ("u", 200, "3", 1.0), ("u", 300, "7", 2.0),
             ("u", 300, "2", 3.0), ("v", 50, "3", 4.0)]  # fmt: skip
     events = spark.createDataFrame(
@@ -218,7 +218,7 @@ TINY = {
     "model": {"d_model": 8, "n_heads": 2, "encoder_layers": 1, "decoder_layers": 1, "d_ff": 16, "max_len": 50,
               "heads": ["retrieval"], "dropout": 0.0, "encoder_attention": "causal", "position_targets": True},
     "optim": {"lr": 1e-2, "warmup_steps": 0},
-    "run": {"batch_size": 32, "max_steps": 12, "eval_every": 3, "eval_batches": 0, "log_every": 3,
+    "run": {"batch_size": 8, "max_steps": 12, "eval_every": 3, "eval_batches": 0, "log_every": 3,
             "checkpoint_every": 100, "valid_metric": "ndcg@10", "seed": 0, "experiment": "test-movielens"},
 }  # fmt: skip
 
@@ -279,7 +279,8 @@ def test_tiny_end_to_end_and_sasrec_on_the_same_rows(project):
 
 
 def test_sasrec_rebuilds_the_same_sequences_from_either_layout(spark, project):
-    events = spark.read.parquet(str(project / "data" / fetch.EVENTS_FILE)).withColumnRenamed("rating", "value")
+    raw = spark.read.parquet(str(project / "data" / fetch.EVENTS_FILE))
+    events = raw.select("user_id", "item_id", "event_type", raw.rating.alias("value"), raw.ts.cast("timestamp").alias("ts"))
     rebuilt = {}
     for layout, rebuild in (("every", sasrec._chained_sequences), ("windows", sasrec._tiled_sequences)):
         recipe = load_config(IngestRecipe, MOVIELENS / "ingest.toml", [f"splits.train_targets={layout}", "tokens.max_len=5"])
