@@ -44,6 +44,14 @@ def memory_mask_of(mask: Tensor) -> Tensor:
     return torch.cat([mask.new_ones(mask.shape[0], 1), mask], dim=1)
 
 
+def last_position_of(memory_mask: Tensor, dtype: torch.dtype) -> Tensor:
+    """(B, S) float one-hot of each row's last real encoder position. Real positions come first
+    (right padding), so it is the mask minus the mask shifted left: no indexing, which the
+    compiler lowers as plain elementwise ops."""
+    real = memory_mask.to(dtype)
+    return real - torch.cat([real[:, 1:], real.new_zeros(real.shape[0], 1)], dim=1)
+
+
 class Attention(nn.Module):
     """Multi-head attention of `x` over `context` (itself for self-attention)."""
 
@@ -342,9 +350,7 @@ class LumosModel(nn.Module):
         if self.config.position_targets:
             # The next-item slot starts from the encoder's state at the last real position, as it
             # does at every position in training (`decode_positions`).
-            real = memory_mask.to(memory.dtype)  # (B, S): ones, then padding zeros
-            is_last = real - torch.cat([real[:, 1:], real.new_zeros(real.shape[0], 1)], dim=1)  # (B, S) one-hot
-            latest = (memory * is_last[:, :, None]).sum(dim=1, keepdim=True)  # (B, 1, C)
+            latest = (memory * last_position_of(memory_mask, memory.dtype)[:, :, None]).sum(dim=1, keepdim=True)  # (B, 1, C)
             x = torch.cat([x[:, :1] + latest, x[:, 1:]], dim=1)
         x = self.embedding_dropout(x)
         slots_allowed = self.slots_allowed if self.config.position_targets else None
@@ -363,8 +369,7 @@ class LumosModel(nn.Module):
         x = self.slot_queries[0] + memory  # (B, S, C)
         if self.future_context is not None:
             context = self.future_context(self.slot_context_weights[0] @ batch.future)  # (B, C)
-            last = torch.arange(S, device=x.device) == memory_mask.sum(dim=1, keepdim=True) - 1  # (B, S)
-            x = x + last[:, :, None] * context[:, None, :]
+            x = x + last_position_of(memory_mask, context.dtype)[:, :, None] * context[:, None, :]
         x = self.embedding_dropout(x)
         itself = torch.eye(S, dtype=torch.bool, device=x.device)  # each position's slot sees only itself
         memory_allowed = memory_mask[:, None, None, :] & self.causal[:S, :S]  # (B, 1, S, S)
