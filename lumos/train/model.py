@@ -159,6 +159,10 @@ class ModelConfig:
     row's target after the last), as SASRec trains, so one row gives a target per history token
     instead of one. Then the next-item slot attends to no other slot, so that every position's
     query is computed alike."""
+    ignore_features: tuple[str, ...] = ()
+    """History features of the table the model does not read, e.g. ["hour", "weekday"]: to measure
+    what a feature is worth, or to match a baseline that sees items only. The item feature is
+    always read (the retrieval head scores against its table)."""
 
     def __post_init__(self) -> None:
         problems = []
@@ -209,8 +213,15 @@ class LumosModel(nn.Module):
         for head in ("binary", "regression"):
             if head in config.heads and not n_horizons:
                 problems.append(f"the {head} head needs horizons_days, which the data lacks")
+        unknown = [name for name in config.ignore_features
+                   if name not in features.token_categorical and name not in features.token_numeric]
+        if unknown:
+            problems.append(f"model.ignore_features names {unknown}, which the data lacks "
+                            f"(it has {[*features.token_categorical, *features.token_numeric]})")
+        if features.item_feature in config.ignore_features:
+            problems.append(f"model.ignore_features cannot hold the item feature {features.item_feature!r}")
         if problems:
-            raise ValueError("; ".join(problems) + "; set model.heads / model.max_len to match the data")
+            raise ValueError("; ".join(problems) + "; set model.heads / model.max_len / model.ignore_features to match the data")
         C = config.d_model
 
         # Encoder inputs: one table per token feature (the item table doubles as the retrieval output).
@@ -220,9 +231,14 @@ class LumosModel(nn.Module):
             {
                 name: nn.Embedding(size, C, padding_idx=None if name in TIME_FEATURES else PADDING_ID)
                 for name, size in features.token_categorical.items()
+                if name not in config.ignore_features
             }
         )
-        n_numeric = len(features.token_numeric)
+        # Not persistent, it follows from the config: 1 for each numeric column read, 0 for ignored
+        # ones (a product rather than a column selection, which the compiler lowers elementwise).
+        numeric_read = [float(name not in config.ignore_features) for name in features.token_numeric]
+        self.register_buffer("numeric_read", torch.tensor(numeric_read), persistent=False)
+        n_numeric = len(features.token_numeric) if any(numeric_read) else 0
         self.token_numeric = nn.Linear(n_numeric, C, bias=False) if n_numeric else None
         self.position = nn.Embedding(config.max_len, C)  # index 0 = the most recent token
         # The user token: static attributes on their own pathway, plus a learned vector so that a
@@ -310,7 +326,7 @@ class LumosModel(nn.Module):
         for name, table in self.token_embeddings.items():
             x = x + table(batch.tokens[name])
         if self.token_numeric is not None:
-            x = x + self.token_numeric(signed_log1p(batch.numeric))
+            x = x + self.token_numeric(signed_log1p(batch.numeric * self.numeric_read))
 
         user = self.user_token.expand(B, -1)  # (B, C)
         for name, table in self.static_embeddings.items():

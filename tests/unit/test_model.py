@@ -292,6 +292,21 @@ def test_model_rejects_features_it_cannot_serve():
     assert model.loss(make_batch(no_horizons))[1].keys() == {"retrieval"}
 
 
+def test_ignored_features_change_nothing_and_must_exist():
+    model = LumosModel(dataclasses.replace(CONFIG, ignore_features=("hour", "value")), FEATURES).eval()
+    assert "hour" not in model.token_embeddings
+    batch, changed = make_batch(), make_batch()
+    changed.tokens["hour"] = (changed.tokens["hour"] + 5) % 24 * changed.mask
+    changed.numeric[:, :, 0] *= 7  # value
+    torch.testing.assert_close(model.score_items(changed), model.score_items(batch))
+    changed.numeric[:, :, 1] *= 7  # age_days is still read
+    assert not torch.allclose(model.score_items(changed), model.score_items(batch))
+    with pytest.raises(ValueError, match="'colour'"):
+        LumosModel(dataclasses.replace(CONFIG, ignore_features=("colour",)), FEATURES)
+    with pytest.raises(ValueError, match="item feature"):
+        LumosModel(dataclasses.replace(CONFIG, ignore_features=("item",)), FEATURES)
+
+
 def test_signed_log1p_inverts_and_keeps_sign():
     values = torch.tensor([-1e4, -3.0, 0.0, 0.5, 1e6])
     torch.testing.assert_close(signed_expm1(signed_log1p(values)), values)
