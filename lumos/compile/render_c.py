@@ -197,6 +197,17 @@ def _split_row_locals(lines: list[str], last: str) -> tuple[list[str], list[str]
     return hoisted, inner
 
 
+def _invariant_guard(body: list[str], outer: list[str]) -> str | None:
+    """The padding condition (e.g. `i1 >= 1`) that occurs most often in the element loop's `body`
+    while naming only the `outer` loop indices, if any."""
+    counts: dict[str, int] = {}
+    text = "\n".join(body)
+    for atom in set(re.findall(r"\b(i\d+ (?:<|>=) -?\d+)\b", text)):
+        if atom.split()[0] in outer:
+            counts[atom] = text.count(atom)
+    return max(sorted(counts), key=counts.get) if counts else None
+
+
 def _and(*conditions: str | None) -> str | None:
     """C conjunction of conditions, each once."""
     parts: list[str] = []
@@ -213,6 +224,8 @@ VECTOR = 8
 """Floats per lumos_f8 vector of the register-blocked matmul (HEADER)."""
 BLOCK_UNROLL = 4
 """The blocked matmul's reduction loop is unrolled this far: more independent loads in flight."""
+UNROLLED_REDUCTION = 4
+"""Reductions this short are written out as one expression rather than a loop."""
 
 
 def _mentions(text: str, name: str) -> bool:
@@ -310,6 +323,8 @@ class KernelRenderer:
 
     def reduce(self, node: Node, idx: list[str], guard: str | None) -> str:
         axis, length = node.arg, node.views[0].shape[node.arg]
+        if length <= UNROLLED_REDUCTION:
+            return self.unrolled_reduce(node, idx, guard)
         acc, r = self.fresh("acc"), self.fresh("r")
         inner = list(idx)
         inner[axis] = r
@@ -344,6 +359,26 @@ class KernelRenderer:
                                               factors, value, reads))
         return acc
 
+    def unrolled_reduce(self, node: Node, idx: list[str], guard: str | None) -> str:
+        """A reduction over a few elements (a linear layer over 1 or 2 numeric features) as one
+        expression: as a loop nested in the element loop, it kept that loop from vectorizing."""
+        axis, acc = node.arg, self.fresh("acc")
+        values = []
+        for k in range(node.views[0].shape[axis]):
+            inner = list(idx)
+            inner[axis] = str(k)
+            values.append(self.operand(node, 0, inner, guard))
+        combine = (lambda a, b: f"({a} + {b})") if node.op is Op.SUM else (lambda a, b: f"lumos_max({a}, {b})")
+        value = values[0]
+        for other in values[1:]:
+            value = combine(value, other)
+        if guard:
+            init = "0.0f" if node.op is Op.SUM else "-INFINITY"
+            self.lines += [f"float {acc} = {init};", f"if ({guard}) {acc} = {value};"]
+        else:
+            self.lines.append(f"const float {acc} = {value};")
+        return acc
+
     def render(self, barrier: bool = True) -> str:
         """The kernel function; without `barrier`, threads go on to the next kernel at once."""
         if self.kernel.attention is not None:
@@ -374,15 +409,25 @@ class KernelRenderer:
             outer = outer[:self.schedule.collapse]
         collapse = f" collapse({len(outer)})" if len(outer) > 1 else ""
         lines.append(f"#pragma omp for{collapse} schedule(static){wait}")
-        depth = 0
         straight = all(line.startswith("const float ") for line in body[:-1])
-        for var, size in loops:
-            if self.schedule.simd and interchanged is None and straight and var == loops[-1][0] and len(loops) > len(outer):
-                lines.append("  " * depth + "#pragma omp simd")
-            bound = "n" if node.batched and var == "i0" else size  # the batch: as many rows as given
-            lines.append("  " * depth + f"for (int {var} = 0; {var} < {bound}; {var}++) {{")
-            depth += 1
-        lines += ["  " * depth + line for line in body]
+        innermost = len(loops) > len(outer)
+        bounds = {var: "n" if node.batched and var == "i0" else size for var, size in loops}  # the batch: as many rows as given
+        for depth, (var, _) in enumerate(loops[:-1] if innermost else loops):
+            lines.append("  " * depth + f"for (int {var} = 0; {var} < {bounds[var]}; {var}++) {{")
+        depth = len(loops) - 1 if innermost else len(loops)
+        if innermost:
+            var = loops[-1][0]
+            inner_loop = ["#pragma omp simd"] if self.schedule.simd and interchanged is None and straight else []
+            inner_loop += [f"for (int {var} = 0; {var} < {bounds[var]}; {var}++) {{", *("  " + line for line in body), "}"]
+            guard = _invariant_guard(body, [var for var, _ in loops[:-1]]) if interchanged is None else None
+            if guard is not None:
+                # Loop versioning: inside each copy gcc knows the guard's value, folds it away and
+                # vectorizes; loads behind a guard that the element loop does not change stop it.
+                inner_loop = [f"if ({guard}) {{", *("  " + line for line in inner_loop), "} else {",
+                              *("  " + line for line in inner_loop), "}"]
+            lines += ["  " * depth + line for line in inner_loop]
+        else:
+            lines += ["  " * depth + line for line in body]
         lines += ["  " * d + "}" for d in range(depth - 1, -1, -1)]
         lines.append("}")
         return "\n".join(lines)
