@@ -220,6 +220,8 @@ def _and(*conditions: str | None) -> str | None:
 
 ATTENTION_BLOCK = 32
 """Keys per block of a fused attention kernel (its schedule's `tile` overrides it)."""
+ATTENTION_QUERIES = 4
+"""Queries per block of a fused attention kernel (its schedule's `rows` overrides it)."""
 VECTOR = 8
 """Floats per lumos_f8 vector of the register-blocked matmul (HEADER)."""
 BLOCK_UNROLL = 4
@@ -466,54 +468,80 @@ class KernelRenderer:
                              for d, (stride, i) in enumerate(zip(contiguous_strides(out.shape), idx, strict=True))])
         keys = product.shape[out.arg]
         block = min(self.schedule.tile or ATTENTION_BLOCK, keys)
+        query, queries = rows[-1]
+        # A block of queries shares each key's value row: as many independent accumulations as
+        # queries, where one query's sum over keys is one chain of dependent FMAs. Not when the
+        # values depend on the query (never for attention; the rule would still be legal).
+        shared = not any(_mentions(line, query) for line in [value, *value_lines])
+        batch = out.batched and query == "i0"  # as many as given: no static size to block
+        per_block = min(self.schedule.rows or ATTENTION_QUERIES, queries) if shared and not batch else 1
+        if per_block == 1:
+            current, last = f"{query}_0", "q < 1"
+        else:
+            current = f"{query}_0 + q < {queries} ? {query}_0 + q : {queries - 1}"  # a last, partial block repeats its last query
+            last = f"q < {per_block} && {query}_0 + q < {queries}"
         body = [
-            "float m = -INFINITY, l = 0.0f;",
-            f"float o[{width}], s[{block}];",
-            f"for (int dd = 0; dd < {width}; dd++) o[dd] = 0.0f;",
+            f"float m[{per_block}], l[{per_block}], o[{per_block}][{width}], s[{per_block}][{block}];",
+            f"for (int q = 0; q < {per_block}; q++) {{",
+            "  m[q] = -INFINITY;",
+            "  l[q] = 0.0f;",
+            f"  for (int dd = 0; dd < {width}; dd++) o[q][dd] = 0.0f;",
+            "}",
             f"for (int j0 = 0; j0 < {keys}; j0 += {block}) {{",
             f"  const int jn = {keys} - j0 < {block} ? {keys} - j0 : {block};",
-            "  float bm = -INFINITY;",
-            "  #pragma omp simd",
-            "  for (int jj = 0; jj < jn; jj++) {  /* a block of scores, vectorized across keys, kept in L1 */",
-            "    const int j = j0 + jj;",
-            *("    " + line for line in score_lines),
-            f"    s[jj] = {score};",
-            "  }",
-            "  #pragma omp simd reduction(max:bm)",
-            "  for (int jj = 0; jj < jn; jj++) bm = lumos_max(bm, s[jj]);",
-            "  const float mn = lumos_max(m, bm);",
-            f"  const float corr = lumos_exp2f((m - mn) * {scale});  /* the max-rescaling identity */",
-            "  l *= corr;",
-            "  #pragma omp simd",
-            f"  for (int dd = 0; dd < {width}; dd++) o[dd] *= corr;",
-            "  #pragma omp simd reduction(+:l)",
-            "  for (int jj = 0; jj < jn; jj++) {",
-            f"    s[jj] = lumos_exp2f((s[jj] - mn) * {scale});",
-            "    l += s[jj];",
-            "  }",
-            "  for (int jj = 0; jj < jn; jj++) {",
-            "    const int j = j0 + jj;",
-            "    const float p = s[jj];",
+            f"  for (int q = 0; q < {per_block}; q++) {{",
+            f"    const int {query} = {current};",
+            "    float bm = -INFINITY;",
             "    #pragma omp simd",
-            f"    for (int dd = 0; dd < {width}; dd++) {{",
-            *("      " + line for line in value_lines),
-            f"      o[dd] += p * {value};",
+            "    for (int jj = 0; jj < jn; jj++) {  /* a block of scores, vectorized across keys, kept in L1 */",
+            "      const int j = j0 + jj;",
+            *("      " + line for line in score_lines),
+            f"      s[q][jj] = {score};",
+            "    }",
+            "    #pragma omp simd reduction(max:bm)",
+            "    for (int jj = 0; jj < jn; jj++) bm = lumos_max(bm, s[q][jj]);",
+            "    const float mn = lumos_max(m[q], bm);",
+            f"    const float corr = lumos_exp2f((m[q] - mn) * {scale});  /* the max-rescaling identity */",
+            "    float lq = l[q] * corr;",
+            "    #pragma omp simd",
+            f"    for (int dd = 0; dd < {width}; dd++) o[q][dd] *= corr;",
+            "    #pragma omp simd reduction(+:lq)",
+            "    for (int jj = 0; jj < jn; jj++) {",
+            f"      s[q][jj] = lumos_exp2f((s[q][jj] - mn) * {scale});",
+            "      lq += s[q][jj];",
+            "    }",
+            "    l[q] = lq;",
+            "    m[q] = mn;",
+            "  }",
+            "  for (int jj = 0; jj < jn; jj++) {",
+            "    const int j = j0 + jj;",
+            f"    for (int q = 0; q < {per_block}; q++) {{",
+            "      const float p = s[q][jj];",
+            "      #pragma omp simd",
+            f"      for (int dd = 0; dd < {width}; dd++) {{",
+            *("        " + line for line in value_lines),
+            f"        o[q][dd] += p * {value};",
+            "      }",
             "    }",
             "  }",
-            "  m = mn;",
             "}",
-            f"for (int dd = 0; dd < {width}; dd++) out[{out_index}] = o[dd] / l;",
+            f"for (int q = 0; {last}; q++) {{",
+            f"  const int {query} = {query}_0 + q;",
+            f"  for (int dd = 0; dd < {width}; dd++) out[{out_index}] = o[q][dd] / l[q];",
+            "}",
         ]
         params = ["const int n", "float* restrict out"] + [f"const float* restrict {self.params[src]}"
                                                            for src in self.kernel.reads]
         lines = [f"/* {self.kernel.name}: %{out.id} attention{list(out.shape)}, online softmax over {product.shape[out.arg]} keys "
-                 f"(scores never stored); {out.origin.replace('*/', '* /')} */",
+                 f"(scores never stored), {per_block} queries at a time; {out.origin.replace('*/', '* /')} */",
                  f"static void {self.kernel.name}({', '.join(params)}) {{"]
         collapse = f" collapse({len(rows)})" if len(rows) > 1 else ""
         lines.append(f"#pragma omp for{collapse} schedule(static){'' if barrier else ' nowait'}")
         for depth, (var, size) in enumerate(rows):
             bound = "n" if out.batched and var == "i0" else size
-            lines.append("  " * depth + f"for (int {var} = 0; {var} < {bound}; {var}++) {{")
+            step = f"{var}_0 += {per_block}" if var == query else f"{var}++"
+            var = f"{var}_0" if var == query else var
+            lines.append("  " * depth + f"for (int {var} = 0; {var} < {bound}; {step}) {{")
         lines += ["  " * len(rows) + line for line in body]
         lines += ["  " * d + "}" for d in range(len(rows) - 1, -1, -1)]
         lines.append("}")

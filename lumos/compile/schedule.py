@@ -52,12 +52,13 @@ class KernelSchedule:
     rows: int = 0
     """With interchange: the register-blocked matmul micro-kernel, a block of `rows` output rows ×
     `tile` columns summed in vector registers (each weight load shared by `rows` rows, each input
-    load by `tile` columns); remainders of rows and columns are handled (0: off)."""
+    load by `tile` columns); remainders of rows and columns are handled (0: off). In a fused
+    attention kernel: queries per block, which share each key's value row (0: the default)."""
 
     def describe(self) -> str:
         parts = [{None: "auto", True: "row-wise", False: "dot"}[self.interchange]]
         if self.rows:
-            parts.append(f"block {self.rows}x{self.tile}")
+            parts.append(f"block {self.rows}x{self.tile or 'auto'}")
         else:
             parts += [f"tile {self.tile}"] * bool(self.tile)
         parts += [f"collapse {self.collapse}"] * bool(self.collapse)

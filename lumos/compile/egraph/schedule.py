@@ -12,7 +12,8 @@ about this kernel's loops (which the caller asserts as relations):
 - parallelize: share out only the outermost loop instead of the merged (collapsed) outer loops;
 - unroll: unroll the reduction loop;
 - vectorize: mark the innermost output loop `omp simd`;
-- key blocks (fused attention): how many keys' scores are computed before one rescaling.
+- key blocks (fused attention): how many keys' scores are computed before one rescaling;
+- query blocks (fused attention): how many queries share each key's value row.
 
 All the terms end in the kernel's root e-class (they compute the same thing), and every one of
 them is extracted as a candidate for the search to measure: a static cost cannot tell which is
@@ -33,6 +34,8 @@ BLOCKS = ((2, 32), (4, 16), (4, 32), (6, 16), (8, 16))
 """(rows, columns) of the register-blocked matmul: rows × columns / 8 vector accumulators, plus
 columns / 8 weight vectors and one broadcast value, fit AVX2's 16 registers (8 × 16 spills a few
 there, not with AVX-512's 32); which is fastest depends on the machine and the matmul's sizes."""
+QUERY_BLOCKS = (1, 2, 8)
+"""Queries per fused attention block besides the renderer's default (render_c.ATTENTION_QUERIES)."""
 AUTO, ROW_WISE, DOT = 0, 1, 2
 
 
@@ -54,6 +57,8 @@ many_outer = relation("many_outer")
 elementwise = relation("elementwise")
 key_block = relation("key_block", i64)
 """A fused attention kernel can take its keys in blocks of this size."""
+query_block = relation("query_block", i64)
+"""A fused attention kernel can take its queries in blocks of this size (the `rows` field)."""
 
 a, t, c, u, s, m, n = vars_("a t c u s m n", i64)
 
@@ -68,6 +73,8 @@ schedule_rules = ruleset(
         union(Sched(ROW_WISE, 0, c, 0, s, 0)).with_(Sched(ROW_WISE, n, c, 0, s, m))),
     rule(Sched(AUTO, 0, c, u, s, 0), key_block(n), name="tile:key-block").then(
         union(Sched(AUTO, 0, c, u, s, 0)).with_(Sched(AUTO, n, c, u, s, 0))),
+    rule(Sched(AUTO, t, c, u, s, 0), query_block(m), name="block:queries").then(
+        union(Sched(AUTO, t, c, u, s, 0)).with_(Sched(AUTO, t, c, u, s, m))),
     rule(Sched(a, t, 0, u, s, m), many_outer(), name="parallelize:outermost").then(
         union(Sched(a, t, 0, u, s, m)).with_(Sched(a, t, 1, u, s, m))),
     rule(Sched(a, t, c, 0, s, 0), reduces(), name="unroll:reduction").then(
@@ -86,6 +93,8 @@ def kernel_facts(kernel: Kernel, register_blocks: bool = True) -> list:
     if kernel.attention is not None:
         keys = kernel.attention.product.shape[node.arg]
         facts += [key_block(i64(block)) for block in (8, 16, 64, 128) if block < keys]
+        queries = loops[-2] if len(loops) >= 2 else 1  # (..., queries, value width)
+        facts += [query_block(i64(block)) for block in QUERY_BLOCKS if block < queries]
         return facts + [many_outer()] * (len(loops) >= 3)
     if kernel.kind == "reduce" and len(loops) >= 2:
         facts.append(reduces())

@@ -19,7 +19,7 @@ from lumos.compile.plan import plan_buffers
 from lumos.compile.program import Options, compile_graph, load_program
 from lumos.compile.render_c import render_library, tensor_names
 from lumos.compile.runtime import NativeProgram
-from lumos.compile.schedule import schedule
+from lumos.compile.schedule import KernelSchedule, schedule
 
 
 def rewritten(graph: Graph, *rulesets, stores=None):
@@ -145,3 +145,31 @@ def test_key_blocks_are_distinct_candidates_of_a_fused_attention(kernel_cache):
     kernels, materialized, _ = fuse_attention(graph, compilation.materialized, find_attention(graph)[0])
     (group,) = make_groups(kernels, materialized, seed=0)
     assert {candidate.schedule.tile for candidate in group.candidates} >= {0, 8, 16, 64}
+
+
+@pytest.mark.parametrize("queries", [1, 2, 4, 8])
+def test_query_blocks_are_exact_when_they_do_not_divide_the_queries(kernel_cache, queries):
+    """17 queries in blocks of 2, 4 or 8 leave a partial last block."""
+    graph, inputs = attention_graph(17)
+    compilation = compile_graph(graph, kernel_cache)
+    kernels, materialized, _ = fuse_attention(graph, compilation.materialized, find_attention(graph)[0])
+    plan = plan_buffers(graph, kernels)
+    schedules = {kernel.name: KernelSchedule(tile=8, rows=queries) for kernel in kernels}
+    source = render_library(graph, kernels, materialized, plan, schedules)
+    assert f"{queries} queries at a time" in source
+    program = NativeProgram(kernel_cache.build(source, "gcc", Options().cflags).library,
+                            [(n, node.shape) for n, node in graph.inputs.items()],
+                            [(n, node.shape) for n, node in graph.outputs.items()],
+                            [graph.tensors[n] for n in tensor_names(graph)], plan.arena_bytes)
+    got = program(inputs)["y"].reshape(graph.output_shapes["y"])
+    np.testing.assert_allclose(got, interpret(graph, inputs)["y"], atol=1e-5, rtol=1e-5)
+
+
+def test_query_blocks_are_candidates_of_a_fused_attention(kernel_cache):
+    from lumos.compile.search import make_groups
+
+    graph, _ = attention_graph(17)
+    compilation = compile_graph(graph, kernel_cache)
+    kernels, materialized, _ = fuse_attention(graph, compilation.materialized, find_attention(graph)[0])
+    (group,) = make_groups(kernels, materialized, seed=0)
+    assert {candidate.schedule.rows for candidate in group.candidates} == {0, 1, 2, 8}
