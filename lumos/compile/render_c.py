@@ -475,11 +475,11 @@ class KernelRenderer:
         shared = not any(_mentions(line, query) for line in [value, *value_lines])
         batch = out.batched and query == "i0"  # as many as given: no static size to block
         per_block = min(self.schedule.rows or ATTENTION_QUERIES, queries) if shared and not batch else 1
-        if per_block == 1:
-            current, last = f"{query}_0", "q < 1"
-        else:
-            current = f"{query}_0 + q < {queries} ? {query}_0 + q : {queries - 1}"  # a last, partial block repeats its last query
-            last = f"q < {per_block} && {query}_0 + q < {queries}"
+        # Inside a block, the query index is defined per query; a last, partial block repeats its
+        # last query rather than read past the end.
+        this_query = ([f"const int {query} = {query}_0 + q < {queries} ? {query}_0 + q : {queries - 1};"]
+                      if per_block > 1 else [])
+        stored = f"q < {per_block} && {query}_0 + q < {queries}" if per_block > 1 else "q < 1"
         body = [
             f"float m[{per_block}], l[{per_block}], o[{per_block}][{width}], s[{per_block}][{block}];",
             f"for (int q = 0; q < {per_block}; q++) {{",
@@ -490,7 +490,7 @@ class KernelRenderer:
             f"for (int j0 = 0; j0 < {keys}; j0 += {block}) {{",
             f"  const int jn = {keys} - j0 < {block} ? {keys} - j0 : {block};",
             f"  for (int q = 0; q < {per_block}; q++) {{",
-            f"    const int {query} = {current};",
+            *("    " + line for line in this_query),
             "    float bm = -INFINITY;",
             "    #pragma omp simd",
             "    for (int jj = 0; jj < jn; jj++) {  /* a block of scores, vectorized across keys, kept in L1 */",
@@ -525,8 +525,8 @@ class KernelRenderer:
             "    }",
             "  }",
             "}",
-            f"for (int q = 0; {last}; q++) {{",
-            f"  const int {query} = {query}_0 + q;",
+            f"for (int q = 0; {stored}; q++) {{",
+            *("  " + line for line in this_query),
             f"  for (int dd = 0; dd < {width}; dd++) out[{out_index}] = o[q][dd] / l[q];",
             "}",
         ]
@@ -539,8 +539,9 @@ class KernelRenderer:
         lines.append(f"#pragma omp for{collapse} schedule(static){'' if barrier else ' nowait'}")
         for depth, (var, size) in enumerate(rows):
             bound = "n" if out.batched and var == "i0" else size
-            step = f"{var}_0 += {per_block}" if var == query else f"{var}++"
-            var = f"{var}_0" if var == query else var
+            step = f"{var}++"
+            if var == query and per_block > 1:
+                var, step = f"{var}_0", f"{var}_0 += {per_block}"
             lines.append("  " * depth + f"for (int {var} = 0; {var} < {bound}; {step}) {{")
         lines += ["  " * len(rows) + line for line in body]
         lines += ["  " * d + "}" for d in range(len(rows) - 1, -1, -1)]

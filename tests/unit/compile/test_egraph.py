@@ -97,14 +97,16 @@ def test_schedule_rules_span_the_loop_variants():
     assert {"swap:row-wise", "swap:dot", "tile:registers", "unroll:reduction", "parallelize:outermost"} <= set(fired)
 
 
-def attention_graph(length: int = 17) -> tuple[Graph, dict[str, np.ndarray]]:
+def attention_graph(length: int = 17, queries: int | None = None) -> tuple[Graph, dict[str, np.ndarray]]:
+    """Self-attention over `length` tokens, or `queries` slots' cross-attention to them."""
     rng = np.random.default_rng(6)
     graph = Graph()
     B, H, D = 3, 2, 8
-    q, k, v = (Tensor.input(graph, name, (B, H, length, D)) for name in "qkv")
+    shapes = {"q": (B, H, queries or length, D), "k": (B, H, length, D), "v": (B, H, length, D)}
+    q, k, v = (Tensor.input(graph, name, shape) for name, shape in shapes.items())
     mask = Tensor.input(graph, "mask", (B, 1, 1, length))
     mark_output(graph, "y", attention(q, k, v, mask))
-    inputs = {name: rng.standard_normal((B, H, length, D)).astype(np.float32) for name in "qkv"}
+    inputs = {name: rng.standard_normal(shape).astype(np.float32) for name, shape in shapes.items()}
     inputs["mask"] = (rng.random((B, 1, 1, length)) > 0.3).astype(np.float32)
     return graph.prune(), inputs
 
@@ -147,16 +149,17 @@ def test_key_blocks_are_distinct_candidates_of_a_fused_attention(kernel_cache):
     assert {candidate.schedule.tile for candidate in group.candidates} >= {0, 8, 16, 64}
 
 
-@pytest.mark.parametrize("queries", [1, 2, 4, 8])
-def test_query_blocks_are_exact_when_they_do_not_divide_the_queries(kernel_cache, queries):
-    """17 queries in blocks of 2, 4 or 8 leave a partial last block."""
-    graph, inputs = attention_graph(17)
+@pytest.mark.parametrize("queries, per_block", [(17, 1), (17, 2), (17, 4), (17, 8), (1, 4)])
+def test_query_blocks_are_exact_when_they_do_not_divide_the_queries(kernel_cache, queries, per_block):
+    """17 queries in blocks of 2, 4 or 8 leave a partial last block; one query (a decoder slot's
+    cross-attention) has no query loop to block."""
+    graph, inputs = attention_graph(17, queries)
     compilation = compile_graph(graph, kernel_cache)
     kernels, materialized, _ = fuse_attention(graph, compilation.materialized, find_attention(graph)[0])
     plan = plan_buffers(graph, kernels)
-    schedules = {kernel.name: KernelSchedule(tile=8, rows=queries) for kernel in kernels}
+    schedules = {kernel.name: KernelSchedule(tile=8, rows=per_block) for kernel in kernels}
     source = render_library(graph, kernels, materialized, plan, schedules)
-    assert f"{queries} queries at a time" in source
+    assert f"{min(queries, per_block) if queries > 1 else 1} queries at a time" in source
     program = NativeProgram(kernel_cache.build(source, "gcc", Options().cflags).library,
                             [(n, node.shape) for n, node in graph.inputs.items()],
                             [(n, node.shape) for n, node in graph.outputs.items()],
