@@ -480,12 +480,64 @@ class KernelRenderer:
         this_query = ([f"const int {query} = {query}_0 + q < {queries} ? {query}_0 + q : {queries - 1};"]
                       if per_block > 1 else [])
         stored = f"q < {per_block} && {query}_0 + q < {queries}" if per_block > 1 else "q < 1"
+        # The values as vectors when they are one contiguous read along the value width: then each
+        # query's output row is width / 8 vector registers, and a key's value row is loaded once
+        # for the whole block of queries (as in the register-blocked matmul).
+        value_src, value_view = product.srcs[1 - match.probs_index], product.views[1 - match.probs_index]
+        vectors = (not value_lines and width % VECTOR == 0 and is_buffer(value_src, self.materialized)
+                   and value_view.mask is None and _coefficient(value_view, idx, "dd") == 1)
+        lanes = width // VECTOR
+        if vectors:
+            declare = f"lumos_f8 o[{per_block}][{lanes}];"
+            clear = f"  for (int v = 0; v < {lanes}; v++) o[q][v] = (lumos_f8){{0}};"
+            rescale = f"    for (int v = 0; v < {lanes}; v++) o[q][v] *= corr[q];"
+            accumulate = [
+                "  for (int jj = 0; jj < jn; jj++) {",
+                "    const int j = j0 + jj;",
+                f"    lumos_f8 vv[{lanes}];  /* the key's value row: loaded once for every query of the block */",
+                f"    #pragma GCC unroll {lanes}",
+                f"    for (int v = 0; v < {lanes}; v++) {{",
+                f"      const int dd = {VECTOR} * v;",
+                f"      vv[v] = lumos_load8(&{value});",
+                "    }",
+                f"    #pragma GCC unroll {per_block}",
+                f"    for (int q = 0; q < {per_block}; q++) {{",
+                "      const float p = s[q][jj];",
+                f"      #pragma GCC unroll {lanes}",
+                f"      for (int v = 0; v < {lanes}; v++) o[q][v] += p * vv[v];",
+                "    }",
+                "  }",
+            ]
+            store = [f"  float row[{width}];",
+                     f"  for (int v = 0; v < {lanes}; v++) lumos_store8(&row[{VECTOR} * v], o[q][v]);",
+                     f"  for (int dd = 0; dd < {width}; dd++) out[{out_index}] = row[dd] / l[q];"]
+        else:
+            declare = f"float o[{per_block}][{width}];"
+            clear = f"  for (int dd = 0; dd < {width}; dd++) o[q][dd] = 0.0f;"
+            rescale = f"    for (int dd = 0; dd < {width}; dd++) o[q][dd] *= corr[q];"
+            accumulate = [
+                "  for (int jj = 0; jj < jn; jj++) {",
+                "    const int j = j0 + jj;",
+                f"    for (int q = 0; q < {per_block}; q++) {{",
+                "      const float p = s[q][jj];",
+                "      #pragma omp simd",
+                f"      for (int dd = 0; dd < {width}; dd++) {{",
+                *("        " + line for line in value_lines),
+                f"        o[q][dd] += p * {value};",
+                "      }",
+                "    }",
+                "  }",
+            ]
+            store = [f"  for (int dd = 0; dd < {width}; dd++) out[{out_index}] = o[q][dd] / l[q];"]
+        # Every access to o is in a fully unrolled loop, so that gcc keeps it in registers.
         body = [
-            f"float m[{per_block}], l[{per_block}], o[{per_block}][{width}], s[{per_block}][{block}];",
+            f"float m[{per_block}], l[{per_block}], corr[{per_block}], s[{per_block}][{block}];",
+            declare,
+            f"#pragma GCC unroll {per_block}",
             f"for (int q = 0; q < {per_block}; q++) {{",
             "  m[q] = -INFINITY;",
             "  l[q] = 0.0f;",
-            f"  for (int dd = 0; dd < {width}; dd++) o[q][dd] = 0.0f;",
+            clear,
             "}",
             f"for (int j0 = 0; j0 < {keys}; j0 += {block}) {{",
             f"  const int jn = {keys} - j0 < {block} ? {keys} - j0 : {block};",
@@ -501,10 +553,8 @@ class KernelRenderer:
             "    #pragma omp simd reduction(max:bm)",
             "    for (int jj = 0; jj < jn; jj++) bm = lumos_max(bm, s[q][jj]);",
             "    const float mn = lumos_max(m[q], bm);",
-            f"    const float corr = lumos_exp2f((m[q] - mn) * {scale});  /* the max-rescaling identity */",
-            "    float lq = l[q] * corr;",
-            "    #pragma omp simd",
-            f"    for (int dd = 0; dd < {width}; dd++) o[q][dd] *= corr;",
+            f"    corr[q] = lumos_exp2f((m[q] - mn) * {scale});  /* the max-rescaling identity */",
+            "    float lq = l[q] * corr[q];",
             "    #pragma omp simd reduction(+:lq)",
             "    for (int jj = 0; jj < jn; jj++) {",
             f"      s[q][jj] = lumos_exp2f((s[q][jj] - mn) * {scale});",
@@ -513,21 +563,17 @@ class KernelRenderer:
             "    l[q] = lq;",
             "    m[q] = mn;",
             "  }",
-            "  for (int jj = 0; jj < jn; jj++) {",
-            "    const int j = j0 + jj;",
-            f"    for (int q = 0; q < {per_block}; q++) {{",
-            "      const float p = s[q][jj];",
-            "      #pragma omp simd",
-            f"      for (int dd = 0; dd < {width}; dd++) {{",
-            *("        " + line for line in value_lines),
-            f"        o[q][dd] += p * {value};",
-            "      }",
-            "    }",
+            f"  #pragma GCC unroll {per_block}",
+            f"  for (int q = 0; q < {per_block}; q++) {{",
+            rescale,
             "  }",
+            *accumulate,
             "}",
-            f"for (int q = 0; {stored}; q++) {{",
+            f"#pragma GCC unroll {per_block}",
+            f"for (int q = 0; q < {per_block}; q++) {{",
+            f"  if (!({stored})) continue;",
             *("  " + line for line in this_query),
-            f"  for (int dd = 0; dd < {width}; dd++) out[{out_index}] = o[q][dd] / l[q];",
+            *store,
             "}",
         ]
         params = ["const int n", "float* restrict out"] + [f"const float* restrict {self.params[src]}"

@@ -97,11 +97,11 @@ def test_schedule_rules_span_the_loop_variants():
     assert {"swap:row-wise", "swap:dot", "tile:registers", "unroll:reduction", "parallelize:outermost"} <= set(fired)
 
 
-def attention_graph(length: int = 17, queries: int | None = None) -> tuple[Graph, dict[str, np.ndarray]]:
-    """Self-attention over `length` tokens, or `queries` slots' cross-attention to them."""
+def attention_graph(length: int = 17, queries: int | None = None, D: int = 8) -> tuple[Graph, dict[str, np.ndarray]]:
+    """Self-attention over `length` tokens, or `queries` slots' cross-attention to them; heads of size D."""
     rng = np.random.default_rng(6)
     graph = Graph()
-    B, H, D = 3, 2, 8
+    B, H = 3, 2
     shapes = {"q": (B, H, queries or length, D), "k": (B, H, length, D), "v": (B, H, length, D)}
     q, k, v = (Tensor.input(graph, name, shape) for name, shape in shapes.items())
     mask = Tensor.input(graph, "mask", (B, 1, 1, length))
@@ -149,17 +149,18 @@ def test_key_blocks_are_distinct_candidates_of_a_fused_attention(kernel_cache):
     assert {candidate.schedule.tile for candidate in group.candidates} >= {0, 8, 16, 64}
 
 
-@pytest.mark.parametrize("queries, per_block", [(17, 1), (17, 2), (17, 4), (17, 8), (1, 4)])
-def test_query_blocks_are_exact_when_they_do_not_divide_the_queries(kernel_cache, queries, per_block):
+@pytest.mark.parametrize("queries, per_block, D", [(17, 1, 8), (17, 2, 16), (17, 4, 8), (17, 8, 8), (1, 4, 8), (17, 4, 6)])
+def test_query_blocks_are_exact_when_they_do_not_divide_the_queries(kernel_cache, queries, per_block, D):
     """17 queries in blocks of 2, 4 or 8 leave a partial last block; one query (a decoder slot's
-    cross-attention) has no query loop to block."""
-    graph, inputs = attention_graph(17, queries)
+    cross-attention) has no query loop to block. Heads of 8 and 16 accumulate in vectors, of 6 not."""
+    graph, inputs = attention_graph(17, queries, D)
     compilation = compile_graph(graph, kernel_cache)
     kernels, materialized, _ = fuse_attention(graph, compilation.materialized, find_attention(graph)[0])
     plan = plan_buffers(graph, kernels)
     schedules = {kernel.name: KernelSchedule(tile=8, rows=per_block) for kernel in kernels}
     source = render_library(graph, kernels, materialized, plan, schedules)
     assert f"{min(queries, per_block) if queries > 1 else 1} queries at a time" in source
+    assert ("lumos_f8 o[" in source) == (D % 8 == 0)
     program = NativeProgram(kernel_cache.build(source, "gcc", Options().cflags).library,
                             [(n, node.shape) for n, node in graph.inputs.items()],
                             [(n, node.shape) for n, node in graph.outputs.items()],
