@@ -456,11 +456,11 @@ class KernelRenderer:
         rows = [(f"i{d}", size) for d, (i, size) in enumerate(zip(idx, product.shape, strict=True)) if i == f"i{d}"]
         width = product.shape[value_dims[0]]
         scale = literal(match.scale)
-        self.block = -1
-        self.lines = []
+        self.block, self.lines, self.top_reduces = 0, [], []  # block 0: the score's dot product is a TopReduce
         self.inner_simd = False  # the score loop is vectorized across keys instead
         score = self.compute(match.scores, source_indices(probs_view, idx, product.srcs[match.probs_index].shape))
         score_lines, self.lines = self.lines, []
+        dot = self.top_reduces[0] if len(self.top_reduces) == 1 else None
         self.block = -2
         value = self.operand(product, 1 - match.probs_index, idx)
         value_lines, self.lines = self.lines, []
@@ -529,6 +529,22 @@ class KernelRenderer:
                 "  }",
             ]
             store = [f"  for (int dd = 0; dd < {width}; dd++) out[{out_index}] = o[q][dd] / l[q];"]
+        per_query_scores = [
+            "    #pragma omp simd",
+            "    for (int jj = 0; jj < jn; jj++) {  /* a block of scores, vectorized across keys, kept in L1 */",
+            "      const int j = j0 + jj;",
+            *("      " + line for line in score_lines),
+            f"      s[q][jj] = {score};",
+            "    }",
+        ]
+        blocked = self._blocked_scores(dot, score_lines, score, query, block, per_block, this_query)
+        if blocked is None:
+            scores = [f"  for (int q = 0; q < {per_block}; q++) {{", *("  " + line for line in this_query),
+                      *per_query_scores, "  }"]
+        else:
+            scores = [f"  if (jn == {block}) {{", *("  " + line for line in blocked), "  } else {",
+                      f"    for (int q = 0; q < {per_block}; q++) {{", *("    " + line for line in this_query),
+                      *("  " + line for line in per_query_scores), "    }", "  }"]
         # Every access to o is in a fully unrolled loop, so that gcc keeps it in registers.
         body = [
             f"float m[{per_block}], l[{per_block}], corr[{per_block}], s[{per_block}][{block}];",
@@ -541,15 +557,9 @@ class KernelRenderer:
             "}",
             f"for (int j0 = 0; j0 < {keys}; j0 += {block}) {{",
             f"  const int jn = {keys} - j0 < {block} ? {keys} - j0 : {block};",
+            *scores,
             f"  for (int q = 0; q < {per_block}; q++) {{",
-            *("    " + line for line in this_query),
             "    float bm = -INFINITY;",
-            "    #pragma omp simd",
-            "    for (int jj = 0; jj < jn; jj++) {  /* a block of scores, vectorized across keys, kept in L1 */",
-            "      const int j = j0 + jj;",
-            *("      " + line for line in score_lines),
-            f"      s[q][jj] = {score};",
-            "    }",
             "    #pragma omp simd reduction(max:bm)",
             "    for (int jj = 0; jj < jn; jj++) bm = lumos_max(bm, s[q][jj]);",
             "    const float mn = lumos_max(m[q], bm);",
@@ -593,6 +603,60 @@ class KernelRenderer:
         lines += ["  " * d + "}" for d in range(len(rows) - 1, -1, -1)]
         lines.append("}")
         return "\n".join(lines)
+
+    def _blocked_scores(self, dot: TopReduce | None, score_lines: list[str], score: str, query: str, block: int,
+                        per_block: int, this_query: list[str]) -> list[str] | None:
+        """A whole block of keys' scores for the block of queries as one register-blocked product
+        (per_block × block / 8 vector sums; each key vector loaded once for every query), then the
+        score's epilogue (scale, mask) per score. Needs the score to be a dot product q·k whose key
+        operand is read contiguously along the keys; else None (one query's scores at a time)."""
+        if (dot is None or dot.start != 0 or dot.init != "0.0f" or dot.factors is None or block % VECTOR
+                or per_block < 2 or any(_local_name(line) != dot.summand for line in dot.body)):
+            return None
+        keyed = [factor for factor in dot.factors if _mentions(factor, "j")]
+        if len(keyed) != 1 or _mentions(keyed[0], query):
+            return None
+        key = keyed[0]
+        query_value = dot.factors[1 - dot.factors.index(key)]
+        read = dot.reads.get(key)
+        if read is None or _coefficient(*read, "j") != 1:
+            return None
+        lanes, r = block // VECTOR, dot.var
+        epilogue = score_lines[dot.end:]
+        return [
+            f"lumos_f8 sa[{per_block}][{lanes}];",
+            f"#pragma GCC unroll {per_block}",
+            f"for (int q = 0; q < {per_block}; q++)",
+            f"  for (int v = 0; v < {lanes}; v++) sa[q][v] = (lumos_f8){{0}};",
+            f"for (int {r} = 0; {r} < {dot.length}; {r}++) {{",
+            f"  lumos_f8 kv[{lanes}];  /* loaded once, used by every query of the block */",
+            f"  #pragma GCC unroll {lanes}",
+            f"  for (int v = 0; v < {lanes}; v++) {{",
+            f"    const int j = j0 + {VECTOR} * v;",
+            f"    kv[v] = lumos_load8(&{key});",
+            "  }",
+            f"  #pragma GCC unroll {per_block}",
+            f"  for (int q = 0; q < {per_block}; q++) {{",
+            *("    " + line for line in this_query),
+            f"    const float x = {query_value};",
+            f"    #pragma GCC unroll {lanes}",
+            f"    for (int v = 0; v < {lanes}; v++) sa[q][v] += x * kv[v];",
+            "  }",
+            "}",
+            f"#pragma GCC unroll {per_block}",
+            f"for (int q = 0; q < {per_block}; q++)",
+            f"  for (int v = 0; v < {lanes}; v++) lumos_store8(&s[q][{VECTOR} * v], sa[q][v]);",
+            f"for (int q = 0; q < {per_block}; q++) {{",
+            *("  " + line for line in this_query),
+            "  #pragma omp simd",
+            f"  for (int jj = 0; jj < {block}; jj++) {{",
+            "    const int j = j0 + jj;",
+            f"    const float {dot.acc} = s[q][jj];",
+            *("    " + line for line in epilogue),
+            f"    s[q][jj] = {score};",
+            "  }",
+            "}",
+        ]
 
     def interchange(self, loops: list[tuple[str, int]], body: list[str]) -> list[str] | None:
         """Move the kernel's one reduction loop outside its last output loop when that makes the

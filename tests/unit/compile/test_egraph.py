@@ -97,13 +97,17 @@ def test_schedule_rules_span_the_loop_variants():
     assert {"swap:row-wise", "swap:dot", "tile:registers", "unroll:reduction", "parallelize:outermost"} <= set(fired)
 
 
-def attention_graph(length: int = 17, queries: int | None = None, D: int = 8) -> tuple[Graph, dict[str, np.ndarray]]:
-    """Self-attention over `length` tokens, or `queries` slots' cross-attention to them; heads of size D."""
+def attention_graph(length: int = 17, queries: int | None = None, D: int = 8,
+                    keys_transposed: bool = False) -> tuple[Graph, dict[str, np.ndarray]]:
+    """Self-attention over `length` tokens, or `queries` slots' cross-attention to them; heads of
+    size D; the keys stored (B, H, D, length), as the compiled model keeps them, when `keys_transposed`."""
     rng = np.random.default_rng(6)
     graph = Graph()
     B, H = 3, 2
-    shapes = {"q": (B, H, queries or length, D), "k": (B, H, length, D), "v": (B, H, length, D)}
+    shapes = {"q": (B, H, queries or length, D), "k": (B, H, D, length) if keys_transposed else (B, H, length, D),
+              "v": (B, H, length, D)}
     q, k, v = (Tensor.input(graph, name, shape) for name, shape in shapes.items())
+    k = k.transpose(2, 3) if keys_transposed else k
     mask = Tensor.input(graph, "mask", (B, 1, 1, length))
     mark_output(graph, "y", attention(q, k, v, mask))
     inputs = {name: rng.standard_normal(shape).astype(np.float32) for name, shape in shapes.items()}
@@ -149,11 +153,15 @@ def test_key_blocks_are_distinct_candidates_of_a_fused_attention(kernel_cache):
     assert {candidate.schedule.tile for candidate in group.candidates} >= {0, 8, 16, 64}
 
 
-@pytest.mark.parametrize("queries, per_block, D", [(17, 1, 8), (17, 2, 16), (17, 4, 8), (17, 8, 8), (1, 4, 8), (17, 4, 6)])
-def test_query_blocks_are_exact_when_they_do_not_divide_the_queries(kernel_cache, queries, per_block, D):
+@pytest.mark.parametrize("queries, per_block, D, keys_transposed", [
+    (17, 1, 8, False), (17, 2, 16, True), (17, 4, 8, False), (17, 4, 8, True), (17, 8, 8, True), (1, 4, 8, True),
+    (17, 4, 6, False)])
+def test_query_blocks_are_exact_when_they_do_not_divide_the_queries(kernel_cache, queries, per_block, D, keys_transposed):
     """17 queries in blocks of 2, 4 or 8 leave a partial last block; one query (a decoder slot's
-    cross-attention) has no query loop to block. Heads of 8 and 16 accumulate in vectors, of 6 not."""
-    graph, inputs = attention_graph(17, queries, D)
+    cross-attention) has no query loop to block. Heads of 8 and 16 accumulate in vectors, of 6 not.
+    With the keys stored along the sequence, a whole block of scores is one register-blocked
+    product (17 keys in blocks of 8: two blocked, one partial block of scores one query at a time)."""
+    graph, inputs = attention_graph(17, queries, D, keys_transposed)
     compilation = compile_graph(graph, kernel_cache)
     kernels, materialized, _ = fuse_attention(graph, compilation.materialized, find_attention(graph)[0])
     plan = plan_buffers(graph, kernels)
@@ -161,6 +169,7 @@ def test_query_blocks_are_exact_when_they_do_not_divide_the_queries(kernel_cache
     source = render_library(graph, kernels, materialized, plan, schedules)
     assert f"{min(queries, per_block) if queries > 1 else 1} queries at a time" in source
     assert ("lumos_f8 o[" in source) == (D % 8 == 0)
+    assert ("lumos_f8 sa[" in source) == (keys_transposed and queries > 1 and per_block > 1)
     program = NativeProgram(kernel_cache.build(source, "gcc", Options().cflags).library,
                             [(n, node.shape) for n, node in graph.inputs.items()],
                             [(n, node.shape) for n, node in graph.outputs.items()],
