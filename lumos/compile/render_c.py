@@ -438,7 +438,8 @@ class KernelRenderer:
     def render_attention(self, barrier: bool = True) -> str:
         """sum_j softmax(x)_j · v_j in one pass over j (online softmax, egraph/attention.py): a
         running max, sum and output row per query; the scores x are computed inline (their dot
-        product too) and never stored."""
+        product too) and never stored. Keys go in blocks (schedule.tile) between rescalings, and
+        queries in blocks (schedule.rows) that share every load of a key's vectors."""
         match = self.kernel.attention
         out, product = match.out, match.product
         probs_view = product.views[match.probs_index]
