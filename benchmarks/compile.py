@@ -157,7 +157,8 @@ def bench_model(name: str, model: LumosModel, batch_size: int, repeats: int, ind
         attention = result.get("search_attention")
         if attention:
             print(f"  fused attention  {attention['matches']} found, {'kept' if attention['chosen'] else 'not kept'} "
-                  f"({attention['fused_ms'] or float('nan'):.1f} ms vs {attention['unfused_ms']:.1f} ms, default schedules)")
+                  f"({attention['fused_ms'] or float('nan'):.1f} ms vs {attention['unfused_ms'] or float('nan'):.1f} ms "
+                  "unfused, whole call, both searched)")
     if result.get("search_confirmed"):
         confirmed = result["search_confirmed"]
         print(f"  search verdict   whole call {confirmed['searched_ms']:.1f} ms searched vs {confirmed['baseline_ms']:.1f} ms "

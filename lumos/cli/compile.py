@@ -41,8 +41,9 @@ def _attention_line(attention: dict | None) -> str:
     if not attention:
         return "none found"
     rules = ", ".join(f"{name}×{count}" for name, count in attention["rules"].items())
-    verdict = "kept" if attention["chosen"] else ("not kept: slower" if attention["verified"] else "not kept: differs")
-    times = f"{attention['fused_ms'] or float('nan'):.2f} ms vs {attention['unfused_ms']:.2f} ms unfused"
+    verdict = "kept" if attention["chosen"] else ("not kept: slower" if attention["verified"] else "not kept: unverified")
+    times = (f"whole call {attention['fused_ms']:.2f} ms vs {attention['unfused_ms']:.2f} ms unfused, both searched"
+             if attention["verified"] else "does not build or differs from the interpreter")
     return (f"{attention['matches']} online-softmax kernel(s) ({rules}); {verdict} ({times}); "
             f"score matrices not written: {_bytes(attention['score_bytes_not_written'])}")
 

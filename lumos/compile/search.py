@@ -314,91 +314,114 @@ def search_schedules(graph: Graph, kernels: list[Kernel], materialized: set[Node
     """The fastest verified schedule of every kernel found within `budget_s` seconds (round 0, the
     baseline, always runs). Groups found in `search_cache` are not searched again. With
     `attention`, the attention rules' fused kernels replace the kernels they cover when they are
-    verified and faster; without `register_blocks`, no register-blocked matmul is a candidate."""
+    verified and the whole call is faster, both programs with their searched schedules; without
+    `register_blocks`, no register-blocked matmul is a candidate."""
     started = time.perf_counter()
+    deadline = started + budget_s
     inputs = inputs if inputs is not None else random_inputs(graph, seed)
-    original = (kernels, materialized)
-    fused_report = None
-    bench = None
+    plain = (kernels, materialized)
+    fused_report, fused, groups, rounds = None, None, None, 0
     if attention:
         from lumos.compile.egraph.attention import find_attention, fuse_attention
 
         matches, fired = find_attention(graph)
         if matches:
-            fused, fused_materialized, used = fuse_attention(graph, materialized, matches)
-            if used:
-                decision_key = hashlib.sha256("\n".join(sorted(
-                    canonical_kernel_source(k, fused_materialized) for k in fused if k.attention is not None)).encode()
-                ).hexdigest()[:24]
-                fused_report = search_cache.get_decision(decision_key) if search_cache is not None else None
-                if fused_report is None:
-                    bench = Bench(graph, {k.node for k in kernels} | {k.node for k in fused}, inputs, cache, cc, cflags)
-                    kernels, materialized, fused_report = _choose_attention(
-                        bench, kernels, materialized, fused, fused_materialized, used, fired)
-                    if search_cache is not None:
-                        search_cache.put_decision(decision_key, fused_report)
-                else:
-                    fused_report = {**fused_report, "cached": True}
-                    if fused_report["chosen"]:
-                        kernels, materialized = fused, fused_materialized
-    plain_kernels, plain_materialized = original
-    groups = make_groups(kernels, materialized, seed, register_blocks)
-    if search_cache is not None:
-        for group in groups:
-            group.cached = search_cache.get(group.key)
-    pending = [group for group in groups if group.cached is None]
-    rounds = 0
-    if pending:
-        bench = bench or Bench(graph, {k.node for k in kernels}, inputs, cache, cc, cflags)
-        rounds = _run_rounds(bench, kernels, materialized, groups, pending, started + budget_s)
-        if search_cache is not None:
-            for group in pending:
-                if group.best is not None:
-                    search_cache.put(group.key, SearchEntry.from_group(group))
-    schedules = {}
-    for group in groups:
-        chosen = group.cached.schedule if group.cached is not None else (group.best or group.candidates[0]).schedule
-        for kernel in group.kernels:
-            schedules[kernel.name] = chosen
+            fused_kernels, fused_materialized, used = fuse_attention(graph, materialized, matches)
+            fused = (fused_kernels, fused_materialized) if used else None
+    bench = Bench(graph, {k.node for k in kernels} | {k.node for k in (fused[0] if fused else [])}, inputs, cache,
+                  cc, cflags)
+    if fused is not None:
+        decision_key = hashlib.sha256("\n".join(sorted(
+            canonical_kernel_source(k, fused[1]) for k in fused[0] if k.attention is not None)).encode()
+        ).hexdigest()[:24]
+        fused_report = search_cache.get_decision(decision_key) if search_cache is not None else None
+        if fused_report is None:
+            fused_report, searched, rounds = _choose_attention(bench, plain, fused, used, fired, search_cache, seed,
+                                                               register_blocks, deadline)
+            groups = searched[fused_report["chosen"]]
+            if search_cache is not None:
+                search_cache.put_decision(decision_key, fused_report)
+        else:
+            fused_report = {**fused_report, "cached": True}
+        if fused_report["chosen"]:
+            kernels, materialized = fused
+    if groups is None:
+        groups = make_groups(kernels, materialized, seed, register_blocks)
+        rounds += _search_groups(bench, kernels, materialized, groups, search_cache, deadline)
+    schedules = _chosen(groups)
     # The whole program, searched against not searched: kept only if a whole call is faster.
     confirm_key = hashlib.sha256("|".join(sorted(g.key for g in groups)).encode()).hexdigest()[:24]
     confirmed = search_cache.get_decision(confirm_key) if search_cache is not None else None
     if confirmed is None:
-        bench = bench or Bench(graph, {k.node for k in kernels}, inputs, cache, cc, cflags)
-        baseline_ms, searched_ms = bench.confirm((plain_kernels, plain_materialized, {}), (kernels, materialized, schedules))
+        baseline_ms, searched_ms = bench.confirm((*plain, {}), (kernels, materialized, schedules))
         confirmed = {"baseline_ms": baseline_ms, "searched_ms": searched_ms, "kept": searched_ms < baseline_ms}
         if search_cache is not None:
             search_cache.put_decision(confirm_key, confirmed)
     if not confirmed["kept"]:
-        kernels, materialized = plain_kernels, plain_materialized
+        kernels, materialized = plain
         schedules = {kernel.name: KernelSchedule() for kernel in kernels}
     return SearchResult(schedules, groups, rounds, time.perf_counter() - started, budget_s, kernels, materialized,
                         fused_report, confirmed)
 
 
-def _choose_attention(bench: Bench, kernels, materialized, fused, fused_materialized, used, fired):
-    """Both programs with the renderer's default schedules: the fused one is kept only when every
-    kernel checks out against the interpreter and the attention kernels beat what they replace."""
-    plain = bench.measure(kernels, materialized, {})
-    if plain.wrong:
-        raise AssertionError("the program differs from the interpreter with the renderer's default schedules")
+def _search_groups(bench: Bench, kernels, materialized, groups: list[Group], search_cache: SearchCache | None,
+                   deadline: float, searched: dict[str, Group] | None = None) -> int:
+    """Search the groups not in `search_cache` until `deadline`; store what was found. A group
+    also in `searched` (another program's groups, by key: the same kernel) shares its candidates,
+    measured or not. Returns the rounds run."""
+    for group in groups:
+        if search_cache is not None:
+            group.cached = search_cache.get(group.key)
+        if group.cached is None and searched and group.key in searched:
+            other = searched[group.key]
+            group.candidates, group.queue, group.cached = other.candidates, other.queue, other.cached
+    pending = [group for group in groups if group.cached is None]
+    if not pending:
+        return 0
+    rounds = _run_rounds(bench, kernels, materialized, groups, pending, deadline)
+    if search_cache is not None:
+        for group in pending:
+            if group.best is not None:
+                search_cache.put(group.key, SearchEntry.from_group(group))
+    return rounds
+
+
+def _chosen(groups: list[Group]) -> dict[str, KernelSchedule]:
+    schedules = {}
+    for group in groups:
+        chosen = group.cached.schedule if group.cached is not None else (group.best or group.candidates[0]).schedule
+        for kernel in group.kernels:
+            schedules[kernel.name] = chosen
+    return schedules
+
+
+def _choose_attention(bench: Bench, plain: tuple, fused: tuple, used, fired, search_cache: SearchCache | None,
+                      seed: int, register_blocks: bool, deadline: float) -> tuple[dict, dict[bool, list[Group]], int]:
+    """Search both programs' schedules (the fused one only for the kernels the unfused one lacks,
+    with half the time left), then time a whole call of each: the fused kernels are kept when they
+    are verified and the call is faster. With default schedules alone the choice was a coin toss:
+    blocked q·kᵀ and P·V can make the unfused program the faster one. Returns the report, each
+    program's searched groups (by whether it is the fused one) and the rounds run."""
+    plain_groups = make_groups(*plain, seed, register_blocks)
+    halfway = time.perf_counter() + (deadline - time.perf_counter()) / 2
+    rounds = _search_groups(bench, *plain, plain_groups, search_cache, halfway)
+    fused_groups = make_groups(*fused, seed, register_blocks)
     try:
-        trial = bench.measure(fused, fused_materialized, {})
-        verified = not trial.wrong
-    except BuildError:
-        trial, verified = None, False
-    fused_ms = float(trial.ms.sum()) if trial is not None else None
-    plain_ms = float(plain.ms.sum())
-    chosen = verified and fused_ms < plain_ms
-    score_bytes = sum(match.scores.size * FLOAT_BYTES for match in used)
-    report = {"rules": fired, "matches": len(used), "kernels": [k.name for k in fused if k.attention is not None],
-              "verified": verified, "fused_ms": fused_ms, "unfused_ms": plain_ms, "chosen": chosen,
-              "score_bytes_not_written": score_bytes,
-              "fused_kernel_ms": float(sum(trial.ms[i] for i, k in enumerate(fused) if k.attention is not None))
-              if trial is not None else None}
-    if chosen:
-        return fused, fused_materialized, report
-    return kernels, materialized, report
+        rounds += _search_groups(bench, *fused, fused_groups, search_cache, deadline,
+                                 {group.key: group for group in plain_groups})
+        attention_groups = [g for g in fused_groups if g.kernels[0].attention is not None]
+        verified = all(g.cached is not None or g.best is not None for g in attention_groups)
+    except (BuildError, AssertionError):  # the fused kernels' default schedule does not build, or is wrong
+        attention_groups, verified = [], False
+    unfused_ms, fused_ms = (bench.confirm((*plain, _chosen(plain_groups)), (*fused, _chosen(fused_groups)))
+                            if verified else (None, None))
+    kernel_ms = [g.cached.best_ms if g.cached is not None else g.best.ms for g in attention_groups]
+    report = {"rules": fired, "matches": len(used), "kernels": [k.name for k in fused[0] if k.attention is not None],
+              "verified": verified, "fused_ms": fused_ms, "unfused_ms": unfused_ms,
+              "chosen": verified and fused_ms < unfused_ms,
+              "score_bytes_not_written": sum(match.scores.size * FLOAT_BYTES for match in used),
+              "fused_kernel_ms": float(sum(kernel_ms)) if verified else None}
+    return report, {True: fused_groups, False: plain_groups}, rounds
 
 
 def _run_rounds(bench: Bench, kernels, materialized, groups, pending, deadline) -> int:
