@@ -115,6 +115,23 @@ def attention_graph(length: int = 17, queries: int | None = None, D: int = 8,
     return graph.prune(), inputs
 
 
+def fused_kernels(graph: Graph, kernel_cache):
+    """The scheduler's kernels with the attention rules' fused kernel in place of what it covers."""
+    compilation = compile_graph(graph, kernel_cache)
+    kernels, materialized, _ = fuse_attention(graph, compilation.materialized, find_attention(graph)[0])
+    return kernels, materialized
+
+
+def run_fused(graph: Graph, inputs, kernel_cache, kernels, materialized, plan, schedules=None) -> tuple[np.ndarray, str]:
+    """The fused program's output (shaped like the graph's) and its C."""
+    source = render_library(graph, kernels, materialized, plan, schedules)
+    program = NativeProgram(kernel_cache.build(source, "gcc", Options().cflags).library,
+                            [(n, node.shape) for n, node in graph.inputs.items()],
+                            [(n, node.shape) for n, node in graph.outputs.items()],
+                            [graph.tensors[n] for n in tensor_names(graph)], plan.arena_bytes)
+    return program(inputs)["y"].reshape(graph.output_shapes["y"]), source
+
+
 def test_attention_rules_find_online_softmax_and_the_fused_kernel_never_stores_scores(kernel_cache):
     graph, inputs = attention_graph()
     matches, fired = find_attention(graph)
@@ -124,12 +141,7 @@ def test_attention_rules_find_online_softmax_and_the_fused_kernel_never_stores_s
     assert used and [kernel.kind for kernel in kernels] == ["attention"]
     plan = plan_buffers(graph, kernels)
     assert plan.arena_bytes < matches[0].scores.size * 4 <= compilation.buffers.arena_bytes
-    source = render_library(graph, kernels, materialized, plan)
-    program = NativeProgram(kernel_cache.build(source, "gcc", Options().cflags).library,
-                            [(n, node.shape) for n, node in graph.inputs.items()],
-                            [(n, node.shape) for n, node in graph.outputs.items()],
-                            [graph.tensors[n] for n in tensor_names(graph)], plan.arena_bytes)
-    got = program(inputs)["y"].reshape(graph.output_shapes["y"])
+    got, _ = run_fused(graph, inputs, kernel_cache, kernels, materialized, plan)
     np.testing.assert_allclose(got, interpret(graph, inputs)["y"], atol=1e-5, rtol=1e-5)
 
 
@@ -146,10 +158,7 @@ def test_the_search_reports_and_verifies_the_fused_attention(kernel_cache):
 def test_key_blocks_are_distinct_candidates_of_a_fused_attention(kernel_cache):
     from lumos.compile.search import make_groups
 
-    graph, _ = attention_graph(70)
-    compilation = compile_graph(graph, kernel_cache)
-    kernels, materialized, _ = fuse_attention(graph, compilation.materialized, find_attention(graph)[0])
-    (group,) = make_groups(kernels, materialized, seed=0)
+    (group,) = make_groups(*fused_kernels(attention_graph(70)[0], kernel_cache), seed=0)
     assert {candidate.schedule.tile for candidate in group.candidates} >= {0, 8, 16, 64}
 
 
@@ -162,27 +171,17 @@ def test_query_blocks_are_exact_when_they_do_not_divide_the_queries(kernel_cache
     With the keys stored along the sequence, a whole block of scores is one register-blocked
     product (17 keys in blocks of 8: two blocked, one partial block of scores one query at a time)."""
     graph, inputs = attention_graph(17, queries, D, keys_transposed)
-    compilation = compile_graph(graph, kernel_cache)
-    kernels, materialized, _ = fuse_attention(graph, compilation.materialized, find_attention(graph)[0])
-    plan = plan_buffers(graph, kernels)
+    kernels, materialized = fused_kernels(graph, kernel_cache)
     schedules = {kernel.name: KernelSchedule(tile=8, rows=per_block) for kernel in kernels}
-    source = render_library(graph, kernels, materialized, plan, schedules)
+    got, source = run_fused(graph, inputs, kernel_cache, kernels, materialized, plan_buffers(graph, kernels), schedules)
     assert f"{min(queries, per_block) if queries > 1 else 1} queries at a time" in source
     assert ("lumos_f8 o[" in source) == (D % 8 == 0)
     assert ("lumos_f8 sa[" in source) == (keys_transposed and queries > 1 and per_block > 1)
-    program = NativeProgram(kernel_cache.build(source, "gcc", Options().cflags).library,
-                            [(n, node.shape) for n, node in graph.inputs.items()],
-                            [(n, node.shape) for n, node in graph.outputs.items()],
-                            [graph.tensors[n] for n in tensor_names(graph)], plan.arena_bytes)
-    got = program(inputs)["y"].reshape(graph.output_shapes["y"])
     np.testing.assert_allclose(got, interpret(graph, inputs)["y"], atol=1e-5, rtol=1e-5)
 
 
 def test_query_blocks_are_candidates_of_a_fused_attention(kernel_cache):
     from lumos.compile.search import make_groups
 
-    graph, _ = attention_graph(17)
-    compilation = compile_graph(graph, kernel_cache)
-    kernels, materialized, _ = fuse_attention(graph, compilation.materialized, find_attention(graph)[0])
-    (group,) = make_groups(kernels, materialized, seed=0)
+    (group,) = make_groups(*fused_kernels(attention_graph(17)[0], kernel_cache), seed=0)
     assert {candidate.schedule.rows for candidate in group.candidates} == {0, 1, 2, 8}
