@@ -159,6 +159,23 @@ class ModelConfig:
     row's target after the last), as SASRec trains, so one row gives a target per history token
     instead of one. Then the next-item slot attends to no other slot, so that every position's
     query is computed alike."""
+    scale_item_embedding: bool = False
+    """Multiply the item embedding by sqrt(d_model) where it enters the encoder (Vaswani et al.
+    2017, SASRec). The table is shared with the retrieval scores, which start it small (std
+    0.02); scaled, the item outweighs the position and feature embeddings in each history token
+    from the first step, where unscaled it is one of several equal parts and learns slowly."""
+    item_projection: bool = True
+    """A learned linear map (with bias) from the next-item slot's output to the item space. Off:
+    the slot's output scores the items directly, SASRec's tied h·E."""
+    item_bias: bool = True
+    """A learned per-item offset added to every retrieval score (popularity). Off: an item scores
+    by its embedding alone, as in SASRec."""
+    exclude_seen_in_loss: bool = False
+    """The retrieval loss's softmax leaves out the items already in the history (up to each
+    position), as ranking with exclude_history does at evaluation and inference. Where users never
+    repeat an item (MovieLens: one rating per movie), the model then spends nothing on ranking
+    what a user has seen below what they will see, and items like the history may score high.
+    Keep it off where items repeat (purchases). Needs retrieval = "full"."""
     ignore_features: tuple[str, ...] = ()
     """History features of the table the model does not read, e.g. ["hour", "weekday"]: to measure
     what a feature is worth, or to match a baseline that sees items only. The item feature is
@@ -180,6 +197,8 @@ class ModelConfig:
             problems.append(("heads", f"needs at least one of {list(HEADS)}"))
         if self.position_targets and self.encoder_attention != "causal":
             problems.append(("position_targets", "needs encoder_attention = \"causal\" (else a position sees its target)"))
+        if self.exclude_seen_in_loss and self.retrieval != "full":
+            problems.append(("exclude_seen_in_loss", 'needs retrieval = "full"'))
         if self.position_targets and "retrieval" not in self.heads:
             problems.append(("position_targets", "needs the retrieval head in heads"))
         require_valid(problems)
@@ -190,7 +209,7 @@ class ModelOutput:
     user_embedding: Tensor
     """(B, C) pooled, normalized user embedding: what downstream tasks and daily inference use."""
     item_query: Tensor | None
-    """(B, C) the next-item slot's query; item scores = item_query @ item table.T + item bias."""
+    """(B, C) the next-item slot's query; item scores = item_query @ item table.T (+ item bias)."""
     act_logits: Tensor | None
     """(B, H) logit that the user acts within each horizon."""
     value_pred: Tensor | None
@@ -280,8 +299,11 @@ class LumosModel(nn.Module):
 
         # Heads. Retrieval is tied: it *uses* the encoder's item table, never a registered copy, so
         # the state dict has no shared tensors (safetensors refuses them).
-        self.item_projection = nn.Linear(C, C) if "retrieval" in config.heads else None
-        self.item_bias = nn.Parameter(torch.zeros(features.item_vocab_size)) if "retrieval" in config.heads else None
+        retrieval = "retrieval" in config.heads
+        self.item_projection = (nn.Linear(C, C) if config.item_projection else nn.Identity()) if retrieval else None
+        self.item_bias = (nn.Parameter(torch.zeros(features.item_vocab_size))
+                          if retrieval and config.item_bias else None)
+        self.item_input_scale = math.sqrt(C) if config.scale_item_embedding else None
         self.act_head = nn.Linear(C, 1) if "binary" in config.heads else None
         self.value_head = nn.Linear(C, 1) if "regression" in config.heads else None
         # Kendall et al. 2018: s = log sigma^2 per task, learned with the weights.
@@ -324,7 +346,10 @@ class LumosModel(nn.Module):
         recency = (length - 1 - torch.arange(T, device=mask.device)).clamp(min=0)  # (B, T)
         x = self.position(recency)  # (B, T, C)
         for name, table in self.token_embeddings.items():
-            x = x + table(batch.tokens[name])
+            embedded = table(batch.tokens[name])  # (B, T, C)
+            if name == self.features.item_feature and self.item_input_scale is not None:
+                embedded = embedded * self.item_input_scale
+            x = x + embedded
         if self.token_numeric is not None:
             x = x + self.token_numeric(signed_log1p(batch.numeric * self.numeric_read))
 
@@ -410,16 +435,24 @@ class LumosModel(nn.Module):
         if self.item_projection is None:
             raise ValueError("score_items needs the retrieval head; add 'retrieval' to model.heads")
         output = output if output is not None else self(batch)
-        scores = output.item_query @ self.item_table.T + self.item_bias  # (B, V)
+        scores = output.item_query @ self.item_table.T + self._item_bias()  # (B, V)
         return scores.masked_fill(self._unrecommendable(scores.device), float("-inf"))
+
+    def _item_bias(self, ids: Tensor | None = None) -> Tensor | float:
+        """The score offset of every item (V,), or of `ids`; 0 with model.item_bias off."""
+        if self.item_bias is None:
+            return 0.0
+        return self.item_bias if ids is None else self.item_bias[ids]
 
     def _unrecommendable(self, device: torch.device) -> Tensor:
         return torch.arange(self.features.item_vocab_size, device=device) < FIRST_ITEM_ID  # (V,)
 
     # -- losses ---------------------------------------------------------------------------------
 
-    def retrieval_loss(self, query: Tensor, target: Tensor) -> Tensor:
+    def retrieval_loss(self, query: Tensor, target: Tensor, seen: Tensor | None = None) -> Tensor:
         """Mean cross-entropy over rows with a recommendable target; 0 when there are none.
+
+        `seen` (B, V), "full" only: True for items left out of a row's softmax (the target never is).
 
         Rows whose target is padding (no next item) or OOV (cannot be scored) are ignored.
         "sampled" scores the target against `negatives` ids drawn uniformly from [2, V) with the
@@ -429,14 +462,17 @@ class LumosModel(nn.Module):
         """
         has_target = target >= FIRST_ITEM_ID  # (B,)
         if self.config.retrieval == "full":
-            logits = query @ self.item_table.T + self.item_bias  # (B, V)
+            logits = query @ self.item_table.T + self._item_bias()  # (B, V)
             logits = logits.masked_fill(self._unrecommendable(logits.device), float("-inf"))
+            if seen is not None:
+                is_target = torch.arange(logits.shape[1], device=logits.device) == target[:, None]  # (B, V)
+                logits = logits.masked_fill(seen & ~is_target, float("-inf"))
             labels = target
         else:
             V = self.features.item_vocab_size
             negatives = torch.randint(FIRST_ITEM_ID, V, (self.config.negatives,), device=target.device)  # (N,)
-            positive = (query * self.item_table[target]).sum(-1) + self.item_bias[target]  # (B,)
-            negative = query @ self.item_table[negatives].T + self.item_bias[negatives]  # (B, N)
+            positive = (query * self.item_table[target]).sum(-1) + self._item_bias(target)  # (B,)
+            negative = query @ self.item_table[negatives].T + self._item_bias(negatives)  # (B, N)
             negative = negative.masked_fill(negatives[None, :] == target[:, None], float("-inf"))
             logits = torch.cat([positive[:, None], negative], dim=1)  # (B, 1 + N)
             labels = torch.zeros_like(target)
@@ -453,6 +489,15 @@ class LumosModel(nn.Module):
         length = mask.sum(dim=1, keepdim=True)  # (B, 1): the position after the last real token
         return targets.scatter(1, length, batch.next_item[:, None])
 
+    def first_seen(self, batch: Batch) -> Tensor:
+        """(B, V) the first encoder position that has seen each item among its history tokens
+        (token t is seen from position t + 1 on); T + 1 for items not in the history."""
+        items, mask = batch.tokens[self.features.item_feature], batch.mask  # (B, T)
+        B, T = items.shape
+        seen_from = torch.arange(1, T + 1, device=items.device).expand(B, T).masked_fill(~mask, T + 1)  # (B, T)
+        never = torch.full((B, self.features.item_vocab_size), T + 1, dtype=seen_from.dtype, device=items.device)
+        return never.scatter_reduce(1, items, seen_from, reduce="amin")
+
     def loss(self, batch: Batch, output: ModelOutput | None = None) -> tuple[Tensor, dict[str, Tensor]]:
         """Total loss with learned uncertainty weights, and each task's loss (detached) for logging.
 
@@ -465,9 +510,14 @@ class LumosModel(nn.Module):
             targets = self.position_targets(batch)  # (B, S)
             keep = targets >= FIRST_ITEM_ID
             slots = self.decode_positions(batch, output.memory, memory_mask_of(batch.mask))  # (B, S, C)
-            losses["retrieval"] = self.retrieval_loss(self.item_projection(slots[keep]), targets[keep])
+            seen = None
+            if self.config.exclude_seen_in_loss:
+                positions = torch.arange(targets.shape[1], device=targets.device)  # (S,)
+                seen = (self.first_seen(batch)[:, None, :] <= positions[None, :, None])[keep]  # (N, V)
+            losses["retrieval"] = self.retrieval_loss(self.item_projection(slots[keep]), targets[keep], seen)
         elif "retrieval" in self.config.heads:
-            losses["retrieval"] = self.retrieval_loss(output.item_query, batch.next_item)
+            seen = self.first_seen(batch) <= batch.mask.shape[1] if self.config.exclude_seen_in_loss else None  # (B, V)
+            losses["retrieval"] = self.retrieval_loss(output.item_query, batch.next_item, seen)
         if "binary" in self.config.heads:
             losses["binary"] = F.binary_cross_entropy_with_logits(output.act_logits, batch.act)
         if "regression" in self.config.heads:

@@ -6,6 +6,7 @@ import dataclasses
 
 import pytest
 import torch
+import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 
 from lumos.core.config import from_dict
@@ -205,6 +206,69 @@ def test_retrieval_head_is_tied_to_the_encoder_item_table():
     assert (scores[:, [2, 3, 4, 6]] != 0).all()
 
 
+def test_scaled_item_embedding_multiplies_only_the_encoder_input():
+    scaled = make_model(dataclasses.replace(CONFIG, scale_item_embedding=True))
+    plain, batch = make_model(), make_batch()
+    with torch.no_grad():
+        plain.token_embeddings["item"].weight.mul_(8 ** 0.5)  # sqrt(d_model)
+    torch.testing.assert_close(scaled.encode(batch)[0], plain.encode(batch)[0])
+    # The scores read the table itself: unscaled, so the two models' scores differ.
+    assert not torch.allclose(scaled.score_items(batch)[:, 2:], plain.score_items(batch)[:, 2:])
+
+
+@pytest.mark.parametrize("retrieval", ["full", "sampled"])
+def test_tied_scores_without_projection_or_bias(retrieval):
+    config = dataclasses.replace(CONFIG, item_projection=False, item_bias=False, retrieval=retrieval)
+    model, batch = make_model(config), make_batch()
+    assert not [name for name in model.state_dict() if name.startswith(("item_projection", "item_bias"))]
+    output = model(batch)
+    torch.testing.assert_close(output.item_query, model.decode(batch, *model.encode(batch))[:, 0])
+    scores = model.score_items(batch, output)
+    torch.testing.assert_close(scores[:, 2:], output.item_query @ model.item_table[2:].T)
+    total, losses = model.train().loss(batch)
+    total.backward()
+    assert torch.isfinite(losses["retrieval"]) and model.token_embeddings["item"].weight.grad.abs().sum() > 0
+
+
+def test_first_seen_is_the_first_position_after_each_history_token():
+    model, batch = make_model(), make_batch(lengths=(4, 2))
+    batch.tokens["item"] = torch.tensor([[5, 7, 5, 9], [3, 4, 0, 0]])
+    first = model.first_seen(batch)  # (B, V); position s has seen history tokens 0..s-1
+    never = 4 + 1
+    assert first[0, [5, 7, 9, 3]].tolist() == [1, 2, 4, never]
+    assert first[1, [3, 4, 5]].tolist() == [1, 2, never]
+    assert first[1, 0] == never  # padding is never seen
+
+
+def test_excluding_seen_items_is_a_softmax_over_the_rest_and_keeps_the_target():
+    model = make_model(dataclasses.replace(CONFIG, exclude_seen_in_loss=True))
+    query, target = torch.randn(2, 8), torch.tensor([4, 6])
+    seen = torch.zeros(2, 12, dtype=torch.bool)
+    seen[0, [3, 5]] = True
+    seen[1, [6, 7]] = True  # a repeat of the target: the target still counts
+    logits = query @ model.item_table.T + model.item_bias
+    competing = [[2, 4, 6, 7, 8, 9, 10, 11], [2, 3, 4, 5, 6, 8, 9, 10, 11]]
+    expected = torch.stack([torch.logsumexp(logits[row, ids], 0) - logits[row, target[row]]
+                            for row, ids in enumerate(competing)]).mean()
+    torch.testing.assert_close(model.retrieval_loss(query, target, seen), expected)
+
+
+def test_position_targets_exclude_only_what_each_position_has_seen():
+    config = dataclasses.replace(CONFIG, encoder_attention="causal", position_targets=True, heads=("retrieval",))
+    batch = make_batch(lengths=(3,))
+    batch.tokens["item"] = torch.tensor([[5, 7, 9]])
+    batch.next_item = torch.tensor([11])
+    plain, excluding = make_model(config), make_model(dataclasses.replace(config, exclude_seen_in_loss=True))
+    memory, mask = plain.encode(batch)
+    queries = plain.item_projection(plain.decode_positions(batch, memory, mask))[0]  # (S, C): positions 0..3
+    logits = queries @ plain.item_table.T + plain.item_bias
+    logits[:, :2] = float("-inf")
+    for position, seen in enumerate([[], [5], [5, 7], [5, 7, 9]]):
+        logits[position, seen] = float("-inf")
+    expected = F.cross_entropy(logits, torch.tensor([5, 7, 9, 11]))
+    torch.testing.assert_close(excluding.loss(batch)[1]["retrieval"], expected)
+
+
 @pytest.mark.parametrize("retrieval", ["full", "sampled"])
 def test_retrieval_losses_are_finite_and_backpropagate(retrieval):
     model = make_model(dataclasses.replace(CONFIG, retrieval=retrieval, dropout=0.1)).train()
@@ -280,6 +344,8 @@ def test_config_problems_are_reported_at_once_with_key_paths():
     with pytest.raises(ConfigError, match="heads"):
         from_dict(ModelConfig, {"heads": []})
     assert from_dict(ModelConfig, {"heads": ["binary"], "retrieval": "sampled"}).heads == ("binary",)
+    with pytest.raises(ConfigError, match="exclude_seen_in_loss"):
+        from_dict(ModelConfig, {"retrieval": "sampled", "exclude_seen_in_loss": True})
 
 
 def test_model_rejects_features_it_cannot_serve():
