@@ -57,6 +57,9 @@ class SASRecConfig:
     max_epochs: int = 100
     patience: int = 8
     """Epochs without a better valid NDCG@10 before stopping; the best epoch's weights are kept."""
+    exclude_seen: bool = False
+    """Leave the items a position has already seen out of its softmax, as Lumos's
+    model.exclude_seen_in_loss does (the protocol excludes them when ranking)."""
     seed: int = 0
 
 
@@ -260,6 +263,13 @@ def rank_rows(model: SASRec, rows: SplitRows, max_len: int, batch_size: int = 51
     return torch.cat(ranks)
 
 
+def first_seen(inputs: Tensor, vocab_size: int) -> Tensor:
+    """(B, V) the first position of each item in left-padded inputs (B, T); T for items absent."""
+    B, T = inputs.shape
+    positions = torch.arange(T).expand(B, T).masked_fill(inputs == 0, T)
+    return torch.full((B, vocab_size), T, dtype=torch.long).scatter_reduce(1, inputs, positions, reduce="amin")
+
+
 def train_and_score(data: TableData, config: SASRecConfig, report=print) -> dict:
     torch.manual_seed(config.seed)
     np.random.seed(config.seed)
@@ -276,7 +286,11 @@ def train_and_score(data: TableData, config: SASRecConfig, report=print) -> dict
             window = windows[order[start:start + config.batch_size]]
             inputs, targets = window[:, :-1], window[:, 1:]  # (B, T) each
             mask = (targets >= FIRST_ITEM_ID) & (inputs != 0)  # (B, T): positions with an item and a target
-            loss = F.cross_entropy(model.scores(model(inputs)[mask]), targets[mask])  # (N, V) logits
+            logits = model.scores(model(inputs)[mask])  # (N, V)
+            if config.exclude_seen:
+                seen = (first_seen(inputs, data.item_vocab_size)[:, None, :] <= torch.arange(inputs.shape[1])[None, :, None])[mask]
+                logits = logits.masked_fill(seen & (torch.arange(logits.shape[1]) != targets[mask][:, None]), float("-inf"))
+            loss = F.cross_entropy(logits, targets[mask])
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             optimizer.step()
@@ -309,7 +323,9 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--threads", type=int, default=None)
     for name, value in asdict(SASRecConfig()).items():
-        if name != "seed":
+        if isinstance(value, bool):
+            parser.add_argument(f"--{name.replace('_', '-')}", action=argparse.BooleanOptionalAction, default=value)
+        elif name != "seed":
             parser.add_argument(f"--{name.replace('_', '-')}", type=type(value), default=value)
     args = parser.parse_args()
     if args.threads:

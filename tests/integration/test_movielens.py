@@ -273,8 +273,8 @@ def test_tiny_end_to_end_and_sasrec_on_the_same_rows(project):
     data = sasrec.read_table(str(project), "movielens.sequences@0")
     assert [len(sequence) for sequence in data.train_sequences] == [12] * 24  # 14 ratings less valid and test
     assert data.valid.histories[0] == data.train_sequences[0][-50:]
-    run = sasrec.train_and_score(data, sasrec.SASRecConfig(d_model=8, max_epochs=2, patience=5, batch_size=8),
-                                 report=lambda _: None)
+    run = sasrec.train_and_score(data, sasrec.SASRecConfig(d_model=8, max_epochs=2, patience=5, batch_size=8,
+                                                           exclude_seen=True), report=lambda _: None)
     assert run["test_rows"] == 24 and all(0.0 <= run[name] <= 1.0 for name in sasrec.METRICS)
 
 
@@ -296,3 +296,9 @@ def test_sasrec_windows_cover_every_target_once():
     assert windows.tolist() == [[8, 9, 10, 11], [5, 6, 7, 8], [0, 0, 3, 4]]
     targets = [w[i + 1] for w in windows.tolist() for i in range(len(w) - 1) if w[i]]  # inputs that are items
     assert sorted(targets) == [4, 6, 7, 8, 9, 10, 11]
+
+
+def test_sasrec_first_seen_positions_in_left_padded_windows():
+    first = sasrec.first_seen(torch.tensor([[0, 0, 5, 7, 5], [3, 4, 6, 8, 9]]), vocab_size=10)
+    assert first[0, [5, 7, 3, 0]].tolist() == [2, 3, 5, 5]  # absent items and padding: T = 5
+    assert first[1, [3, 9]].tolist() == [0, 4]
