@@ -263,11 +263,12 @@ def rank_rows(model: SASRec, rows: SplitRows, max_len: int, batch_size: int = 51
     return torch.cat(ranks)
 
 
-def first_seen(inputs: Tensor, vocab_size: int) -> Tensor:
-    """(B, V) the first position of each item in left-padded inputs (B, T); T for items absent."""
-    B, T = inputs.shape
-    positions = torch.arange(T).expand(B, T).masked_fill(inputs == 0, T)
-    return torch.full((B, vocab_size), T, dtype=torch.long).scatter_reduce(1, inputs, positions, reduce="amin")
+def seen_items(inputs: Tensor) -> Tensor:
+    """(B, T, T) the item ids each position of left-padded inputs (B, T) has seen: itself and
+    every earlier input; 0 elsewhere."""
+    T = inputs.shape[1]
+    seen = torch.arange(T) <= torch.arange(T)[:, None]  # (T, T): position, input
+    return torch.where(seen, inputs[:, None, :], 0)
 
 
 def train_and_score(data: TableData, config: SASRecConfig, report=print) -> dict:
@@ -287,9 +288,9 @@ def train_and_score(data: TableData, config: SASRecConfig, report=print) -> dict
             inputs, targets = window[:, :-1], window[:, 1:]  # (B, T) each
             mask = (targets >= FIRST_ITEM_ID) & (inputs != 0)  # (B, T): positions with an item and a target
             logits = model.scores(model(inputs)[mask])  # (N, V)
-            if config.exclude_seen:
-                seen = (first_seen(inputs, data.item_vocab_size)[:, None, :] <= torch.arange(inputs.shape[1])[None, :, None])[mask]
-                logits = logits.masked_fill(seen & (torch.arange(logits.shape[1]) != targets[mask][:, None]), float("-inf"))
+            if config.exclude_seen:  # id 0 is padding, at -inf already; the target is never left out
+                seen = seen_items(inputs)[mask]  # (N, T)
+                logits = logits.scatter(1, seen.masked_fill(seen == targets[mask][:, None], 0), float("-inf"))
             loss = F.cross_entropy(logits, targets[mask])
             optimizer.zero_grad(set_to_none=True)
             loss.backward()

@@ -452,7 +452,9 @@ class LumosModel(nn.Module):
     def retrieval_loss(self, query: Tensor, target: Tensor, seen: Tensor | None = None) -> Tensor:
         """Mean cross-entropy over rows with a recommendable target; 0 when there are none.
 
-        `seen` (B, V), "full" only: True for items left out of a row's softmax (the target never is).
+        `seen` (B, K), "full" only: ids of items left out of each row's softmax, 0 where unused;
+        the row's target is never left out. Ids rather than a (B, V) mask: K is the history's
+        length, V may be millions.
 
         Rows whose target is padding (no next item) or OOV (cannot be scored) are ignored.
         "sampled" scores the target against `negatives` ids drawn uniformly from [2, V) with the
@@ -464,9 +466,8 @@ class LumosModel(nn.Module):
         if self.config.retrieval == "full":
             logits = query @ self.item_table.T + self._item_bias()  # (B, V)
             logits = logits.masked_fill(self._unrecommendable(logits.device), float("-inf"))
-            if seen is not None:
-                is_target = torch.arange(logits.shape[1], device=logits.device) == target[:, None]  # (B, V)
-                logits = logits.masked_fill(seen & ~is_target, float("-inf"))
+            if seen is not None:  # id 0 is padding, at -inf already
+                logits = logits.scatter(1, seen.masked_fill(seen == target[:, None], 0), float("-inf"))
             labels = target
         else:
             V = self.features.item_vocab_size
@@ -489,14 +490,13 @@ class LumosModel(nn.Module):
         length = mask.sum(dim=1, keepdim=True)  # (B, 1): the position after the last real token
         return targets.scatter(1, length, batch.next_item[:, None])
 
-    def first_seen(self, batch: Batch) -> Tensor:
-        """(B, V) the first encoder position that has seen each item among its history tokens
-        (token t is seen from position t + 1 on); T + 1 for items not in the history."""
-        items, mask = batch.tokens[self.features.item_feature], batch.mask  # (B, T)
+    def seen_items(self, batch: Batch) -> Tensor:
+        """(B, S, T) the item ids each encoder position has seen: position s has seen history
+        tokens 0..s-1; 0 (padding) elsewhere."""
+        items = batch.tokens[self.features.item_feature] * batch.mask  # (B, T)
         B, T = items.shape
-        seen_from = torch.arange(1, T + 1, device=items.device).expand(B, T).masked_fill(~mask, T + 1)  # (B, T)
-        never = torch.full((B, self.features.item_vocab_size), T + 1, dtype=seen_from.dtype, device=items.device)
-        return never.scatter_reduce(1, items, seen_from, reduce="amin")
+        seen = torch.arange(T, device=items.device) < torch.arange(T + 1, device=items.device)[:, None]  # (S, T)
+        return torch.where(seen, items[:, None, :], 0)
 
     def loss(self, batch: Batch, output: ModelOutput | None = None) -> tuple[Tensor, dict[str, Tensor]]:
         """Total loss with learned uncertainty weights, and each task's loss (detached) for logging.
@@ -510,13 +510,10 @@ class LumosModel(nn.Module):
             targets = self.position_targets(batch)  # (B, S)
             keep = targets >= FIRST_ITEM_ID
             slots = self.decode_positions(batch, output.memory, memory_mask_of(batch.mask))  # (B, S, C)
-            seen = None
-            if self.config.exclude_seen_in_loss:
-                positions = torch.arange(targets.shape[1], device=targets.device)  # (S,)
-                seen = (self.first_seen(batch)[:, None, :] <= positions[None, :, None])[keep]  # (N, V)
+            seen = self.seen_items(batch)[keep] if self.config.exclude_seen_in_loss else None  # (N, T)
             losses["retrieval"] = self.retrieval_loss(self.item_projection(slots[keep]), targets[keep], seen)
         elif "retrieval" in self.config.heads:
-            seen = self.first_seen(batch) <= batch.mask.shape[1] if self.config.exclude_seen_in_loss else None  # (B, V)
+            seen = batch.tokens[self.features.item_feature] * batch.mask if self.config.exclude_seen_in_loss else None  # (B, T)
             losses["retrieval"] = self.retrieval_loss(output.item_query, batch.next_item, seen)
         if "binary" in self.config.heads:
             losses["binary"] = F.binary_cross_entropy_with_logits(output.act_logits, batch.act)

@@ -298,7 +298,6 @@ def test_sasrec_windows_cover_every_target_once():
     assert sorted(targets) == [4, 6, 7, 8, 9, 10, 11]
 
 
-def test_sasrec_first_seen_positions_in_left_padded_windows():
-    first = sasrec.first_seen(torch.tensor([[0, 0, 5, 7, 5], [3, 4, 6, 8, 9]]), vocab_size=10)
-    assert first[0, [5, 7, 3, 0]].tolist() == [2, 3, 5, 5]  # absent items and padding: T = 5
-    assert first[1, [3, 9]].tolist() == [0, 4]
+def test_sasrec_seen_items_in_left_padded_windows():
+    seen = sasrec.seen_items(torch.tensor([[0, 5, 7]]))
+    assert seen[0].tolist() == [[0, 0, 0], [0, 5, 0], [0, 5, 7]]

@@ -230,22 +230,18 @@ def test_tied_scores_without_projection_or_bias(retrieval):
     assert torch.isfinite(losses["retrieval"]) and model.token_embeddings["item"].weight.grad.abs().sum() > 0
 
 
-def test_first_seen_is_the_first_position_after_each_history_token():
-    model, batch = make_model(), make_batch(lengths=(4, 2))
-    batch.tokens["item"] = torch.tensor([[5, 7, 5, 9], [3, 4, 0, 0]])
-    first = model.first_seen(batch)  # (B, V); position s has seen history tokens 0..s-1
-    never = 4 + 1
-    assert first[0, [5, 7, 9, 3]].tolist() == [1, 2, 4, never]
-    assert first[1, [3, 4, 5]].tolist() == [1, 2, never]
-    assert first[1, 0] == never  # padding is never seen
+def test_seen_items_are_the_history_tokens_before_each_position():
+    model, batch = make_model(), make_batch(lengths=(3, 1))
+    batch.tokens["item"] = torch.tensor([[5, 7, 9], [3, 8, 8]])  # the second row's 8s are padding
+    seen = model.seen_items(batch)  # (B, S, T)
+    assert seen[0].tolist() == [[0, 0, 0], [5, 0, 0], [5, 7, 0], [5, 7, 9]]
+    assert seen[1].tolist() == [[0, 0, 0], [3, 0, 0], [3, 0, 0], [3, 0, 0]]
 
 
 def test_excluding_seen_items_is_a_softmax_over_the_rest_and_keeps_the_target():
     model = make_model(dataclasses.replace(CONFIG, exclude_seen_in_loss=True))
     query, target = torch.randn(2, 8), torch.tensor([4, 6])
-    seen = torch.zeros(2, 12, dtype=torch.bool)
-    seen[0, [3, 5]] = True
-    seen[1, [6, 7]] = True  # a repeat of the target: the target still counts
+    seen = torch.tensor([[3, 5, 0], [6, 7, 0]])  # row 1 repeats its target: the target still counts
     logits = query @ model.item_table.T + model.item_bias
     competing = [[2, 4, 6, 7, 8, 9, 10, 11], [2, 3, 4, 5, 6, 8, 9, 10, 11]]
     expected = torch.stack([torch.logsumexp(logits[row, ids], 0) - logits[row, target[row]]
