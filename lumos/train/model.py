@@ -494,7 +494,7 @@ class LumosModel(nn.Module):
         """(B, S, T) the item ids each encoder position has seen: position s has seen history
         tokens 0..s-1; 0 (padding) elsewhere."""
         items = batch.tokens[self.features.item_feature] * batch.mask  # (B, T)
-        B, T = items.shape
+        T = items.shape[1]
         seen = torch.arange(T, device=items.device) < torch.arange(T + 1, device=items.device)[:, None]  # (S, T)
         return torch.where(seen, items[:, None, :], 0)
 

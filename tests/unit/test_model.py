@@ -249,6 +249,17 @@ def test_excluding_seen_items_is_a_softmax_over_the_rest_and_keeps_the_target():
     torch.testing.assert_close(model.retrieval_loss(query, target, seen), expected)
 
 
+def test_the_next_item_slot_excludes_the_whole_history():
+    config = dataclasses.replace(CONFIG, heads=("retrieval",))
+    batch = make_batch(lengths=(3, 2))
+    batch.tokens["item"] = torch.tensor([[5, 7, 9], [3, 4, 4]])  # the second row's last 4 is padding
+    batch.next_item = torch.tensor([11, 4])
+    plain, excluding = make_model(config), make_model(dataclasses.replace(config, exclude_seen_in_loss=True))
+    logits = plain.score_items(batch)
+    logits[0, [5, 7, 9]] = logits[1, 3] = float("-inf")  # row 1's target 4 is in its history: kept
+    torch.testing.assert_close(excluding.loss(batch)[1]["retrieval"], F.cross_entropy(logits, batch.next_item))
+
+
 def test_position_targets_exclude_only_what_each_position_has_seen():
     config = dataclasses.replace(CONFIG, encoder_attention="causal", position_targets=True, heads=("retrieval",))
     batch = make_batch(lengths=(3,))
