@@ -46,7 +46,7 @@ def score_model(model: LumosModel, task: LoadedTask, data: SequencesVersion) -> 
             batch = batch.to(device)
             output = model(batch)
             if spec.kind == "retrieval":
-                history = batch.tokens["item"].masked_fill(~batch.mask, 0)
+                history = model.history_items(batch)
                 scores = model.score_items(batch, output)
                 ranks.append(M.target_ranks(scores, batch.next_item, history, spec.exclude_history).cpu())
             elif spec.kind == "binary":

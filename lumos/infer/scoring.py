@@ -143,7 +143,7 @@ def score_batch(model: LumosModel, compiled, batch: Batch, top_k: int, exclude_h
     if output.item_query is not None:
         scores = model.score_items(batch, output)  # (B, V), padding and OOV at -inf
         if exclude_history:
-            history = batch.tokens[model.features.item_feature].masked_fill(~batch.mask, 0)  # (B, T)
+            history = model.history_items(batch)  # (B, T)
             scores = scores.scatter(1, history, float("-inf"))
         k = min(top_k, scores.shape[1])
         top = torch.topk(scores, k, dim=1)

@@ -377,7 +377,7 @@ def _evaluate(
             sums[task] = sums.get(task, 0.0) + float(value)
         count += 1
         if config.run.valid_metric is not None:
-            history = batch.tokens[model.features.item_feature].masked_fill(~batch.mask, 0)
+            history = model.history_items(batch)
             target_ranks.append(retrieval.target_ranks(model.score_items(batch, output), batch.next_item, history).cpu())
     loader.load_state_dict({**loader.state_dict(), "epoch": 0, "batches_yielded": 0})
     restore_rng(rng)

@@ -481,19 +481,24 @@ class LumosModel(nn.Module):
         total = F.cross_entropy(logits, labels, ignore_index=-100, reduction="sum")
         return total / has_target.sum().clamp(min=1)
 
+    def history_items(self, batch: Batch) -> Tensor:
+        """(B, T) the history's item ids, 0 (padding) where the mask is False: what ranking
+        excludes with exclude_history."""
+        return batch.tokens[self.features.item_feature].masked_fill(~batch.mask, 0)
+
     def position_targets(self, batch: Batch) -> Tensor:
         """(B, S) the item each encoder position predicts: position s has seen the user token and
         history tokens 0..s-1, so it predicts history token s, and the last real one the row's
         next_item. Padding (0) after that; OOV ids (1) are ignored by the loss like padding."""
-        items, mask = batch.tokens[self.features.item_feature], batch.mask  # (B, T)
-        targets = torch.cat([items * mask, items.new_zeros(items.shape[0], 1)], dim=1)  # (B, S)
-        length = mask.sum(dim=1, keepdim=True)  # (B, 1): the position after the last real token
+        items = self.history_items(batch)  # (B, T)
+        targets = torch.cat([items, items.new_zeros(items.shape[0], 1)], dim=1)  # (B, S)
+        length = batch.mask.sum(dim=1, keepdim=True)  # (B, 1): the position after the last real token
         return targets.scatter(1, length, batch.next_item[:, None])
 
     def seen_items(self, batch: Batch) -> Tensor:
         """(B, S, T) the item ids each encoder position has seen: position s has seen history
         tokens 0..s-1; 0 (padding) elsewhere."""
-        items = batch.tokens[self.features.item_feature] * batch.mask  # (B, T)
+        items = self.history_items(batch)  # (B, T)
         T = items.shape[1]
         seen = torch.arange(T, device=items.device) < torch.arange(T + 1, device=items.device)[:, None]  # (S, T)
         return torch.where(seen, items[:, None, :], 0)
@@ -513,7 +518,7 @@ class LumosModel(nn.Module):
             seen = self.seen_items(batch)[keep] if self.config.exclude_seen_in_loss else None  # (N, T)
             losses["retrieval"] = self.retrieval_loss(self.item_projection(slots[keep]), targets[keep], seen)
         elif "retrieval" in self.config.heads:
-            seen = batch.tokens[self.features.item_feature] * batch.mask if self.config.exclude_seen_in_loss else None  # (B, T)
+            seen = self.history_items(batch) if self.config.exclude_seen_in_loss else None  # (B, T)
             losses["retrieval"] = self.retrieval_loss(output.item_query, batch.next_item, seen)
         if "binary" in self.config.heads:
             losses["binary"] = F.binary_cross_entropy_with_logits(output.act_logits, batch.act)
