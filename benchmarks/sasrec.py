@@ -53,7 +53,8 @@ class SASRecConfig:
     dropout: float = 0.2
     lr: float = 2e-3
     weight_decay: float = 0.0
-    batch_size: int = 128
+    batch_size: int = 32
+    """Windows per batch: 32 of up to 201 items on MovieLens (max_len 200), as Lumos's train.toml."""
     max_epochs: int = 100
     patience: int = 8
     """Epochs without a better valid NDCG@10 before stopping; the best epoch's weights are kept."""

@@ -215,7 +215,7 @@ def test_windows_of_train_rows_tile_the_train_tokens(spark):
 
 TINY = {
     "data": {"table": "movielens.sequences", "loader_workers": 1},
-    "model": {"d_model": 8, "n_heads": 2, "encoder_layers": 1, "decoder_layers": 1, "d_ff": 16, "max_len": 50,
+    "model": {"d_model": 8, "n_heads": 2, "encoder_layers": 1, "decoder_layers": 1, "d_ff": 16, "max_len": 200,
               "heads": ["retrieval"], "dropout": 0.0, "encoder_attention": "causal", "position_targets": True},
     "optim": {"lr": 1e-2, "warmup_steps": 0},
     "run": {"batch_size": 8, "max_steps": 12, "eval_every": 3, "eval_batches": 0, "log_every": 3,
