@@ -66,7 +66,7 @@ def score_baseline(task: LoadedTask, data: SequencesVersion) -> tuple[str, Score
     if spec.kind == "retrieval":
         popularity = -torch.arange(data.spec.item_vocab_size, dtype=torch.float32)  # id 2 is the most frequent
         for batch in _loader(data, spec):
-            history = batch.tokens["item"].masked_fill(~batch.mask, 0)
+            history = batch.history_items(data.spec.item_feature)
             scores = popularity.expand(batch.size, -1).clone()
             scores[:, :FIRST_ITEM_ID] = float("-inf")
             ranks.append(M.target_ranks(scores, batch.next_item, history, spec.exclude_history))

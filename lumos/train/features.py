@@ -85,6 +85,11 @@ class Batch:
     def size(self) -> int:
         return self.mask.shape[0]
 
+    def history_items(self, item_feature: str) -> torch.Tensor:
+        """(B, T) the history's item ids, 0 (padding) where the mask is False: what ranking
+        excludes with exclude_history."""
+        return self.tokens[item_feature].masked_fill(~self.mask, 0)
+
     def to(self, device: torch.device | str, non_blocking: bool = False) -> Batch:
         def move(value):
             if isinstance(value, dict):

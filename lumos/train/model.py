@@ -482,9 +482,8 @@ class LumosModel(nn.Module):
         return total / has_target.sum().clamp(min=1)
 
     def history_items(self, batch: Batch) -> Tensor:
-        """(B, T) the history's item ids, 0 (padding) where the mask is False: what ranking
-        excludes with exclude_history."""
-        return batch.tokens[self.features.item_feature].masked_fill(~batch.mask, 0)
+        """(B, T) the history's ids of this model's item feature (`Batch.history_items`)."""
+        return batch.history_items(self.features.item_feature)
 
     def position_targets(self, batch: Batch) -> Tensor:
         """(B, S) the item each encoder position predicts: position s has seen the user token and
