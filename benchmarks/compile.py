@@ -39,9 +39,9 @@ from lumos.compile.frontend import _Forward, batch_tensors, example_batch, input
 from lumos.compile.ir import Graph, Op
 from lumos.compile.program import Options, compile_graph, load_program
 from lumos.core.config import load_config
+from lumos.data.contract import FeatureSpec
 from lumos.quickstart import RECIPES
 from lumos.train.config import TrainConfig
-from lumos.train.features import FeatureSpec
 from lumos.train.model import LumosModel, ModelConfig
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -35,7 +35,7 @@ from lumos.compile.render_c import tensor_names
 from lumos.compile.runtime import NativeProgram
 from lumos.core.errors import LumosError, UsageError
 from lumos.core.workspace import Workspace
-from lumos.train.features import Batch, FeatureSpec
+from lumos.data.contract import Batch, FeatureSpec
 from lumos.train.model import LumosModel, ModelOutput
 
 PLAN_FILE = "plan.json"

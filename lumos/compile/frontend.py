@@ -21,7 +21,7 @@ from torch import nn
 from lumos.compile.hl_ops import MASKED, Tensor, attention, cat, mark_output
 from lumos.compile.ir import LITERAL_PREFIX, Graph, check_graph, mark_batch
 from lumos.core.errors import LumosError
-from lumos.train.features import TIME_FEATURES, Batch, FeatureSpec
+from lumos.data.contract import TIME_FEATURES, Batch, FeatureSpec
 from lumos.train.model import LumosModel
 
 OUTPUTS = ("user_embedding", "item_query", "act_logits", "value_pred")

@@ -58,12 +58,10 @@ from functools import reduce
 from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 
+from lumos.data.contract import FIRST_TOKEN_ID, OOV_ID, TIME_FEATURES
 from lumos.data.recipe import IngestRecipe
 
-PADDING_ID = 0
-OOV_ID = 1
-FIRST_TOKEN_ID = 2
-MAX_GAP_BUCKET = 15
+MAX_GAP_BUCKET = TIME_FEATURES["gap_bucket"] - 1  # gap buckets are 0 … 15
 
 MICROS_PER_MINUTE = 60 * 1_000_000
 MICROS_PER_HOUR = 60 * MICROS_PER_MINUTE

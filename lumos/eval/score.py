@@ -17,12 +17,14 @@ import pyarrow.parquet as pq
 import torch
 
 from lumos.core.errors import UsageError
+from lumos.data.contract import FIRST_TOKEN_ID
 from lumos.data.loader import SequenceLoader
 from lumos.data.sequences_version import SequencesVersion
 from lumos.eval import metrics as M
 from lumos.eval.probe import run_probe
 from lumos.eval.tasks import LoadedTask, TaskSpec
-from lumos.train.model import FIRST_ITEM_ID, LumosModel, signed_expm1
+from lumos.train import retrieval_metrics
+from lumos.train.model import LumosModel, signed_expm1
 
 
 @dataclass(frozen=True)
@@ -48,7 +50,7 @@ def score_model(model: LumosModel, task: LoadedTask, data: SequencesVersion) -> 
             if spec.kind == "retrieval":
                 history = model.history_items(batch)
                 scores = model.score_items(batch, output)
-                ranks.append(M.target_ranks(scores, batch.next_item, history, spec.exclude_history).cpu())
+                ranks.append(retrieval_metrics.target_ranks(scores, batch.next_item, history, spec.exclude_history).cpu())
             elif spec.kind == "binary":
                 labels.append(batch.act[:, horizon].cpu().numpy())
                 predictions.append(torch.sigmoid(output.act_logits[:, horizon]).cpu().numpy())
@@ -68,8 +70,8 @@ def score_baseline(task: LoadedTask, data: SequencesVersion) -> tuple[str, Score
         for batch in _loader(data, spec):
             history = batch.history_items(data.spec.item_feature)
             scores = popularity.expand(batch.size, -1).clone()
-            scores[:, :FIRST_ITEM_ID] = float("-inf")
-            ranks.append(M.target_ranks(scores, batch.next_item, history, spec.exclude_history))
+            scores[:, :FIRST_TOKEN_ID] = float("-inf")
+            ranks.append(retrieval_metrics.target_ranks(scores, batch.next_item, history, spec.exclude_history))
         return "popularity", _metrics(spec, ranks, labels, predictions)
     if spec.kind in ("binary", "regression"):
         train = _loader(data, spec, split="train")
@@ -85,7 +87,7 @@ def score_baseline(task: LoadedTask, data: SequencesVersion) -> tuple[str, Score
 def _metrics(spec: TaskSpec, ranks, labels, predictions) -> Scores:
     if spec.kind == "retrieval":
         all_ranks = torch.cat(ranks) if ranks else torch.empty(0)
-        values = M.retrieval_metrics(all_ranks, ks=spec.ks)
+        values = retrieval_metrics.retrieval_metrics(all_ranks, ks=spec.ks)
         rows = int(values.pop("scored_rows", len(all_ranks)))
     else:
         y, p = np.concatenate(labels), np.concatenate(predictions)

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from lumos.train.features import Batch, FeatureSpec
+from lumos.data.contract import Batch, FeatureSpec
 from lumos.train.model import LumosModel
 
 FLOAT_BYTES = 4

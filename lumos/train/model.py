@@ -23,10 +23,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from lumos.core.config import require_valid
-from lumos.train.features import PADDING_ID, TIME_FEATURES, Batch, FeatureSpec
+from lumos.data.contract import FIRST_TOKEN_ID, PADDING_ID, TIME_FEATURES, Batch, FeatureSpec
 
 HEADS = ("retrieval", "binary", "regression")
-FIRST_ITEM_ID = 2  # ids 0 (padding) and 1 (out of vocabulary) are never recommended
 
 
 def signed_log1p(x: Tensor) -> Tensor:
@@ -445,7 +444,7 @@ class LumosModel(nn.Module):
         return self.item_bias if ids is None else self.item_bias[ids]
 
     def _unrecommendable(self, device: torch.device) -> Tensor:
-        return torch.arange(self.features.item_vocab_size, device=device) < FIRST_ITEM_ID  # (V,)
+        return torch.arange(self.features.item_vocab_size, device=device) < FIRST_TOKEN_ID  # (V,)
 
     # -- losses ---------------------------------------------------------------------------------
 
@@ -462,7 +461,7 @@ class LumosModel(nn.Module):
         correction is the same constant for every item, so it cancels in the softmax and is omitted.
         A negative that equals a row's target is masked out for that row.
         """
-        has_target = target >= FIRST_ITEM_ID  # (B,)
+        has_target = target >= FIRST_TOKEN_ID  # (B,)
         if self.config.retrieval == "full":
             logits = query @ self.item_table.T + self._item_bias()  # (B, V)
             logits = logits.masked_fill(self._unrecommendable(logits.device), float("-inf"))
@@ -471,7 +470,7 @@ class LumosModel(nn.Module):
             labels = target
         else:
             V = self.features.item_vocab_size
-            negatives = torch.randint(FIRST_ITEM_ID, V, (self.config.negatives,), device=target.device)  # (N,)
+            negatives = torch.randint(FIRST_TOKEN_ID, V, (self.config.negatives,), device=target.device)  # (N,)
             positive = (query * self.item_table[target]).sum(-1) + self._item_bias(target)  # (B,)
             negative = query @ self.item_table[negatives].T + self._item_bias(negatives)  # (B, N)
             negative = negative.masked_fill(negatives[None, :] == target[:, None], float("-inf"))
@@ -512,7 +511,7 @@ class LumosModel(nn.Module):
         losses: dict[str, Tensor] = {}
         if self.config.position_targets:
             targets = self.position_targets(batch)  # (B, S)
-            keep = targets >= FIRST_ITEM_ID
+            keep = targets >= FIRST_TOKEN_ID
             slots = self.decode_positions(batch, output.memory, memory_mask_of(batch.mask))  # (B, S, C)
             seen = self.seen_items(batch)[keep] if self.config.exclude_seen_in_loss else None  # (N, T)
             losses["retrieval"] = self.retrieval_loss(self.item_projection(slots[keep]), targets[keep], seen)

@@ -11,7 +11,7 @@ from safetensors.torch import load_file, save_file
 
 from lumos.core.config import from_dict
 from lumos.core.errors import ConfigError
-from lumos.train.features import Batch, FeatureSpec
+from lumos.data.contract import Batch, FeatureSpec
 from lumos.train.model import LumosModel, ModelConfig, memory_mask_of, signed_expm1, signed_log1p
 
 FEATURES = FeatureSpec(

@@ -17,7 +17,7 @@ from lumos.compile.engine import (
     write_plan,
 )
 from lumos.compile.frontend import example_batch
-from lumos.train.features import FeatureSpec
+from lumos.data.contract import FeatureSpec
 from lumos.train.model import LumosModel, ModelConfig
 
 FEATURES = FeatureSpec(

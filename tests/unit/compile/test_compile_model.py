@@ -9,7 +9,7 @@ import torch
 from lumos.compile.frontend import batch_tensors, example_batch, lower_model, output_names
 from lumos.compile.interpret import interpret
 from lumos.compile.program import compile_graph, load_program
-from lumos.train.features import FeatureSpec
+from lumos.data.contract import FeatureSpec
 from lumos.train.model import LumosModel, ModelConfig
 
 FEATURES = FeatureSpec(
