@@ -160,8 +160,8 @@ def compile_model(model: LumosModel, batch_size: int, seq_len: int, cache: Kerne
     options = options or Options()
     if batch_size < 1 or seq_len < 1:
         raise UsageError("--batch and --seq must be at least 1")
-    if seq_len > model.config.max_len:
-        raise UsageError(f"--seq {seq_len} exceeds the model's max_len {model.config.max_len}")
+    if seq_len > model.max_len:
+        raise UsageError(f"--seq {seq_len} exceeds the model's max_len {model.max_len}")
     started = time.perf_counter()
     report(f"tracing the model at batch {batch_size}, sequence {seq_len}")
     graph = lower_model(model, batch_size, seq_len, symbolic_batch=options.symbolic_batch)

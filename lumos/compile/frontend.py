@@ -354,8 +354,8 @@ def export_model(model: LumosModel, batch_size: int, seq_len: int):
 def lower_model(model: LumosModel, batch_size: int, seq_len: int, symbolic_batch: bool = False) -> Graph:
     """The model's inference forward at (batch_size, seq_len) as a primitive graph; with
     `symbolic_batch`, traced once more at one more row to find the batch dims (ir.mark_batch)."""
-    if seq_len > model.config.max_len:
-        raise ValueError(f"sequence length {seq_len} exceeds the model's max_len {model.config.max_len}")
+    if seq_len > model.max_len:
+        raise ValueError(f"sequence length {seq_len} exceeds the model's max_len {model.max_len}")
     program, outputs = export_model(model, batch_size, seq_len)
     graph = lower_program(program, input_names(model.features), outputs)
     if symbolic_batch and batch_size > 1:

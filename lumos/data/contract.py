@@ -15,6 +15,8 @@ from dataclasses import dataclass, field, fields
 
 import torch
 
+from lumos.data.recipe import TokenSpec
+
 # Time features the ingest writes for every token, with their fixed vocabulary sizes.
 TIME_FEATURES = {"hour": 24, "weekday": 7, "gap_bucket": 16}
 
@@ -46,8 +48,8 @@ class FeatureSpec:
     """Whether rows carry a next_item target (retrieval over the item vocabulary)."""
     item_feature: str = "item"
     """The token feature whose embedding table the retrieval head scores against (tied)."""
-    max_len: int = 200
-    """The longest history the table holds (the recipe's tokens.max_len)."""
+    max_len: int = TokenSpec.max_len
+    """The longest history the table holds (the recipe's tokens.max_len, whose default this is)."""
 
     def __post_init__(self) -> None:
         if self.next_item and self.item_feature not in self.token_categorical:

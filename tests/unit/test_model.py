@@ -355,6 +355,15 @@ def test_config_problems_are_reported_at_once_with_key_paths():
         from_dict(ModelConfig, {"retrieval": "sampled", "exclude_seen_in_loss": True})
 
 
+def test_the_model_takes_the_data_max_len_unless_set():
+    """model.max_len is declared once, by the data: left out, the positional table has the
+    feature spec's max_len (the ingest's tokens.max_len); set, it may be longer."""
+    assert ModelConfig().max_len is None and from_dict(ModelConfig, {}).max_len is None
+    model = make_model(dataclasses.replace(CONFIG, max_len=None))
+    assert model.max_len == FEATURES.max_len and model.position.num_embeddings == FEATURES.max_len
+    assert make_model(dataclasses.replace(CONFIG, max_len=40)).position.num_embeddings == 40
+
+
 def test_model_rejects_features_it_cannot_serve():
     with pytest.raises(ValueError, match="max_len"):
         LumosModel(dataclasses.replace(CONFIG, max_len=16), FEATURES)
