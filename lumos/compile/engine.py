@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 from lumos.compile.cache import KernelCache
-from lumos.compile.frontend import batch_tensors, example_batch, lower_model, output_names
+from lumos.compile.frontend import batch_tensors, lower_model, output_names
 from lumos.compile.ir import LITERAL_PREFIX
 from lumos.compile.layout import TRANSPOSED
 from lumos.compile.program import Compilation, Options, compile_graph, load_program
@@ -36,6 +36,7 @@ from lumos.compile.runtime import NativeProgram
 from lumos.core.errors import LumosError, UsageError
 from lumos.core.workspace import Workspace
 from lumos.data.contract import Batch, FeatureSpec
+from lumos.train.memory import synthetic_batch
 from lumos.train.model import LumosModel, ModelOutput
 
 PLAN_FILE = "plan.json"
@@ -170,7 +171,7 @@ def compile_model(model: LumosModel, batch_size: int, seq_len: int, cache: Kerne
            "planning buffers and building" if options.search_budget_s > 0 else
            f"{len(graph.nodes)} IR nodes; fusing, planning buffers and building")
     example = {name: tensor.detach().cpu().float().numpy()
-               for name, tensor in batch_tensors(example_batch(model.features, batch_size, seq_len, seed=5),
+               for name, tensor in batch_tensors(synthetic_batch(model.features, batch_size, seq_len, seed=5),
                                                  model.features).items() if name in graph.inputs}
     compilation = compile_graph(graph, cache, options, example_inputs=example)
     plan = make_plan(compilation, model, batch_size, seq_len, cache.target)
@@ -190,7 +191,7 @@ def verify(result: CompileResult, model: LumosModel, seeds: tuple[int, ...] = (1
     try:
         for seed in seeds:
             for rows, length in shapes:
-                batch = example_batch(model.features, rows, length, seed=seed)
+                batch = synthetic_batch(model.features, rows, length, seed=seed)
                 with torch.no_grad():
                     expected = model(batch)
                 got = result.compiled(batch)
@@ -212,7 +213,7 @@ def verify(result: CompileResult, model: LumosModel, seeds: tuple[int, ...] = (1
 
 def time_forward(result: CompileResult, model: LumosModel, repeats: int = 5) -> tuple[float, float]:
     """Median milliseconds per forward at the plan's shape: (torch eager, compiled)."""
-    batch = example_batch(model.features, result.compiled.batch_size, result.compiled.seq_len, seed=3)
+    batch = synthetic_batch(model.features, result.compiled.batch_size, result.compiled.seq_len, seed=3)
     was_training = model.training
     model.eval()
     try:

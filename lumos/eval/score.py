@@ -17,7 +17,6 @@ import pyarrow.parquet as pq
 import torch
 
 from lumos.core.errors import UsageError
-from lumos.data.contract import FIRST_TOKEN_ID
 from lumos.data.loader import SequenceLoader
 from lumos.data.sequences_version import SequencesVersion
 from lumos.eval import metrics as M
@@ -66,11 +65,10 @@ def score_baseline(task: LoadedTask, data: SequencesVersion) -> tuple[str, Score
     horizon = _horizon_index(spec, data)
     ranks, labels, predictions = [], [], []
     if spec.kind == "retrieval":
-        popularity = -torch.arange(data.spec.item_vocab_size, dtype=torch.float32)  # id 2 is the most frequent
+        popularity = -np.arange(data.spec.item_vocab_size)  # ids go by descending count: id 2 is the most frequent
         for batch in _loader(data, spec):
             history = batch.history_items(data.spec.item_feature)
-            scores = popularity.expand(batch.size, -1).clone()
-            scores[:, :FIRST_TOKEN_ID] = float("-inf")
+            scores = retrieval_metrics.popularity_scores(popularity, batch.size)
             ranks.append(retrieval_metrics.target_ranks(scores, batch.next_item, history, spec.exclude_history))
         return "popularity", _metrics(spec, ranks, labels, predictions)
     if spec.kind in ("binary", "regression"):
@@ -79,7 +77,8 @@ def score_baseline(task: LoadedTask, data: SequencesVersion) -> tuple[str, Score
         prior = float(np.mean(np.concatenate([getattr(batch, field)[:, horizon].numpy() for batch in train])))
         for batch in _loader(data, spec):
             labels.append(getattr(batch, field)[:, horizon].numpy())
-            predictions.append(np.full(batch.size, prior, dtype=np.float32))
+            predictions.append(M.prior_rate_probabilities(prior, batch.size) if spec.kind == "binary"
+                               else np.full(batch.size, prior))
         return ("prior_rate" if spec.kind == "binary" else "train_mean"), _metrics(spec, ranks, labels, predictions)
     raise UsageError(f"task {spec.name}: embedding probes have no baseline")
 

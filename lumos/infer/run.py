@@ -22,6 +22,7 @@ from lumos.core.lineage import LineageInput, LineageRecord
 from lumos.core.registry import resolve_model
 from lumos.core.tables import TableRef, read_table, table_location
 from lumos.core.workspace import Workspace
+from lumos.data.contract import FeatureSpec
 from lumos.infer.features import inference_rows, training_data
 from lumos.infer.predictions import partition_lock, write_partition
 from lumos.infer.scoring import ENGINES, ScoringJob, read_checkpoint, schema_for, score_arrow
@@ -89,7 +90,7 @@ def infer(workspace: Workspace, model_ref: str, options: InferOptions, report: R
         rows, inputs = inference_rows(spark, workspace, data, options.as_of, options.source)
         job = ScoringJob(
             model_key=version.label, checkpoint=read_checkpoint(checkpoint),
-            item_tokens=_item_tokens(spark, workspace, data.vocab, model.features.item_vocab_size),
+            item_tokens=_item_tokens(spark, workspace, data.vocab, model.features),
             as_of=options.as_of, top_k=options.top_k, exclude_history=options.exclude_history,
             batch_size=options.batch_size, torch_threads=options.torch_threads,
             compiled=(workspace, run.info.run_id) if engine == "compiled" else None,
@@ -129,12 +130,14 @@ def _choose_engine(workspace: Workspace, engine: str, run_id: str, model, report
     return "torch", [warning]
 
 
-def _item_tokens(spark, workspace: Workspace, vocab: TableRef, size: int) -> tuple[str, ...]:
+def _item_tokens(spark, workspace: Workspace, vocab: TableRef, features: FeatureSpec) -> tuple[str, ...]:
     """Vocabulary id → item token ("" for padding and OOV, which are never recommended)."""
     from pyspark.sql import functions as F
 
+    size = features.item_vocab_size
     tokens = [""] * size
-    for row in read_table(spark, workspace, vocab).where(F.col("feature") == "item").select("id", "token").collect():
+    item_rows = read_table(spark, workspace, vocab).where(F.col("feature") == features.item_feature)
+    for row in item_rows.select("id", "token").collect():
         if row["id"] < size:
             tokens[row["id"]] = row["token"]
     return tuple(tokens)

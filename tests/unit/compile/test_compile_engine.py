@@ -16,8 +16,8 @@ from lumos.compile.engine import (
     verify,
     write_plan,
 )
-from lumos.compile.frontend import example_batch
 from lumos.data.contract import FeatureSpec
+from lumos.train.memory import synthetic_batch
 from lumos.train.model import LumosModel, ModelConfig
 
 FEATURES = FeatureSpec(
@@ -47,7 +47,7 @@ def compiled(model, kernel_cache):
 
 @pytest.mark.parametrize(("rows", "length"), [(1, 10), (3, 4), (4, 10), (9, 7), (0, 5)])
 def test_any_batch_and_shorter_histories_match_eager(compiled, model, rows, length):
-    batch = example_batch(FEATURES, rows, length, seed=rows + length) if rows else example_batch(FEATURES, 1, length)
+    batch = synthetic_batch(FEATURES, rows, length, seed=rows + length) if rows else synthetic_batch(FEATURES, 1, length)
     if not rows:
         batch = type(batch)(**{f.name: _head(getattr(batch, f.name), 0) for f in dataclasses.fields(batch)})
     with torch.no_grad():
@@ -75,17 +75,17 @@ def test_matmuls_run_row_wise_with_fused_producers(compiled):
 
 def test_longer_history_than_the_plan_is_refused(compiled):
     with pytest.raises(ValueError, match="exceeds the plan"):
-        compiled.compiled(example_batch(FEATURES, 2, 11))
+        compiled.compiled(synthetic_batch(FEATURES, 2, 11))
 
 
 def test_plan_round_trip_binds_the_models_weights(compiled, model, tmp_path, kernel_cache):
     folder = write_plan(tmp_path / "plan", compiled)
     assert any(entry["name"].endswith("#T") for entry in compiled.plan["tensors"])  # transposed at bind time
     loaded = program_from_plan(folder, model, kernel_cache)
-    batch = example_batch(FEATURES, 5, 8, seed=11)
+    batch = synthetic_batch(FEATURES, 5, 8, seed=11)
     np.testing.assert_array_equal(loaded(batch).user_embedding.numpy(), compiled.compiled(batch).user_embedding.numpy())
 
-    longer = example_batch(FEATURES, 2, 10, seed=3)  # the plan was built at 10: served in PyTorch beyond
+    longer = synthetic_batch(FEATURES, 2, 10, seed=3)  # the plan was built at 10: served in PyTorch beyond
     short_plan = compile_model(model, 2, 6, kernel_cache)
     write_plan(tmp_path / "short", short_plan)
     with pytest.warns(UserWarning, match="running this batch in PyTorch"):
