@@ -23,7 +23,7 @@ from lumos.core.registry import resolve_model
 from lumos.core.tables import TableRef, read_table, table_location
 from lumos.core.workspace import Workspace
 from lumos.data.contract import FeatureSpec
-from lumos.infer.features import inference_rows, training_data
+from lumos.infer.features import InferenceFeatures, inference_rows, training_data
 from lumos.infer.predictions import partition_lock, write_partition
 from lumos.infer.scoring import ENGINES, ScoringJob, read_checkpoint, schema_for, score_arrow
 from lumos.train.checkpoint import load_model
@@ -31,6 +31,7 @@ from lumos.train.run import download_checkpoint, training_run
 
 Report = Callable[[str], None]
 STAGE = "infer"
+REJECTS_TABLE = "infer_rejects"  # <dataset>.infer_rejects: one partition per date, as predictions
 
 
 @dataclass(frozen=True)
@@ -67,6 +68,10 @@ class InferSummary:
     inputs: list[LineageInput] = field(default_factory=list)
     seconds: float = 0.0
     warnings: list[str] = field(default_factory=list)
+    rejects: str = ""
+    """The rejects table version written for the date, e.g. quickstart.infer_rejects@3."""
+    rows_rejected: int = 0
+    """Events that failed the training recipe's rules (rows of `rejects`; by rule in the lineage)."""
 
 
 def infer(workspace: Workspace, model_ref: str, options: InferOptions, report: Report = lambda _: None) -> InferSummary:
@@ -87,7 +92,9 @@ def infer(workspace: Workspace, model_ref: str, options: InferOptions, report: R
     spark = workspace_spark(workspace)
     with partition_lock(workspace, output, options.as_of):
         report(f"building features as of {options.as_of}")
-        rows, inputs = inference_rows(spark, workspace, data, options.as_of, options.source)
+        features = inference_rows(spark, workspace, data, options.as_of, options.source)
+        rows, inputs = features.rows, features.inputs
+        rejects = _write_rejects(spark, workspace, output, version.label, options.as_of, features, report)
         job = ScoringJob(
             model_key=version.label, checkpoint=read_checkpoint(checkpoint),
             item_tokens=_item_tokens(spark, workspace, data.vocab, model.features),
@@ -107,14 +114,28 @@ def infer(workspace: Workspace, model_ref: str, options: InferOptions, report: R
                     LineageInput("delta", table_location(workspace, data.sequences), data.sequences.version),
                     *inputs],
             stats={"training_data": str(data.sequences), "recipe_hash": run.data.tags.get("lumos.recipe_hash"),
-                   "config_hash": run.data.tags.get("lumos.config_hash")},
+                   "config_hash": run.data.tags.get("lumos.config_hash"), "rejects": str(rejects),
+                   **features.counts.lineage_stats()},
         )
         report(f"scoring and writing {output.name} partition as_of={options.as_of}")
         written = write_partition(spark, workspace, output, predictions, options.as_of, lineage)
     rows_written = _rows_written(spark, workspace, written)
     return InferSummary(model=version.label, run_id=run.info.run_id, as_of=options.as_of, output=str(written),
                         rows=rows_written, engine=engine, training_data=str(data.sequences), inputs=lineage.inputs,
-                        seconds=time.perf_counter() - started, warnings=warnings)
+                        seconds=time.perf_counter() - started, warnings=warnings, rejects=str(rejects),
+                        rows_rejected=features.counts.rejected)
+
+
+def _write_rejects(spark, workspace: Workspace, output: TableRef, model: str, as_of: datetime.date,
+                   features: InferenceFeatures, report: Report) -> TableRef:
+    """Replace partition as_of of <dataset>.infer_rejects with the date's rejected events (rule,
+    reason, row), even when there are none, so the partition always describes the latest run."""
+    rejects = TableRef(output.dataset, REJECTS_TABLE)
+    report(f"writing {rejects.name} partition as_of={as_of} ({features.counts.rejected:,} rows)")
+    request = {"model": model, "as_of": as_of.isoformat(), "rejects_for": output.name}
+    lineage = LineageRecord(stage=STAGE, config=request, config_hash=config_hash(request), inputs=features.inputs,
+                            stats={"rows": features.counts.rejected, **features.counts.lineage_stats()})
+    return write_partition(spark, workspace, rejects, features.rejects, as_of, lineage)
 
 
 def _choose_engine(workspace: Workspace, engine: str, run_id: str, model, report: Report) -> tuple[str, list[str]]:
