@@ -13,10 +13,10 @@ from typer.testing import CliRunner
 from lumos.cli.app import app
 from lumos.compile.engine import load_compiled
 from lumos.compile.frontend import example_batch
+from lumos.core.runs import download_checkpoint
 from lumos.core.tracking import tracking_client
 from lumos.core.workspace import open_workspace
 from lumos.train.checkpoint import load_model
-from lumos.train.run import download_checkpoint
 
 runner = CliRunner()
 
