@@ -67,6 +67,7 @@ def models(
 ) -> None:
     """Registered models with their aliases; with NAME, every version with its aliases and lineage."""
     from lumos.core.registry import model_versions, registered_names
+    from lumos.core.runs import CONFIG_HASH_TAG, DATA_TAG
     from lumos.eval.promote import version_json
 
     workspace = open_workspace(state(ctx).workspace_dir)
@@ -92,8 +93,8 @@ def models(
     if json_output:
         emit_json({"name": name, "versions": [version_json(v) for v in versions]})
         return
-    rows = [(v.version, ", ".join(v.aliases), v.run_id, v.tags.get("lumos.data", ""),
-             v.tags.get("lumos.config_hash", "")[:19], _date(v.created_at)) for v in versions]
+    rows = [(v.version, ", ".join(v.aliases), v.run_id, v.tags.get(DATA_TAG, ""),
+             v.tags.get(CONFIG_HASH_TAG, "")[:19], _date(v.created_at)) for v in versions]
     print_table(f"{name}: {len(versions)} version(s)", ["version", "aliases", "run", "data", "config hash", "registered"], rows)
 
 

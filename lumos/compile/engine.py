@@ -316,6 +316,7 @@ def program_from_plan(folder: Path, model: LumosModel, cache: KernelCache) -> Co
 
 def store_plan(workspace: Workspace, run_id: str, result: CompileResult) -> str:
     """Log the plan as artifacts of the training run; returns the artifact path."""
+    from lumos.core.runs import COMPILE_TAG_PREFIX
     from lumos.core.tracking import tracking_client
 
     target = result.plan["target"]
@@ -323,7 +324,7 @@ def store_plan(workspace: Workspace, run_id: str, result: CompileResult) -> str:
     with tempfile.TemporaryDirectory(prefix="lumos-plan-") as scratch:
         folder = write_plan(Path(scratch) / "plan", result)
         client.log_artifacts(run_id, str(folder), artifact_dir(target))
-    client.set_tag(run_id, f"lumos.compile.{target}",
+    client.set_tag(run_id, f"{COMPILE_TAG_PREFIX}{target}",
                    f"batch={result.plan['batch_size']} seq={result.plan['seq_len']} kernels={len(result.plan['kernels'])}")
     return artifact_dir(target)
 
@@ -333,6 +334,7 @@ def load_compiled(workspace: Workspace, run_id: str, model: LumosModel, target: 
     model, or None when no plan exists or the stored plan was made for a different model."""
     import mlflow
 
+    from lumos.core.runs import COMPILE_TAG_PREFIX
     from lumos.core.tracking import tracking_client
 
     if target not in TARGETS:
@@ -341,7 +343,7 @@ def load_compiled(workspace: Workspace, run_id: str, model: LumosModel, target: 
         run = tracking_client(workspace).get_run(run_id)
     except mlflow.exceptions.MlflowException:
         return None
-    if f"lumos.compile.{target}" not in run.data.tags:
+    if f"{COMPILE_TAG_PREFIX}{target}" not in run.data.tags:
         return None
     with tempfile.TemporaryDirectory(prefix="lumos-plan-") as scratch:
         try:
@@ -387,8 +389,8 @@ def compile_run(workspace: Workspace, run_id: str, target: str = "cpu", batch_si
                 seq_len: int | None = None, options: Options | None = None,
                 report: Report = lambda _: None, search_budget_s: float = SEARCH_BUDGET_S) -> CompileSummary:
     """Compile a training run's model, verify it against PyTorch, store the plan on the run."""
+    from lumos.core.runs import download_checkpoint
     from lumos.train.checkpoint import load_model
-    from lumos.train.run import download_checkpoint
 
     check_target(target)
     settings = workspace.settings.compile

@@ -11,11 +11,10 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from lumos.core.runs import EVAL_TAG_PREFIX as TAG
 from lumos.core.tracking import ensure_experiment, tracking_client
 from lumos.core.workspace import Workspace
 from lumos.eval.tasks import TaskSpec
-
-TAG = "lumos.eval."
 
 
 @dataclass(frozen=True)

@@ -20,6 +20,7 @@ from lumos.core.config import config_hash
 from lumos.core.errors import UsageError
 from lumos.core.lineage import LineageInput, LineageRecord
 from lumos.core.registry import resolve_model
+from lumos.core.runs import CONFIG_HASH_TAG, DATA_TAG, RECIPE_HASH_TAG, download_checkpoint, training_run
 from lumos.core.tables import TableRef, read_table, table_location
 from lumos.core.workspace import Workspace
 from lumos.data.contract import FeatureSpec
@@ -27,7 +28,6 @@ from lumos.infer.features import InferenceFeatures, inference_rows, training_dat
 from lumos.infer.predictions import partition_lock, write_partition
 from lumos.infer.scoring import ENGINES, ScoringJob, read_checkpoint, schema_for, score_arrow
 from lumos.train.checkpoint import load_model
-from lumos.train.run import download_checkpoint, training_run
 
 Report = Callable[[str], None]
 STAGE = "infer"
@@ -78,7 +78,7 @@ def infer(workspace: Workspace, model_ref: str, options: InferOptions, report: R
     started = time.perf_counter()
     version = resolve_model(workspace, model_ref)
     run = training_run(workspace, version.run_id, "--model")
-    data = training_data(workspace, TableRef.parse(run.data.tags["lumos.data"]))
+    data = training_data(workspace, TableRef.parse(run.data.tags[DATA_TAG]))
     output = TableRef.parse(options.output or f"{data.recipe.dataset}.predictions")
     if output.version is not None:
         raise UsageError(f"--output {output}: name a table without @version; infer always writes a new version")
@@ -113,8 +113,8 @@ def infer(workspace: Workspace, model_ref: str, options: InferOptions, report: R
                     LineageInput("mlflow-run", f"runs:/{run.info.run_id}", run.info.run_id),
                     LineageInput("delta", table_location(workspace, data.sequences), data.sequences.version),
                     *inputs],
-            stats={"training_data": str(data.sequences), "recipe_hash": run.data.tags.get("lumos.recipe_hash"),
-                   "config_hash": run.data.tags.get("lumos.config_hash"), "rejects": str(rejects),
+            stats={"training_data": str(data.sequences), "recipe_hash": run.data.tags.get(RECIPE_HASH_TAG),
+                   "config_hash": run.data.tags.get(CONFIG_HASH_TAG), "rejects": str(rejects),
                    **features.counts.lineage_stats()},
         )
         report(f"scoring and writing {output.name} partition as_of={options.as_of}")

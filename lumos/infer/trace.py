@@ -10,11 +10,11 @@ from typing import Any
 
 from lumos.core.errors import UsageError
 from lumos.core.registry import resolve_model
+from lumos.core.runs import CODE_VERSION_TAG, CONFIG_HASH_TAG, DATA_TAG, RECIPE_HASH_TAG, SEED_TAG, training_run
 from lumos.core.tables import TableRef, read_table, resolve, table_history, version_lineage
 from lumos.core.tracking import tracking_client
 from lumos.core.workspace import Workspace
 from lumos.infer.predictions import PARTITION
-from lumos.train.run import training_run
 
 
 def trace_prediction(spark, workspace: Workspace, table: TableRef, user_id: str, as_of: datetime.date) -> dict[str, Any]:
@@ -29,16 +29,16 @@ def trace_prediction(spark, workspace: Workspace, table: TableRef, user_id: str,
     version = resolve_model(workspace, row["model"], "model")
     run = training_run(workspace, version.run_id, "model")
     config = json.loads(_run_text(workspace, run.info.run_id, "lineage.json"))["config"]
-    data = TableRef.parse(run.data.tags["lumos.data"])
+    data = TableRef.parse(run.data.tags[DATA_TAG])
     data_lineage = version_lineage(spark, workspace, data)
     return {
         "prediction": {"table": str(table), "user_id": user_id, "as_of": as_of.isoformat(),
                        "commit": {"version": commit[0], **commit[1]}},
         "model": {"version": version.label, "aliases": list(version.aliases), "tags": version.tags},
-        "run": {"id": run.info.run_id, "name": run.info.run_name, "config_hash": run.data.tags.get("lumos.config_hash"),
-                "code_version": run.data.tags.get("lumos.code_version"), "seed": run.data.tags.get("lumos.seed"),
+        "run": {"id": run.info.run_id, "name": run.info.run_name, "config_hash": run.data.tags.get(CONFIG_HASH_TAG),
+                "code_version": run.data.tags.get(CODE_VERSION_TAG), "seed": run.data.tags.get(SEED_TAG),
                 "config": config},
-        "data": {"table": str(data), "recipe_hash": run.data.tags.get("lumos.recipe_hash"),
+        "data": {"table": str(data), "recipe_hash": run.data.tags.get(RECIPE_HASH_TAG),
                  "recipe": data_lineage.config if data_lineage else None,
                  "inputs": [asdict(item) for item in data_lineage.inputs] if data_lineage else [],
                  "stats": data_lineage.stats if data_lineage else {}},

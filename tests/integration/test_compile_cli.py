@@ -12,11 +12,11 @@ from typer.testing import CliRunner
 
 from lumos.cli.app import app
 from lumos.compile.engine import load_compiled
+from lumos.core.runs import download_checkpoint
 from lumos.core.tracking import tracking_client
 from lumos.core.workspace import open_workspace
 from lumos.train.checkpoint import load_model
 from lumos.train.memory import synthetic_batch
-from lumos.train.run import download_checkpoint
 
 runner = CliRunner()
 
