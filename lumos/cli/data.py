@@ -10,9 +10,9 @@ from typing import Annotated
 import typer
 
 from lumos.cli.output import echo, emit_json, handles_errors, print_table, progress, state
-from lumos.core.spark import workspace_spark
-from lumos.core.tables import TableRef, describe_table, list_tables, table_history
+from lumos.core.tables import TableRef
 from lumos.core.workspace import open_workspace
+from lumos.data.table_metadata import describe_table, list_tables, table_history
 
 app = typer.Typer(help="Versioned tables: list, history with lineage, details; synthetic data.", no_args_is_help=True)
 
@@ -44,7 +44,7 @@ def history(
     ref = TableRef.parse(table)
     workspace = open_workspace(state(ctx).workspace_dir)
     with progress(f"reading the history of {ref.name}"):
-        entries = table_history(workspace_spark(workspace), workspace, ref)
+        entries = table_history(workspace, ref)
     if json_output:
         emit_json({"table": ref.name, "versions": [_entry_json(entry) for entry in entries]})
         return
@@ -69,7 +69,7 @@ def show(
     ref = TableRef.parse(table)
     workspace = open_workspace(state(ctx).workspace_dir)
     with progress(f"reading {ref}"):
-        details = describe_table(workspace_spark(workspace), workspace, ref)
+        details = describe_table(workspace, ref)
     if json_output:
         emit_json(details)
         return
@@ -130,7 +130,7 @@ def trace(
     ref = TableRef.parse(table)
     workspace = open_workspace(state(ctx).workspace_dir)
     with progress(f"tracing {user} in {ref}"):
-        result = trace_prediction(workspace_spark(workspace), workspace, ref, user, parse_date(as_of, "--as-of"))
+        result = trace_prediction(workspace, ref, user, parse_date(as_of, "--as-of"))
     if json_output:
         emit_json(result)
         return
