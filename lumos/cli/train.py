@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from lumos.cli.options import JsonOption, SetOption
+from lumos.cli.options import JsonOption, SetOption, given
 from lumos.cli.output import echo, emit_json, handles_errors, json_data, print_table, progress, renamed, state
 from lumos.core.config import load_config
 from lumos.core.workspace import open_workspace
@@ -20,7 +20,7 @@ def train(
     data: Annotated[
         str | None, typer.Option("--data", help="Sequences table, dataset.sequences[@VERSION]; overrides data.table.")
     ] = None,
-    nproc: Annotated[int, typer.Option("--nproc", help="Ranks on this machine (DDP: gloo on CPU, nccl on GPU).")] = 1,
+    nproc: Annotated[int | None, typer.Option("--nproc", help="Ranks on this machine (DDP: gloo on CPU, nccl on GPU).")] = None,
     overrides: SetOption = None,
     dry_run: Annotated[
         bool, typer.Option("--dry-run", help="Print the memory estimate and batch size, then stop without training.")
@@ -47,7 +47,7 @@ def train(
     config = load_config(TrainConfig, config_file, overrides)
     workspace = open_workspace(state(ctx).workspace_dir)
     with progress("training") as report:
-        summary = run_training(config, workspace, nproc=nproc, resume_run_id=resume, dry_run=dry_run, report=report)
+        summary = run_training(config, workspace, resume_run_id=resume, dry_run=dry_run, report=report, **given(nproc=nproc))
     result = summary.result
     if json_output:
         # The fit result's fields sit beside the summary's (a dry run has none: zero values).
