@@ -9,6 +9,7 @@ from typing import Annotated
 
 import typer
 
+from lumos.cli.options import JsonOption, ModelOption, RunOption
 from lumos.cli.output import echo, emit_json, handles_errors, print_table, progress, state
 from lumos.core.errors import UsageError
 from lumos.core.workspace import open_workspace
@@ -18,7 +19,6 @@ app = typer.Typer(invoke_without_command=True)  # the callback's docstring is th
 TasksOption = Annotated[
     Path | None, typer.Option("--tasks", help="Folder of task specs (default: tasks/ and examples/*/tasks/ of the project).")
 ]
-JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON on stdout.")]
 
 
 def _load(ctx: typer.Context, tasks_dir: Path | None):
@@ -37,8 +37,8 @@ def run_eval(
     ctx: typer.Context,
     task: Annotated[list[str] | None, typer.Option("--task", "-t", help="Task to score (repeatable).")] = None,
     all_tasks: Annotated[bool, typer.Option("--all", help="Score every task.")] = False,
-    run: Annotated[str | None, typer.Option("--run", help="The MLflow training run to score.")] = None,
-    model: Annotated[str | None, typer.Option("--model", help="A registered model, NAME@alias.")] = None,
+    run: RunOption = None,
+    model: ModelOption = None,
     fail_below: Annotated[
         list[str] | None, typer.Option("--fail-below", help="METRIC=VALUE: exit 3 when a score is under it (repeatable).")
     ] = None,
@@ -68,9 +68,7 @@ def run_eval(
     with progress(f"evaluating {subject.label}") as report:
         results = evaluate(workspace, chosen, subject, bars, report)
     if json_output:
-        emit_json({"subject": subject.key, "run_id": subject.run_id, "model": subject.model, "results": [
-            {"task": r.task, "data": r.data, "rows": r.rows, "metrics": r.metrics, "eval_run_id": r.eval_run_id,
-             "baseline": r.baseline, "baseline_metrics": r.baseline_metrics} for r in results]})
+        emit_json({"subject": subject.key, "run_id": subject.run_id, "model": subject.model, "results": results})
         return
     for result in results:
         rows = [(name, f"{value:.4f}", f"{result.baseline_metrics[name]:.4f}" if name in result.baseline_metrics else "")

@@ -7,7 +7,8 @@ from typing import Annotated
 
 import typer
 
-from lumos.cli.output import echo, emit_json, handles_errors, print_table, progress, state
+from lumos.cli.options import JsonOption, SetOption, given
+from lumos.cli.output import echo, emit_json, handles_errors, json_data, print_table, progress, renamed, state
 from lumos.core.config import load_config
 from lumos.core.workspace import open_workspace
 
@@ -19,17 +20,15 @@ def train(
     data: Annotated[
         str | None, typer.Option("--data", help="Sequences table, dataset.sequences[@VERSION]; overrides data.table.")
     ] = None,
-    nproc: Annotated[int, typer.Option("--nproc", help="Ranks on this machine (DDP: gloo on CPU, nccl on GPU).")] = 1,
-    overrides: Annotated[
-        list[str] | None, typer.Option("--set", help="Override a field, e.g. --set run.max_steps=50 (repeatable).")
-    ] = None,
+    nproc: Annotated[int | None, typer.Option("--nproc", help="Ranks on this machine (DDP: gloo on CPU, nccl on GPU).")] = None,
+    overrides: SetOption = None,
     dry_run: Annotated[
         bool, typer.Option("--dry-run", help="Print the memory estimate and batch size, then stop without training.")
     ] = False,
     resume: Annotated[
         str | None, typer.Option("--resume", help="Continue this MLflow run from its latest checkpoint.")
     ] = None,
-    json_output: Annotated[bool, typer.Option("--json", help="Print a JSON summary on stdout.")] = False,
+    json_output: JsonOption = False,
 ) -> None:
     """Train the encoder-decoder user model; every run is an MLflow run with its lineage.
 
@@ -39,6 +38,7 @@ def train(
     `--resume RUN_ID` continues it. See lumos/quickstart/train.toml.
     """
     from lumos.train.config import TrainConfig
+    from lumos.train.loop import FitResult
     from lumos.train.run import train as run_training
 
     overrides = list(overrides or [])
@@ -47,26 +47,13 @@ def train(
     config = load_config(TrainConfig, config_file, overrides)
     workspace = open_workspace(state(ctx).workspace_dir)
     with progress("training") as report:
-        summary = run_training(config, workspace, nproc=nproc, resume_run_id=resume, dry_run=dry_run, report=report)
+        summary = run_training(config, workspace, resume_run_id=resume, dry_run=dry_run, report=report, **given(nproc=nproc))
     result = summary.result
     if json_output:
-        emit_json({
-            "run_id": summary.run_id,
-            "experiment": summary.experiment,
-            "data": summary.data,
-            "batch_size": summary.batch_size,
-            "batch_size_search": summary.batch_size_search,
-            "parameters": summary.parameters,
-            "world_size": summary.world_size,
-            "dry_run": summary.dry_run,
-            "memory_estimate_bytes": dict(summary.memory_estimate),
-            "step": result.step if result else 0,
-            "interrupted": result.interrupted if result else False,
-            "train_losses": result.train_losses if result else {},
-            "valid_losses": result.valid_losses if result else {},
-            "samples_per_second": result.samples_per_second if result else 0.0,
-            "data_wait_fraction": result.data_wait_fraction if result else 0.0,
-        })
+        # The fit result's fields sit beside the summary's (a dry run has none: zero values).
+        fields = renamed(json_data(summary), memory_estimate="memory_estimate_bytes")
+        fit = fields.pop("result") or json_data(FitResult(step=0, interrupted=False))
+        emit_json({**fields, **fit, "memory_estimate_bytes": dict(summary.memory_estimate)})
         return
     print_table(
         f"memory per rank at batch {summary.batch_size // max(summary.world_size * config.run.grad_accum, 1)}",

@@ -7,11 +7,8 @@ they touch a path, and no SQL is built from them: every access goes through the 
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any
 
 from lumos.core.errors import UsageError
 from lumos.core.lineage import LineageRecord
@@ -117,7 +114,10 @@ def require_table(spark, workspace: Workspace, ref: TableRef) -> str:
 
 
 def table_history(spark, workspace: Workspace, ref: TableRef, limit: int | None = None) -> list[TableVersion]:
-    """Versions of a table, newest first, with the lineage record of each commit parsed."""
+    """Versions of a table, newest first, with the lineage record of each commit parsed.
+
+    For writers, which run Spark anyway and may write to remote roots; commands that only read
+    metadata use `lumos.data.table_metadata`, which reads the log without Spark."""
     from delta.tables import DeltaTable
 
     table = DeltaTable.forPath(spark, require_table(spark, workspace, ref))
@@ -128,7 +128,7 @@ def table_history(spark, workspace: Workspace, ref: TableRef, limit: int | None 
             version=row["version"],
             timestamp=row["timestamp"].strftime("%Y-%m-%dT%H:%M:%SZ") if row["timestamp"] else "",
             operation=row["operation"],
-            lineage=_parse_lineage(row["userMetadata"]),
+            lineage=parse_lineage(row["userMetadata"]),
         )
         for row in rows.collect()
     ]
@@ -143,42 +143,8 @@ def resolve(spark, workspace: Workspace, ref: TableRef) -> TableRef:
     return ref if ref.version is not None else ref.at(latest_version(spark, workspace, ref))
 
 
-def version_lineage(spark, workspace: Workspace, ref: TableRef) -> LineageRecord | None:
-    pinned = resolve(spark, workspace, ref)
-    for entry in table_history(spark, workspace, ref):
-        if entry.version == pinned.version:
-            return entry.lineage
-    raise UsageError(f"{pinned} does not exist")
-
-
-def describe_table(spark, workspace: Workspace, ref: TableRef) -> dict[str, Any]:
-    """One version's lineage, schema and row count, as plain data."""
-    pinned = resolve(spark, workspace, ref)
-    frame = read_table(spark, workspace, pinned)
-    lineage = version_lineage(spark, workspace, pinned)
-    return {
-        "table": pinned.name,
-        "version": pinned.version,
-        "location": table_location(workspace, pinned),
-        "rows": frame.count(),
-        "schema": [{"name": f.name, "type": f.dataType.simpleString()} for f in frame.schema.fields],
-        "lineage": json.loads(lineage.to_json()) if lineage else None,
-    }
-
-
-def list_tables(workspace: Workspace) -> list[str]:
-    """Names of the Delta tables under a local workspace (remote roots: use your storage's tools)."""
-    root = Path(workspace.tables_root)
-    if not root.is_dir():
-        return []
-    return sorted(
-        f"{log.parent.parent.name}.{log.parent.name}"
-        for log in root.glob("*/*/_delta_log")
-        if TABLE_REF.match(f"{log.parent.parent.name}.{log.parent.name}")
-    )
-
-
-def _parse_lineage(metadata: str | None) -> LineageRecord | None:
+def parse_lineage(metadata: str | None) -> LineageRecord | None:
+    """The lineage record in a commit's userMetadata; None for commits not written by Lumos."""
     if not metadata:
         return None
     try:

@@ -144,7 +144,7 @@ def test_infer_is_idempotent_per_date_and_leaves_other_dates(spark, promoted):
 def test_one_prediction_traces_back_to_run_config_and_data(spark, promoted):
     assert lumos(promoted, "infer", "--model", "quickstart@production", "--as-of", AS_OF).exit_code == 0
     user = predictions(spark, promoted)[0]["user_id"]
-    trace = trace_prediction(spark, open_workspace(promoted), TableRef.parse("quickstart.predictions"), user,
+    trace = trace_prediction(open_workspace(promoted), TableRef.parse("quickstart.predictions"), user,
                              datetime.date.fromisoformat(AS_OF))
     assert trace["model"]["version"] == "quickstart/1" and trace["run"]["id"] == run_id(promoted)
     assert trace["run"]["config"]["model"]["d_model"] == 8
