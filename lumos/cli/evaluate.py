@@ -128,6 +128,48 @@ def show_leaderboard(
     print_table(f"{spec.name}: ranked by {spec.primary_metric} ({spec.primary_direction})", header, rows)
 
 
+tasks_app = typer.Typer(no_args_is_help=True, help="Write task specs.")
+app.add_typer(tasks_app, name="tasks")
+
+
+@tasks_app.command("generate")
+@handles_errors
+def generate_tasks(
+    ctx: typer.Context,
+    labels: Annotated[Path, typer.Option("--labels", help="Labels table: a Parquet or CSV file, one row per user.")],
+    data: Annotated[str, typer.Option("--data", help="The sequences table the tasks score, e.g. quickstart.sequences.")],
+    columns: Annotated[
+        str | None, typer.Option("--columns", help="Label columns, comma-separated (default: every column but the user id).")
+    ] = None,
+    out: Annotated[Path | None, typer.Option("--out", help="Folder for the task files (default: tasks/ of the project).")] = None,
+    split: Annotated[str, typer.Option("--split", help="The split whose users are probed.")] = "test",
+    user_id: Annotated[str, typer.Option("--user-id", help="The labels table's user id column.")] = "user_id",
+    probe: Annotated[str, typer.Option("--probe", help="auto (by column type), logistic or linear.")] = "auto",
+    prefix: Annotated[str, typer.Option("--prefix", help="Prepended to each column name to make the task name.")] = "",
+    force: Annotated[bool, typer.Option("--force", help="Replace task files that already exist.")] = False,
+    json_output: JsonOption = False,
+) -> None:
+    """One embedding-probe task per label column of a labels table, written as OUT/<prefix><column>.toml.
+
+    The probe follows the column's type (floats linear; strings, booleans and integers with at most
+    20 values logistic). Every spec is checked before any file is written.
+    """
+    from lumos.eval.generate import generate_probe_tasks
+
+    if probe not in ("auto", "logistic", "linear"):
+        raise UsageError(f"--probe {probe!r}: expected auto, logistic or linear")
+    folder = out if out is not None else open_workspace(state(ctx).workspace_dir).project_dir / "tasks"
+    chosen = [name.strip() for name in columns.split(",") if name.strip()] if columns is not None else None
+    written = generate_probe_tasks(labels, folder, chosen, data=data, split=split, user_id=user_id, probe=probe,
+                                   prefix=prefix, overwrite=force)
+    if json_output:
+        emit_json({"labels": str(labels), "out": str(folder), "tasks": [
+            {"name": task.name, "column": task.column, "probe": task.probe, "file": str(task.path)} for task in written]})
+        return
+    print_table(f"{len(written)} task(s) in {folder}", ["task", "column", "probe"],
+                [(task.name, task.column, task.probe) for task in written])
+
+
 def _cell(value: float | None) -> str:
     return "" if value is None else f"{value:.4f}"
 

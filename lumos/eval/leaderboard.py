@@ -8,6 +8,7 @@ Reading a leaderboard touches only the tracking store, so it works against a rem
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -71,16 +72,21 @@ def record(workspace: Workspace, spec: TaskSpec, subject: Subject, data: str, me
     if subject.model:
         tags[f"{TAG}model"] = subject.model
     run = client.create_run(experiment_id, run_name=f"{spec.name}:{subject.label}", tags=tags)
-    for name, value in metrics.items():
-        if not math.isnan(value):
-            client.log_metric(run.info.run_id, mlflow_key(name), value)
+    # One batch per run, not one call per metric: a 150-task eval makes hundreds fewer store round trips.
+    client.log_batch(run.info.run_id, metrics=_metrics(metrics, ""))
     client.set_terminated(run.info.run_id, "FINISHED")
     if subject.run_id:
         # The training run carries its scores too, so a run's page shows how it evaluated.
-        for name, value in metrics.items():
-            if not math.isnan(value):
-                client.log_metric(subject.run_id, f"eval/{spec.name}/{mlflow_key(name)}", value)
+        client.log_batch(subject.run_id, metrics=_metrics(metrics, f"eval/{spec.name}/"))
     return run.info.run_id
+
+
+def _metrics(metrics: dict[str, float], prefix: str) -> list:
+    from mlflow.entities import Metric
+
+    stamp = int(time.time() * 1000)
+    return [Metric(key=prefix + mlflow_key(name), value=value, timestamp=stamp, step=0)
+            for name, value in metrics.items() if not math.isnan(value)]
 
 
 def leaderboard(workspace: Workspace, spec: TaskSpec, top: int | None = None) -> list[Entry]:
