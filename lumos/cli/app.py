@@ -9,6 +9,7 @@ import typer
 import lumos
 from lumos.cli import config, data, doctor, evaluate, infer, ingest, promote, quickstart, train, workspace
 from lumos.cli.compile import compile_model
+from lumos.cli.reproduce import reproduce
 from lumos.cli.output import state
 
 app = typer.Typer(
@@ -59,6 +60,7 @@ app.command("models")(promote.models)
 app.command("infer")(infer.infer)
 app.command("quickstart")(quickstart.quickstart)
 app.command("compile")(compile_model)
+app.command("reproduce")(reproduce)
 
 
 def main() -> None:
