@@ -10,6 +10,7 @@ import lumos
 from lumos.cli import config, data, doctor, evaluate, infer, ingest, promote, quickstart, train, workspace
 from lumos.cli.compile import compile_model
 from lumos.cli.reproduce import reproduce
+from lumos.cli.sweep import CONTEXT as SWEEP_CONTEXT, sweep
 from lumos.cli.output import state
 
 app = typer.Typer(
@@ -61,6 +62,7 @@ app.command("infer")(infer.infer)
 app.command("quickstart")(quickstart.quickstart)
 app.command("compile")(compile_model)
 app.command("reproduce")(reproduce)
+app.command("sweep", context_settings=SWEEP_CONTEXT)(sweep)
 
 
 def main() -> None:

@@ -104,13 +104,21 @@ def show_leaderboard(
     tasks_dir: TasksOption = None,
     json_output: JsonOption = False,
     csv_output: Annotated[bool, typer.Option("--csv", help="Print CSV on stdout.")] = False,
+    group_by: Annotated[
+        str | None, typer.Option("--group-by", help="config: one row per training config, mean ± std over its seeds.")
+    ] = None,
 ) -> None:
     """Entries of a task ranked by its primary metric; reads only the MLflow store."""
     from lumos.eval.leaderboard import entry_json, leaderboard
     from lumos.eval.tasks import find_task
 
+    if group_by not in (None, "config"):
+        raise UsageError(f"--group-by {group_by!r}: the one grouping is config")
     workspace, tasks = _load(ctx, tasks_dir)
     spec = find_task(tasks, task).spec
+    if group_by:
+        _show_groups(workspace, spec, top, json_output, csv_output)
+        return
     entries = leaderboard(workspace, spec, top)
     metrics = list(spec.metric_names)
     if json_output:
@@ -168,6 +176,27 @@ def generate_tasks(
         return
     print_table(f"{len(written)} task(s) in {folder}", ["task", "column", "probe"],
                 [(task.name, task.column, task.probe) for task in written])
+
+
+def _show_groups(workspace, spec, top: int | None, json_output: bool, csv_output: bool) -> None:
+    from lumos.eval.leaderboard import group_json, grouped_leaderboard
+
+    groups = grouped_leaderboard(workspace, spec, top)
+    if json_output:
+        emit_json({"task": spec.name, "primary_metric": spec.primary_metric, "direction": spec.primary_direction,
+                   "group_by": "config", "groups": [group_json(group) for group in groups]})
+        return
+    metrics = list(spec.metric_names)
+    header = ["rank", "config", "seeds", *metrics]
+    rows = [[group.rank, group.label, max(1, len(group.run_ids)),
+             *[f"{group.metrics[m][0]:.4f} ± {group.metrics[m][1]:.4f}" if m in group.metrics else "" for m in metrics]]
+            for group in groups]
+    if csv_output:
+        writer = csv.writer(sys.stdout)
+        writer.writerow(header)
+        writer.writerows(rows)
+        return
+    print_table(f"{spec.name}: configs ranked by mean {spec.primary_metric} ({spec.primary_direction}) over seeds", header, rows)
 
 
 def _cell(value: float | None) -> str:
