@@ -9,9 +9,10 @@ import typer
 import lumos
 from lumos.cli import config, data, doctor, evaluate, infer, ingest, promote, quickstart, train, workspace
 from lumos.cli.compile import compile_model
-from lumos.cli.reproduce import reproduce
-from lumos.cli.sweep import CONTEXT as SWEEP_CONTEXT, sweep
 from lumos.cli.output import state
+from lumos.cli.reproduce import reproduce
+from lumos.cli.sweep import CONTEXT as SWEEP_CONTEXT
+from lumos.cli.sweep import sweep
 
 app = typer.Typer(
     name="lumos",
