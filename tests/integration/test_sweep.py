@@ -93,3 +93,16 @@ def test_sweep_nests_resumes_and_groups_by_config(project, monkeypatch):
     assert best[0]["metrics"]["auc_roc"]["mean"] == pytest.approx(auc["mean"])
     assert best[0]["metrics"]["auc_roc"]["std"] == pytest.approx(auc["std"])
     assert {group["label"] for group in board["groups"]} >= {"baseline: prior_rate"}
+
+
+def test_parallel_children_train_in_their_own_processes(project, monkeypatch):
+    monkeypatch.chdir(project)
+    result = lumos(project, "sweep", "--config", "train.toml", "--grid", "optim.lr=3e-3", "--seeds", "7,8",
+                   "--parallel", "2", "--json")
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.stdout)
+    assert (summary["trained"], summary["failed"]) == (2, [])
+    client = tracking_client(open_workspace(project))
+    runs = summary["points"][0]["runs"]
+    assert {client.get_run(run_id).data.tags["lumos.seed"] for run_id in runs.values()} == {"7", "8"}
+    assert all(client.get_run(run_id).info.status == "FINISHED" for run_id in runs.values())
