@@ -151,3 +151,14 @@ def parse_lineage(metadata: str | None) -> LineageRecord | None:
         return LineageRecord.from_json(metadata)
     except (ValueError, TypeError, KeyError):
         return None
+
+
+def content_hash(frame) -> str:
+    """An order-independent hash of a DataFrame's rows: the sum (mod 2^64) of each row's xxhash64
+    over its columns in name order, with the row count. Equal rows in any order and partitioning
+    hash equal; computed by Spark in one aggregation, so it scales with the table."""
+    from pyspark.sql import functions as F
+
+    row_hash = F.xxhash64(*[frame[name] for name in sorted(frame.columns)]).cast("decimal(38,0)")  # a decimal sum cannot overflow
+    total = frame.agg(F.sum(row_hash).alias("total"), F.count(F.lit(1)).alias("rows")).collect()[0]
+    return f"xxhash64-sum:{int(total['total'] or 0) % 2**64:016x}:{total['rows']}"

@@ -15,7 +15,7 @@ from typing import Any
 from lumos.core.config import config_hash, to_plain
 from lumos.core.errors import UsageError
 from lumos.core.lineage import LineageInput, LineageRecord
-from lumos.core.tables import TableRef, table_exists, table_history, table_location, write_table
+from lumos.core.tables import TableRef, content_hash, table_exists, table_history, table_location, write_table
 from lumos.core.workspace import Workspace
 from lumos.data.recipe import IngestRecipe
 from lumos.data.sequences import build_sequences, build_vocab
@@ -91,14 +91,16 @@ def count_rejects(checked) -> RejectCounts:
     return RejectCounts(sum(counts.values()), by_rule)
 
 
-def run_ingest(spark, workspace: Workspace, recipe: IngestRecipe, recipe_dir: Path, report: Report = lambda _: None) -> IngestResult:
+def run_ingest(spark, workspace: Workspace, recipe: IngestRecipe, recipe_dir: Path, report: Report = lambda _: None,
+               rebuild: bool = False) -> IngestResult:
+    """`rebuild`: write new versions even when an earlier ingest of the same work exists (reproduce)."""
     refs = {role: TableRef(recipe.dataset, role) for role in ("sequences", "vocab", "rejects")}
     report(f"reading {recipe.source.path}")
     sources = read_checked_inputs(spark, workspace, recipe, recipe_dir)
     users, calendar = sources.users, sources.calendar
     lineage_base = dict(stage="ingest", config=to_plain(recipe), config_hash=config_hash(recipe), inputs=sources.inputs)
 
-    earlier = _find_earlier_ingest(spark, workspace, refs["sequences"], LineageRecord(**lineage_base))
+    earlier = None if rebuild else _find_earlier_ingest(spark, workspace, refs["sequences"], LineageRecord(**lineage_base))
     if earlier is not None:
         report(f"already ingested as {earlier.tables['sequences']}; nothing written")
         return earlier
@@ -126,6 +128,7 @@ def run_ingest(spark, workspace: Workspace, recipe: IngestRecipe, recipe_dir: Pa
                 "users": events.select("user_id").distinct().count(),
                 "tokens": sum(row["sum(length)"] or 0 for row in summary),
                 "rows_by_split": rows_by_split,
+                "content_hash": content_hash(sequences),  # what `lumos reproduce` compares a rebuild against
             }
             report("writing tables")
             written = {"rejects": write_table(spark, workspace, refs["rejects"], rejected_rows(checked),

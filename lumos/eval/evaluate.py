@@ -14,10 +14,10 @@ from lumos.core.errors import GateError
 from lumos.core.runs import download_checkpoint, resolve_run
 from lumos.core.tables import TableRef
 from lumos.core.workspace import Workspace
-from lumos.data.sequences_version import open_sequences
+from lumos.data.sequences_version import SequencesVersion, open_sequences
 from lumos.eval.leaderboard import Subject, record
 from lumos.eval.metrics import direction
-from lumos.eval.score import score_baseline, score_model
+from lumos.eval.score import EmbeddingCache, score_baseline, score_model
 from lumos.eval.tasks import LoadedTask
 from lumos.train.checkpoint import load_model
 
@@ -53,13 +53,19 @@ def evaluate(
     fail_below: dict[str, float] | None = None,
     report: Report = lambda _: None,
 ) -> list[TaskResult]:
+    # One pass over many tasks: the model is loaded once, each named table resolved once, and the
+    # user embeddings computed once per (data version, split) for all the probe tasks that read them.
     model = _load_run_model(workspace, subject.run_id)
+    opened: dict[str, SequencesVersion] = {}
+    embeddings = EmbeddingCache()
     results = []
     for task in tasks:
         spec = task.spec
-        data = open_sequences(workspace, TableRef.parse(spec.data))
+        if spec.data not in opened:
+            opened[spec.data] = open_sequences(workspace, TableRef.parse(spec.data))
+        data = opened[spec.data]
         report(f"{spec.name}: scoring {data.ref} split {spec.split}")
-        scores = score_model(model, task, data)
+        scores = score_model(model, task, data, embeddings)
         eval_run_id = record(workspace, spec, subject, str(data.ref), scores.metrics, scores.rows)
         result = TaskResult(spec.name, str(data.ref), scores.metrics, scores.rows, eval_run_id)
         if spec.kind != "embedding_probe":

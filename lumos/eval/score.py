@@ -33,13 +33,16 @@ class Scores:
     """Rows of the split that were scored."""
 
 
-def score_model(model: LumosModel, task: LoadedTask, data: SequencesVersion) -> Scores:
+def score_model(model: LumosModel, task: LoadedTask, data: SequencesVersion,
+                embeddings: EmbeddingCache | None = None) -> Scores:
+    """`embeddings`: user embeddings already computed for this model, reused by probe tasks on the
+    same data version and split (`lumos eval --all` shares one across its tasks)."""
     spec = task.spec
     _check_compatible(model, spec, data)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")  # full-corpus ranking is (B, V) work
     model = model.to(device).eval()
     if spec.kind == "embedding_probe":
-        return _score_probe(model, task, data, device)
+        return _score_probe(model, task, data, device, embeddings if embeddings is not None else EmbeddingCache())
     ranks, labels, predictions = [], [], []
     horizon = _horizon_index(spec, data)
     with torch.no_grad():
@@ -95,13 +98,39 @@ def _metrics(spec: TaskSpec, ranks, labels, predictions) -> Scores:
     return Scores({name: float(values[name]) for name in spec.metric_names if name in values}, rows)
 
 
-def _score_probe(model: LumosModel, task: LoadedTask, data: SequencesVersion, device: torch.device) -> Scores:
+@dataclass(frozen=True)
+class UserEmbeddings:
+    """A split's user embeddings (N, C) with the (user_id, as_of) of each row, in loader order."""
+
+    matrix: np.ndarray
+    users: list[str]
+    as_of: list
+
+
+class EmbeddingCache:
+    """User embeddings of one model by (data version, split, batch size): a probe task reads the
+    embeddings another task on the same rows already computed, instead of running the model again."""
+
+    def __init__(self) -> None:
+        self._computed: dict[tuple[str, str, int], UserEmbeddings] = {}
+
+    def get(self, model: LumosModel, data: SequencesVersion, spec: TaskSpec, device: torch.device) -> UserEmbeddings:
+        key = (str(data.ref), spec.split, spec.batch_size)
+        if key not in self._computed:
+            rows = []
+            with torch.no_grad():
+                for batch in _loader(data, spec):
+                    rows.append(model.embed_users(batch.to(device)).cpu().numpy())
+            users, as_of = split_keys(data, spec.split)
+            self._computed[key] = UserEmbeddings(np.concatenate(rows), users, as_of)
+        return self._computed[key]
+
+
+def _score_probe(model: LumosModel, task: LoadedTask, data: SequencesVersion, device: torch.device,
+                 embeddings: EmbeddingCache) -> Scores:
     spec, labels_spec = task.spec, task.spec.labels
-    embeddings = []
-    with torch.no_grad():
-        for batch in _loader(data, spec):
-            embeddings.append(model.embed_users(batch.to(device)).cpu().numpy())
-    users, as_of = split_keys(data, spec.split)
+    computed = embeddings.get(model, data, spec, device)
+    users, as_of = computed.users, computed.as_of
     table = _read_labels(task.path.parent, labels_spec.path, [labels_spec.user_id, labels_spec.label])
     label_of = dict(zip(map(str, table[labels_spec.user_id].to_pylist()), table[labels_spec.label].to_pylist(), strict=True))
     # One embedding per user: the split's latest row (largest as_of) when a user has several.
@@ -112,7 +141,7 @@ def _score_probe(model: LumosModel, task: LoadedTask, data: SequencesVersion, de
     chosen = sorted(index for user, index in latest.items() if label_of.get(user) is not None)
     if not chosen:
         raise UsageError(f"task {spec.name}: no user of split {spec.split!r} has a label in {labels_spec.path}")
-    matrix = np.concatenate(embeddings)[chosen]
+    matrix = computed.matrix[chosen]
     result = run_probe(matrix, [label_of[users[i]] for i in chosen], [users[i] for i in chosen], labels_spec.probe,
                        test_fraction=labels_spec.test_fraction, seed=labels_spec.seed)
     return Scores({name: float(value) for name, value in result.metrics.items()}, result.test_users)

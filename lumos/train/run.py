@@ -174,7 +174,9 @@ def _open_run(workspace: Workspace, config: TrainConfig, sequences, resume_run_i
         config=to_plain(config),
         config_hash=config_hash(config),
         inputs=[LineageInput("delta", table_location(workspace, sequences.ref), sequences.ref.version)],
-        stats={"parameters": summary.parameters, "batch_size": summary.batch_size, "world_size": summary.world_size},
+        # threads: CPU results are bit-for-bit repeatable only at the same thread count (reproduce uses it).
+        stats={"parameters": summary.parameters, "batch_size": summary.batch_size, "world_size": summary.world_size,
+               "threads": torch.get_num_threads(), "cuda": config.run.device != "cpu" and torch.cuda.is_available()},
         seed=config.run.seed,
     )
     tags = {
