@@ -7,11 +7,10 @@ from typing import Annotated
 
 import typer
 
+from lumos.cli.options import JsonOption
 from lumos.cli.output import echo, emit_json, handles_errors, log, print_table, progress, state
 from lumos.core.errors import GateError
 from lumos.core.workspace import open_workspace
-
-JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON on stdout.")]
 
 
 @handles_errors

@@ -7,11 +7,11 @@ from typing import Annotated
 
 import typer
 
+from lumos.cli.options import JsonOption, SetOption
 from lumos.cli.output import echo, emit_json, handles_errors, print_table, progress, state
 from lumos.core.errors import LumosError, UsageError
 from lumos.core.workspace import open_workspace
 
-JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON on stdout.")]
 # `--seeds 0 1 2`: click options take one value, so the seeds after the first arrive as extra arguments.
 CONTEXT = {"allow_extra_args": True}
 
@@ -25,9 +25,7 @@ def sweep(
     ] = None,
     seeds: Annotated[str, typer.Option("--seeds", help="Seeds, e.g. --seeds 0 1 2 (or 0,1,2).")] = "0",
     parallel: Annotated[int, typer.Option("--parallel", help="Children trained at once, each in its own process.")] = 1,
-    overrides: Annotated[
-        list[str] | None, typer.Option("--set", help="Override a field for every child (repeatable).")
-    ] = None,
+    overrides: SetOption = None,
     evaluate_best: Annotated[bool, typer.Option("--eval", help="Score the best point's seeds on the tasks.")] = False,
     tasks_dir: Annotated[Path | None, typer.Option("--tasks", help="Folder of task specs for --eval.")] = None,
     json_output: JsonOption = False,
