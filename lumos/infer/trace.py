@@ -54,7 +54,7 @@ def _predicted_by(version: DeltaSnapshot, user_id: str, as_of: datetime.date) ->
     files = [data_file.path for data_file in version.files if data_file.partition_values.get(PARTITION) == as_of.isoformat()]
     if not files:
         return None
-    rows = pq.read_table(files, columns=["model"], filters=[("user_id", "=", user_id)])
+    rows = pq.read_table(files, columns=["model"], filters=[("user_id", "=", user_id)], partitioning=None)
     return rows["model"][0].as_py() if rows.num_rows else None
 
 
