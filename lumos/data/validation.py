@@ -4,7 +4,7 @@ Nothing is dropped silently: a row either becomes a canonical event or a reject 
 broke, a readable reason and the original row as JSON. Rules are checked in a fixed order and a
 row is rejected for the first one it breaks:
 
-missing_user_id → bad_timestamp → unknown_event_type → bad_number → negative_value →
+missing_user_id → bad_timestamp → unknown_event_type → bad_number → non_finite → negative_value →
 timestamp_out_of_range → duplicate (an exact copy, on every mapped column, of an earlier valid row).
 """
 
@@ -20,6 +20,7 @@ RULES = (
     "bad_timestamp",
     "unknown_event_type",
     "bad_number",
+    "non_finite",
     "negative_value",
     "timestamp_out_of_range",
     "duplicate",
@@ -88,6 +89,14 @@ def check_events(raw, recipe: IngestRecipe):
         if c.kind == "double":
             rules.append(("bad_number", F.col(f"_given_{c.canonical}") & F.col(c.canonical).isNull(),
                           F.lit(f"column {c.source!r} is not a number")))
+    # NaN and ±Infinity (also what 1e999 overflows to) parse as doubles but poison a loss: one
+    # in a batch makes every parameter NaN after a step. `NaN < 0` is false, so non_negative
+    # alone would let NaN through.
+    for c in mapped:
+        if c.kind == "double":
+            rules.append(("non_finite", F.isnan(c.canonical) | F.col(c.canonical).isin(float("inf"), float("-inf")),
+                          F.concat(F.lit(f"column {c.source!r} is not a finite number ("),
+                                   F.col(c.canonical).cast("string"), F.lit(")"))))
     for role in recipe.cleaning.non_negative:
         canonical = "value" if role == "value" else f"num_{role}"
         rules.append(("negative_value", F.col(canonical) < 0,
