@@ -14,6 +14,10 @@ from lumos.core.lineage import LineageInput
 from lumos.core.tables import TABLE_REF, TableRef, read_table, resolve, table_location
 from lumos.core.workspace import Workspace, is_uri
 
+MALFORMED = "_malformed_line"
+"""Column a CSV or JSON read adds: the raw text of a line that does not parse (null on good lines).
+Validation turns it into the malformed_line rule, so a broken line is a reject, never an event."""
+
 SUFFIX_FORMATS = {".parquet": "parquet", ".csv": "csv", ".json": "json", ".jsonl": "json", ".ndjson": "json"}
 
 
@@ -40,11 +44,21 @@ def read_source(spark, workspace: Workspace, location: str, fmt: str, base_dir: 
 
 
 def _read_files(spark, location: str, fmt: str):
+    from pyspark.sql.types import StringType, StructField, StructType
+
     if fmt == "csv":
-        # Everything as strings: validation casts and reports what does not parse.
-        return spark.read.option("header", "true").option("inferSchema", "false").csv(location)
+        # Everything as strings: validation casts and reports what does not parse. The schema is
+        # given (the header's names plus the malformed-line column) so that Spark's PERMISSIVE mode
+        # can keep the raw text of a line with the wrong number of fields, such as one whose
+        # unterminated quote swallowed the rest of it, instead of shifting or padding its values.
+        header = spark.read.option("header", "true").option("inferSchema", "false").csv(location).columns
+        schema = StructType([StructField(name, StringType()) for name in header] + [StructField(MALFORMED, StringType())])
+        return (spark.read.schema(schema).option("header", "true").option("mode", "PERMISSIVE")
+                .option("columnNameOfCorruptRecord", MALFORMED).csv(location))
     if fmt == "json":
-        return spark.read.json(location)
+        # A line that is not a JSON object keeps its text in MALFORMED (the column exists only
+        # when some line is malformed).
+        return spark.read.option("mode", "PERMISSIVE").option("columnNameOfCorruptRecord", MALFORMED).json(location)
     return spark.read.parquet(location)
 
 

@@ -1,11 +1,11 @@
 """Validation: map source columns to canonical ones and give every failing row a reason.
 
 Nothing is dropped silently: a row either becomes a canonical event or a reject with the rule it
-broke, a readable reason and the original row as JSON. Rules are checked in a fixed order and a
-row is rejected for the first one it breaks:
+broke, a readable reason and the original row as JSON (a line that does not parse keeps its raw
+text). Rules are checked in a fixed order and a row is rejected for the first one it breaks:
 
-missing_user_id → bad_timestamp → unknown_event_type → bad_number → non_finite → negative_value →
-timestamp_out_of_range → duplicate (an exact copy, on every mapped column, of an earlier valid row).
+malformed_line → missing_user_id → bad_timestamp → unknown_event_type → bad_number → non_finite →
+negative_value → timestamp_out_of_range → duplicate (an exact copy, on every mapped column, of an earlier valid row).
 """
 
 from __future__ import annotations
@@ -14,8 +14,10 @@ from dataclasses import dataclass
 
 from lumos.core.errors import UsageError
 from lumos.data.recipe import IngestRecipe
+from lumos.data.sources import MALFORMED
 
 RULES = (
+    "malformed_line",
     "missing_user_id",
     "bad_timestamp",
     "unknown_event_type",
@@ -56,11 +58,12 @@ def event_columns(recipe: IngestRecipe) -> list[EventColumn]:
 
 def check_columns(frame, wanted: list[str], key: str, location: str) -> None:
     """Fail with every missing source column named, and what the source does have."""
-    missing = [name for name in wanted if name not in frame.columns]
+    columns = [name for name in frame.columns if name != MALFORMED]
+    missing = [name for name in wanted if name not in columns]
     if missing:
         raise UsageError(
             f"{location}: no column {', '.join(repr(m) for m in missing)} (named in {key}); "
-            f"the source has: {', '.join(frame.columns)}"
+            f"the source has: {', '.join(columns)}"
         )
 
 
@@ -70,13 +73,19 @@ def check_events(raw, recipe: IngestRecipe):
     from pyspark.sql import functions as F
 
     mapped = event_columns(recipe)
+    has_malformed = MALFORMED in raw.columns
+    row_json = F.to_json(F.struct(*[F.col(quote_column(name)) for name in raw.columns if name != MALFORMED]))
     casted = raw.select(
         *[_cast(F.col(quote_column(c.source)), c.kind).alias(c.canonical) for c in mapped],
         *[F.col(quote_column(c.source)).isNotNull().alias(f"_given_{c.canonical}") for c in mapped if c.kind == "double"],
-        F.to_json(F.struct(*[F.col(quote_column(name)) for name in raw.columns])).alias("_row"),
+        (F.coalesce(F.col(MALFORMED), row_json) if has_malformed else row_json).alias("_row"),
+        (F.col(MALFORMED).isNotNull() if has_malformed else F.lit(False)).alias("_malformed"),
     )
     by_role = {c.canonical: c for c in mapped}
     rules = [
+        ("malformed_line", F.col("_malformed"),
+         F.lit("the line does not parse (an unterminated quote, a wrong number of fields, or not a JSON object); "
+               "row holds its raw text")),
         ("missing_user_id", F.col("user_id").isNull() | (F.col("user_id") == ""),
          F.lit(f"user id column {recipe.columns.user_id!r} is null or empty")),
         ("bad_timestamp", F.col("ts").isNull(),
@@ -113,7 +122,7 @@ def check_events(raw, recipe: IngestRecipe):
         rule = F.when(condition, F.lit(name)).otherwise(rule)
         reason = F.when(condition, message).otherwise(reason)
     checked = casted.withColumn("_rule", rule).withColumn("_reason", reason)
-    checked = checked.drop(*[name for name in checked.columns if name.startswith("_given_")])
+    checked = checked.drop("_malformed", *[name for name in checked.columns if name.startswith("_given_")])
     if recipe.cleaning.reject_duplicates:
         canonical = [c.canonical for c in mapped]
         copies = Window.partitionBy(*canonical, "_rule").orderBy("_row")
