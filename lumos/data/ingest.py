@@ -26,6 +26,7 @@ from lumos.data.validation import (
     event_columns,
     quote_column,
     rejected_rows,
+    strip_whitespace,
     valid_events,
 )
 
@@ -139,10 +140,10 @@ def read_users(spark, workspace: Workspace, recipe: IngestRecipe, recipe_dir: Pa
     frame, source_input = read_source(spark, workspace, spec.path, spec.format, recipe_dir, "users.path")
     check_columns(frame, [spec.user_id, *spec.categorical, *spec.numeric], "users", spec.path)
     users = frame.select(
-        F.trim(F.col(quote_column(spec.user_id)).cast("string")).alias("user_id"),
+        strip_whitespace(F.col(quote_column(spec.user_id))).alias("user_id"),
         *[F.col(quote_column(name)).cast("string").alias(f"user_{name}") for name in spec.categorical],
         *[F.col(quote_column(name)).cast("double").alias(f"user_{name}") for name in spec.numeric],
-    ).where(F.col("user_id").isNotNull())
+    ).where(F.col("user_id").isNotNull() & (F.col("user_id") != ""))
     duplicated = users.groupBy("user_id").count().where(F.col("count") > 1).limit(3).collect()
     if duplicated:
         names = ", ".join(row["user_id"] for row in duplicated)

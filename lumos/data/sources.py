@@ -7,6 +7,7 @@ content fingerprint, so that re-ingesting unchanged data is recognised as the sa
 from __future__ import annotations
 
 import hashlib
+from dataclasses import dataclass
 from pathlib import Path
 
 from lumos.core.errors import UsageError
@@ -59,7 +60,80 @@ def _read_files(spark, location: str, fmt: str):
         # A line that is not a JSON object keeps its text in MALFORMED (the column exists only
         # when some line is malformed).
         return spark.read.option("mode", "PERMISSIVE").option("columnNameOfCorruptRecord", MALFORMED).json(location)
-    return spark.read.parquet(location)
+    return _read_parquet(spark, location)
+
+
+NANOS_AS_LONG = "spark.sql.legacy.parquet.nanosAsLong"
+
+
+def _read_parquet(spark, location: str):
+    """Parquet, with INT64 TIMESTAMP(NANOS) columns (pandas' default) read as timestamps.
+
+    Spark refuses nanosecond timestamps unless told to read them as longs; those columns (found
+    in the first data file's footer) are read so and turned into microsecond timestamps, Spark's
+    precision, rounding down.
+    """
+    from pyspark.sql import functions as F
+
+    nanos = _nanosecond_timestamp_columns(spark, location)
+    if nanos and spark.conf.get(NANOS_AS_LONG, "false") != "true":
+        spark.conf.set(NANOS_AS_LONG, "true")  # a reused session may lack core.spark's setting
+    frame = spark.read.parquet(location)
+    for name in nanos:
+        micros = F.floor(F.col(quote_column(name)).cast("decimal(20,0)") / F.lit(1000)).cast("long")
+        frame = frame.withColumn(name, F.timestamp_micros(micros))
+    return frame
+
+
+def _nanosecond_timestamp_columns(spark, location: str) -> list[str]:
+    jvm = spark._jvm
+    conf = spark._jsc.hadoopConfiguration()
+    files = _data_files(spark, location)
+    if not files:
+        return []
+    footer = jvm.org.apache.parquet.hadoop.ParquetFileReader.open(
+        jvm.org.apache.parquet.hadoop.util.HadoopInputFile.fromPath(jvm.org.apache.hadoop.fs.Path(files[0].uri), conf)
+    )
+    try:
+        fields = footer.getFooter().getFileMetaData().getSchema().getFields()
+        return [field.getName() for field in fields
+                if str(field.getLogicalTypeAnnotation()).startswith("TIMESTAMP(NANOS")]
+    finally:
+        footer.close()
+
+
+@dataclass(frozen=True)
+class DataFile:
+    uri: str
+    relative: str
+    """Path below the location read (the file name when the location is a file)."""
+    size: int
+    modified_ms: int
+
+
+def _data_files(spark, location: str) -> list[DataFile]:
+    """Every data file at `location` (a file or folder, any Hadoop file system: file://, s3a://,
+    hdfs://), sorted by path, skipping Spark's _SUCCESS markers, .crc files and other hidden ones."""
+    jvm = spark._jvm
+    root = jvm.org.apache.hadoop.fs.Path(location)
+    filesystem = root.getFileSystem(spark._jsc.hadoopConfiguration())
+    status = filesystem.getFileStatus(root)
+    prefix = status.getPath().toString().rstrip("/") + "/"
+    found = []
+    listing = filesystem.listFiles(root, True)
+    while listing.hasNext():
+        entry = listing.next()
+        uri = entry.getPath().toString()
+        relative = uri.removeprefix(prefix) if status.isDirectory() else entry.getPath().getName()
+        if any(part.startswith((".", "_")) for part in relative.split("/")):
+            continue
+        found.append(DataFile(uri, relative, entry.getLen(), entry.getModificationTime()))
+    return sorted(found, key=lambda item: item.relative)
+
+
+def quote_column(name: str) -> str:
+    """Backtick-quote a source column name so dots and spaces in it are not parsed as paths."""
+    return "`" + name.replace("`", "``") + "`"
 
 
 def detect_format(path: Path, key: str) -> str:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from lumos.core.errors import UsageError
 from lumos.data.recipe import IngestRecipe
-from lumos.data.sources import MALFORMED
+from lumos.data.sources import MALFORMED, quote_column
 
 RULES = (
     "malformed_line",
@@ -87,7 +87,7 @@ def check_events(raw, recipe: IngestRecipe):
          F.lit("the line does not parse (an unterminated quote, a wrong number of fields, or not a JSON object); "
                "row holds its raw text")),
         ("missing_user_id", F.col("user_id").isNull() | (F.col("user_id") == ""),
-         F.lit(f"user id column {recipe.columns.user_id!r} is null or empty")),
+         F.lit(f"user id column {recipe.columns.user_id!r} is null, empty or only whitespace")),
         ("bad_timestamp", F.col("ts").isNull(),
          F.lit(f"timestamp column {recipe.columns.timestamp!r} is null or not a parseable time")),
         ("unknown_event_type", F.col("event_type").isNull() | ~F.col("event_type").isin(*recipe.cleaning.event_types),
@@ -167,13 +167,22 @@ def _utc_literal(moment):
 
 
 def _cast(column, kind: str):
-    from pyspark.sql import functions as F
-
     if kind == "string":
-        return F.trim(column.cast("string"))
+        return strip_whitespace(column)
     return column.cast(kind)
 
 
-def quote_column(name: str) -> str:
-    """Backtick-quote a source column name so dots and spaces in it are not parsed as paths."""
-    return "`" + name.replace("`", "``") + "`"
+# Java regex: (?U) makes \s every Unicode White_Space character (tab, no-break space U+00A0, em
+# space, ideographic space U+3000, …); zero-width space and the byte-order mark are added by hand.
+_EDGE_WHITESPACE = r"(?U)^[\s\x{200B}\x{FEFF}]+|[\s\x{200B}\x{FEFF}]+$"
+
+
+def strip_whitespace(column):
+    """`column` as a string without leading or trailing Unicode whitespace.
+
+    Ids go through this in ingest and infer alike (both validate with check_events), so ids that
+    differ only in such whitespace are one id, and an id of only whitespace is empty: missing.
+    """
+    from pyspark.sql import functions as F
+
+    return F.regexp_replace(column.cast("string"), _EDGE_WHITESPACE, "")

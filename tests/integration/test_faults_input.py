@@ -9,8 +9,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import pytest
-
 from lumos.core.config import from_dict
 from lumos.core.workspace import open_workspace
 from lumos.data.recipe import IngestRecipe
@@ -59,3 +57,56 @@ def test_non_finite_numbers_are_rejected_in_every_numeric_column(spark, tmp_path
     assert [row["user_id"] for row in accepted] == ["u1"]
     assert set(rejected) == {"non_finite"}
     assert sorted(json.loads(row)["user"] for row in rejected["non_finite"]) == ["u2", "u3", "u4", "u5", "u6", "u7"]
+
+
+def test_malformed_csv_and_json_lines_are_rejected_with_their_raw_text(spark, tmp_path):
+    good = "u1,2026-06-01 10:00:00,view,a,1.5,2.0"
+    unterminated = 'u2,2026-06-01 10:00:00,view,"a,1.5,2.0'
+    short = "u3,2026-06-01 10:00:00,view,a"
+    long = "u4,2026-06-01 10:00:00,view,a,1.5,2.0,surplus"
+    text = HEADER + "\n".join([good, unterminated, short, long]) + "\n"
+    accepted, rejected = check_file(spark, tmp_path, "events.csv", text, shop_recipe())
+    assert [(row["user_id"], row["item_id"]) for row in accepted] == [("u1", "a")]
+    assert set(rejected) == {"malformed_line"}
+    assert sorted(rejected["malformed_line"]) == sorted([unterminated, short, long])
+
+    good_json = json.dumps({"user": "u1", "time": "2026-06-01 10:00:00", "kind": "view", "item": "a", "amount": 1.5, "price": 2.0})
+    broken = '{"user": "u2", "time": "2026-06-01 10:00:00", "kind": "view", "item": "a'
+    not_an_object = '["u3", "2026-06-01 10:00:00", "view"]'
+    accepted, rejected = check_file(spark, tmp_path, "events.jsonl", "\n".join([good_json, broken, not_an_object]) + "\n",
+                                    shop_recipe())
+    assert [row["user_id"] for row in accepted] == ["u1"]
+    assert sorted(rejected["malformed_line"]) == sorted([broken, not_an_object]) and set(rejected) == {"malformed_line"}
+
+
+def test_parquet_with_nanosecond_timestamps_from_pandas_is_read(spark, tmp_path):
+    import pandas as pd
+
+    frame = pd.DataFrame({
+        "user": ["u1", "u2"], "kind": ["view", "purchase"], "item": ["a", "b"], "amount": [1.0, 2.0], "price": [3.0, 4.0],
+        # pandas writes datetime64[ns] as Parquet INT64 TIMESTAMP(NANOS), which Spark refuses by default.
+        "time": pd.to_datetime(["2026-06-01 10:00:00.123456789", "2026-06-02 11:30:00"], format="ISO8601"),
+        "seen_at": pd.to_datetime(["2026-06-01 10:00:01", "2026-06-02 11:30:01"]).tz_localize("UTC"),
+    })
+    frame.to_parquet(tmp_path / "events.parquet")
+    raw, _ = read_source(spark, open_workspace(tmp_path), "events.parquet", "auto", tmp_path, "source.path")
+    checked = check_events(raw, shop_recipe())
+    assert rejected_rows(checked).count() == 0
+    times = [row["ts"].isoformat(sep=" ") for row in valid_events(checked).orderBy("user_id").collect()]
+    assert times == ["2026-06-01 10:00:00.123456", "2026-06-02 11:30:00"]
+    assert raw.schema["seen_at"].dataType.typeName() == "timestamp"
+
+
+WHITESPACE_IDS = ["\t", "\u00a0", "\u2003", " \u3000 ", "\u00a0\t"]
+
+
+def test_whitespace_only_ids_are_missing_and_ids_are_stripped_of_unicode_whitespace(spark, tmp_path):
+    def event(user, item="a"):
+        return json.dumps({"user": user, "time": "2026-06-01 10:00:00", "kind": "view", "item": item, "amount": 1.0,
+                           "price": 1.0})
+
+    lines = [event("u1"), event("\tu1\u00a0", item="\u2002b\t")] + [event(blank) for blank in WHITESPACE_IDS]
+    accepted, rejected = check_file(spark, tmp_path, "events.jsonl", "\n".join(lines) + "\n", shop_recipe())
+    assert sorted((row["user_id"], row["item_id"]) for row in accepted) == [("u1", "a"), ("u1", "b")]
+    assert set(rejected) == {"missing_user_id"}
+    assert sorted(json.loads(row)["user"] for row in rejected["missing_user_id"]) == sorted(WHITESPACE_IDS)
