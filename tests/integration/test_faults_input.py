@@ -110,3 +110,40 @@ def test_whitespace_only_ids_are_missing_and_ids_are_stripped_of_unicode_whitesp
     assert sorted((row["user_id"], row["item_id"]) for row in accepted) == [("u1", "a"), ("u1", "b")]
     assert set(rejected) == {"missing_user_id"}
     assert sorted(json.loads(row)["user"] for row in rejected["missing_user_id"]) == sorted(WHITESPACE_IDS)
+
+
+def table_properties(spark, location: str) -> dict[str, str]:
+    from delta.tables import DeltaTable
+
+    return DeltaTable.forPath(spark, location).detail().first()["properties"]
+
+
+def test_every_table_lumos_writes_keeps_its_commit_log(spark, tmp_path):
+    import datetime
+
+    from lumos.core.lineage import LineageRecord
+    from lumos.core.tables import LOG_RETENTION, TableRef, table_history, table_location, write_table
+    from lumos.infer.predictions import write_partition
+
+    workspace = open_workspace(tmp_path)
+
+    def lineage():
+        return LineageRecord(stage="test", config={}, config_hash="h", inputs=[])
+
+    fresh = TableRef("shop", "sequences")
+    write_table(spark, workspace, fresh, spark.range(3), lineage())
+    write_table(spark, workspace, fresh, spark.range(4), lineage())
+    assert LOG_RETENTION.items() <= table_properties(spark, table_location(workspace, fresh)).items()
+    assert [entry.version for entry in table_history(spark, workspace, fresh)] == [1, 0]
+
+    # A table made before Lumos set the properties gets them at its next write.
+    older = TableRef("shop", "vocab")
+    spark.range(2).write.format("delta").save(table_location(workspace, older))
+    written = write_table(spark, workspace, older, spark.range(5), lineage())
+    assert LOG_RETENTION.items() <= table_properties(spark, table_location(workspace, older)).items()
+    assert spark.read.format("delta").load(table_location(workspace, written)).count() == 5
+
+    predictions = TableRef("shop", "predictions")
+    rows = spark.range(2).selectExpr("id", "DATE'2026-06-01' AS as_of")
+    write_partition(spark, workspace, predictions, rows, datetime.date(2026, 6, 1), lineage())
+    assert LOG_RETENTION.items() <= table_properties(spark, table_location(workspace, predictions)).items()
