@@ -1,7 +1,9 @@
 """Reading ingest sources: Parquet, CSV, JSON or Delta files, or Lumos tables by name.
 
 Each read also returns the exact input version for lineage: a Delta version, or for plain files a
-content fingerprint, so that re-ingesting unchanged data is recognised as the same work.
+content fingerprint (for files given as URIs, a fingerprint of their listing: paths, sizes and
+modification times), so that re-ingesting unchanged data is recognised as the same work and
+changed data is not.
 """
 
 from __future__ import annotations
@@ -28,8 +30,9 @@ def read_source(spark, workspace: Workspace, location: str, fmt: str, base_dir: 
         ref = resolve(spark, workspace, TableRef.parse(location))
         return read_table(spark, workspace, ref), LineageInput("delta", table_location(workspace, ref), ref.version)
     if is_uri(location):
+        version = listing_fingerprint(spark, location, key)
         return _read_files(spark, location, fmt if fmt != "auto" else _format_from_name(location, key)), LineageInput(
-            "files", location, None
+            "files", location, version
         )
     path = (base_dir / location).resolve()
     if not path.exists():
@@ -153,6 +156,23 @@ def _format_from_name(name: str, key: str) -> str:
     if suffix not in SUFFIX_FORMATS:
         raise UsageError(f"{key}: cannot tell the format of {name!r} from its suffix; set format = parquet|csv|json|delta")
     return SUFFIX_FORMATS[suffix]
+
+
+def listing_fingerprint(spark, location: str, key: str) -> str:
+    """sha256 over the path, size and modification time of every data file at a URI (file://,
+    s3a://, hdfs://, any Hadoop file system), listed through Spark's JVM without reading the data:
+    new, changed or removed files give a new version, so a re-ingest after new data is new work."""
+    try:
+        files = _data_files(spark, location)
+    except Exception as error:  # py4j's error around Hadoop's FileNotFoundException and the like
+        message = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise UsageError(f"{key} = {location!r} cannot be listed: {message[:300]}") from None
+    if not files:
+        raise UsageError(f"{key} = {location!r} holds no data files")
+    digest = hashlib.sha256()
+    for file in files:
+        digest.update(f"{file.relative}\0{file.size}\0{file.modified_ms}\n".encode())
+    return "listing:sha256:" + digest.hexdigest()
 
 
 def fingerprint(path: Path) -> str:

@@ -6,12 +6,17 @@ ingest does; the fault-injection cases (marked `faults`) also kill real `lumos i
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
+import pytest
+
 from lumos.core.config import from_dict
+from lumos.core.errors import UsageError
 from lumos.core.workspace import open_workspace
-from lumos.data.recipe import IngestRecipe
+from lumos.data.ingest import run_ingest
+from lumos.data.recipe import IngestRecipe, SourceSpec
 from lumos.data.sources import read_source
 from lumos.data.validation import check_events, rejected_rows, valid_events
 
@@ -147,3 +152,47 @@ def test_every_table_lumos_writes_keeps_its_commit_log(spark, tmp_path):
     rows = spark.range(2).selectExpr("id", "DATE'2026-06-01' AS as_of")
     write_partition(spark, workspace, predictions, rows, datetime.date(2026, 6, 1), lineage())
     assert LOG_RETENTION.items() <= table_properties(spark, table_location(workspace, predictions)).items()
+
+
+def good_events(users: int, per_user: int) -> str:
+    lines = [f"u{user},2026-06-{day + 1:02d} 10:00:00,view,i{(user + day) % 5},1.0,2.0"
+             for user in range(users) for day in range(per_user)]
+    return HEADER + "\n".join(lines) + "\n"
+
+
+def test_sources_given_as_uris_get_a_version_from_their_listing(spark, tmp_path):
+    folder = tmp_path / "events"
+    folder.mkdir()
+    (folder / "part-0.csv").write_text(good_events(2, 3))
+    (folder / "_SUCCESS").write_text("")
+    uri = folder.as_uri()  # file:///…
+    workspace = open_workspace(tmp_path)
+
+    def version() -> str:
+        return read_source(spark, workspace, uri, "csv", tmp_path, "source.path")[1].version
+
+    first = version()
+    assert first and first.startswith("listing:sha256:") and version() == first
+    (folder / "part-1.csv").write_text(good_events(1, 2))  # new data arrives
+    second = version()
+    assert second != first
+    (folder / ".part-1.csv.crc").write_text("x")  # not data: no new version
+    assert version() == second
+    with pytest.raises(UsageError, match="cannot be listed"):
+        read_source(spark, workspace, (tmp_path / "absent").as_uri(), "csv", tmp_path, "source.path")
+
+
+def test_the_same_recipe_over_changed_input_writes_a_new_version(spark, tmp_path):
+    events = tmp_path / "events.csv"
+    events.write_text(good_events(3, 4))
+    workspace = open_workspace(tmp_path)
+    for dataset, location in (("by_path", str(events)), ("by_uri", events.as_uri())):
+        recipe = dataclasses.replace(shop_recipe(), dataset=dataset, source=SourceSpec(path=location, format="csv"))
+        first = run_ingest(spark, workspace, recipe, tmp_path)
+        again = run_ingest(spark, workspace, recipe, tmp_path)
+        assert again.reused and again.tables == first.tables
+        events.write_text(good_events(4, 4))  # the same file, now with a fourth user
+        changed = run_ingest(spark, workspace, recipe, tmp_path)
+        assert not changed.reused and changed.stats["users"] == 4
+        assert changed.tables["sequences"].endswith("sequences@1"), (location, changed.tables)
+        events.write_text(good_events(3, 4))
