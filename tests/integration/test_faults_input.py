@@ -7,13 +7,19 @@ ingest does; the fault-injection cases (marked `faults`) also kill real `lumos i
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import json
+import os
+import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from lumos.core.config import from_dict
 from lumos.core.errors import UsageError
+from lumos.core.faults import FAULT_POINT
 from lumos.core.workspace import open_workspace
 from lumos.data.ingest import run_ingest
 from lumos.data.recipe import IngestRecipe, SourceSpec
@@ -124,8 +130,6 @@ def table_properties(spark, location: str) -> dict[str, str]:
 
 
 def test_every_table_lumos_writes_keeps_its_commit_log(spark, tmp_path):
-    import datetime
-
     from lumos.core.lineage import LineageRecord
     from lumos.core.tables import LOG_RETENTION, TableRef, table_history, table_location, write_table
     from lumos.infer.predictions import write_partition
@@ -196,3 +200,159 @@ def test_the_same_recipe_over_changed_input_writes_a_new_version(spark, tmp_path
         assert not changed.reused and changed.stats["users"] == 4
         assert changed.tables["sequences"].endswith("sequences@1"), (location, changed.tables)
         events.write_text(good_events(3, 4))
+
+
+# Fault injection. Each bad row carries a marker in its item column, so the test can tell which
+# rule each one was rejected for; the expected rule is the marker's prefix.
+BAD_ROWS = [
+    "u9,2026-06-01 10:00:00,view,non_finite_nan,NaN,1.0",
+    "u9,2026-06-01 10:00:00,view,non_finite_inf,1.0,Infinity",
+    "u9,2026-06-01 10:00:00,view,non_finite_overflow,1e999,1.0",
+    'u9,2026-06-01 10:00:00,view,"malformed_line_quote,1.0,1.0',
+    "u9,2026-06-01 10:00:00,view,malformed_line_short",
+    "u9,2026-06-01 10:00:00,view,malformed_line_long,1.0,1.0,surplus",
+    "\t,2026-06-01 10:00:00,view,missing_user_id_tab,1.0,1.0",
+    "\u00a0,2026-06-01 10:00:00,view,missing_user_id_nbsp,1.0,1.0",
+    ",2026-06-01 10:00:00,view,missing_user_id_empty,1.0,1.0",
+    "u9,yesterday,view,bad_timestamp_word,1.0,1.0",
+    "u9,2026-13-45 99:00:00,view,bad_timestamp_date,1.0,1.0",
+    "u9,2026-06-01 10:00:00,teleport,unknown_event_type_x,1.0,1.0",
+    "u9,2026-06-01 10:00:00,view,bad_number_word,abc,1.0",
+    "u9,2026-06-01 10:00:00,view,negative_value_x,-3,1.0",
+    "u9,1999-01-01 00:00:00,view,timestamp_out_of_range_x,1.0,1.0",
+]
+
+
+def messy_events() -> tuple[str, list[str], list[str]]:
+    """(file text, good rows, bad rows): good rows of four users, one with Unicode-padded ids, and
+    every bad class, including an exact copy of a good row."""
+    good = [f"u{user},2026-06-{day + 1:02d} 10:00:00,{'purchase' if day % 2 else 'view'},i{user}{day},{day}.5,1.0"
+            for user in range(1, 4) for day in range(4)]
+    good += ["\u00a0u4\t,2026-06-05 10:00:00,view,i40,1.0,1.0", "u4,2026-06-06 10:00:00,view,i41,1.0,1.0"]
+    duplicate = good[0]
+    bad = [*BAD_ROWS, duplicate]
+    return HEADER + "\n".join([*good[:5], *bad, *good[5:]]) + "\n", good, bad
+
+
+def rule_of(marker_row: str) -> str:
+    """The rule a bad row's marker names (the duplicate carries a good row's item)."""
+    for rule in ("non_finite", "malformed_line", "missing_user_id", "bad_timestamp", "unknown_event_type",
+                 "bad_number", "negative_value", "timestamp_out_of_range"):
+        if rule in marker_row:
+            return rule
+    return "duplicate"
+
+
+@pytest.mark.faults
+def test_every_bad_class_is_rejected_with_its_rule_and_every_good_row_kept(spark, tmp_path):
+    from lumos.core.tables import TableRef, read_table
+
+    text, good, bad = messy_events()
+    (tmp_path / "events.csv").write_text(text)
+    recipe = dataclasses.replace(shop_recipe(), cleaning=dataclasses.replace(
+        shop_recipe().cleaning, non_negative=("value",), min_timestamp=datetime.datetime(2020, 1, 1)))
+    workspace = open_workspace(tmp_path)
+    result = run_ingest(spark, workspace, recipe, tmp_path)
+
+    stats = result.stats
+    assert stats["rows_read"] == len(good) + len(bad) == stats["events"] + stats["rows_rejected"]
+    assert stats["events"] == len(good) and stats["users"] == 4
+    expected = {}
+    for row in bad:
+        expected[rule_of(row)] = expected.get(rule_of(row), 0) + 1
+    assert stats["rejected_by_rule"] == expected
+    rejects = read_table(spark, workspace, TableRef.parse(result.tables["rejects"])).collect()
+    by_marker = {}
+    for reject in rejects:
+        marker = reject["row"] if reject["rule"] == "malformed_line" else json.loads(reject["row"]).get("item", "")
+        by_marker[marker] = reject["rule"]
+    assert len(rejects) == len(bad)
+    for row in bad:
+        marker = row if rule_of(row) == "malformed_line" else row.split(",")[3]
+        assert by_marker[marker] == rule_of(row), row
+    vocab = read_table(spark, workspace, TableRef.parse(result.tables["vocab"]))
+    items = {row["token"] for row in vocab.where("feature = 'item'").collect()}
+    assert {row.split(",")[3] for row in good} <= items
+    users = read_table(spark, workspace, TableRef.parse(result.tables["sequences"])).select("user_id").distinct()
+    assert sorted(row["user_id"] for row in users.collect()) == ["u1", "u2", "u3", "u4"]
+
+
+KILL_RECIPE = """
+dataset = "shop"
+[source]
+path = "events.csv"
+[columns]
+user_id = "user"
+timestamp = "time"
+event_type = "kind"
+item_id = "item"
+value = "amount"
+numeric = ["price"]
+[cleaning]
+event_types = ["view", "purchase"]
+max_reject_fraction = 0.5
+[splits]
+mode = "leave_last_out"
+min_history = 0
+"""
+
+
+def lumos_ingest(project: Path, fault_point: str | None) -> subprocess.CompletedProcess:
+    """`lumos ingest` in its own process (and JVM), killed at `fault_point` by the test hook."""
+    environment = {key: value for key, value in os.environ.items() if key != FAULT_POINT}
+    if fault_point:
+        environment[FAULT_POINT] = fault_point
+    command = [sys.executable, "-m", "lumos", "--workspace", str(project), "ingest",
+               "--recipe", str(project / "ingest.toml"), "--json"]
+    return subprocess.run(command, env=environment, capture_output=True, text=True, timeout=600)
+
+
+def ingest_versions(spark, workspace) -> dict[str, list[int]]:
+    from lumos.core.tables import TableRef, table_exists, table_history, table_location
+
+    versions = {}
+    for role in ("rejects", "vocab", "sequences"):
+        ref = TableRef("shop", role)
+        exists = table_exists(spark, table_location(workspace, ref))
+        versions[role] = [entry.version for entry in table_history(spark, workspace, ref)] if exists else []
+    return versions
+
+
+def assert_every_sequences_version_has_its_vocab(spark, workspace) -> None:
+    from lumos.core.tables import TableRef, read_table, table_history
+
+    for entry in table_history(spark, workspace, TableRef("shop", "sequences")):
+        vocab = TableRef.parse(entry.lineage.stats["tables"]["vocab"])
+        assert read_table(spark, workspace, vocab).count() > 0, (entry.version, vocab)
+
+
+@pytest.mark.faults
+@pytest.mark.slow
+def test_an_ingest_killed_at_any_point_leaves_no_sequences_without_vocab_and_reruns(spark, tmp_path):
+    (tmp_path / "ingest.toml").write_text(KILL_RECIPE)
+    (tmp_path / "lumos.toml").write_text('[spark]\nmaster = "local[1]"\nshuffle_partitions = 2\ndriver_memory = "1g"\n')
+    text, _, _ = messy_events()
+    (tmp_path / "events.csv").write_text(text)
+    workspace = open_workspace(tmp_path)
+    vocab_folder = tmp_path / ".lumos" / "tables" / "shop" / "vocab"
+
+    killed = lumos_ingest(tmp_path, "after_rejects")
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
+    assert ingest_versions(spark, workspace) == {"rejects": [0], "vocab": [], "sequences": []}
+
+    killed = lumos_ingest(tmp_path, "mid_vocab")
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
+    # Killed with the vocab's data files down and no commit: Delta shows no version of it.
+    assert [path for path in vocab_folder.rglob("*.parquet") if "_delta_log" not in path.parts]
+    assert ingest_versions(spark, workspace) == {"rejects": [1, 0], "vocab": [], "sequences": []}
+
+    killed = lumos_ingest(tmp_path, "before_sequences")
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
+    assert ingest_versions(spark, workspace) == {"rejects": [2, 1, 0], "vocab": [0], "sequences": []}
+
+    rerun = lumos_ingest(tmp_path, None)
+    assert rerun.returncode == 0, rerun.stderr[-2000:]
+    summary = json.loads(rerun.stdout)
+    assert summary["reused"] is False and summary["tables"] == {
+        "sequences": "shop.sequences@0", "vocab": "shop.vocab@1", "rejects": "shop.rejects@3"}
+    assert_every_sequences_version_has_its_vocab(spark, workspace)
