@@ -34,6 +34,7 @@ from lumos.compile.program import Compilation, Options, compile_graph, load_prog
 from lumos.compile.render_c import tensor_names
 from lumos.compile.runtime import NativeProgram
 from lumos.core.errors import LumosError, UsageError
+from lumos.core.settings import CompileSettings
 from lumos.core.workspace import Workspace
 from lumos.data.contract import Batch, FeatureSpec
 from lumos.train.memory import synthetic_batch
@@ -282,8 +283,16 @@ def write_plan(folder: Path, result: CompileResult) -> Path:
     return folder
 
 
-def program_from_plan(folder: Path, model: LumosModel, cache: KernelCache) -> CompiledModel | None:
-    """A stored plan built (through the cache) and bound to `model`'s weights; None if it does not fit."""
+def program_from_plan(folder: Path, model: LumosModel, cache: KernelCache,
+                      local: CompileSettings | None = None) -> CompiledModel | None:
+    """A stored plan built (through the cache) and bound to `model`'s weights; None if it does not fit.
+
+    The library is built with this host's compiler and flags (`local`), never with the `cc` and
+    `cflags` recorded in the plan: a plan is data from elsewhere, and its flags (`-march=native`
+    of the compiling host, or any command a plan could name) must not decide what runs here.
+    Unset, `local` is the default CompileSettings.
+    """
+    local = local or CompileSettings()
     plan = json.loads((folder / PLAN_FILE).read_text())
     source = (folder / SOURCE_FILE).read_text()
     if plan.get("format") != PLAN_FORMAT or plan.get("model_fingerprint") != model_fingerprint(model):
@@ -302,7 +311,7 @@ def program_from_plan(folder: Path, model: LumosModel, cache: KernelCache) -> Co
             if list(value.shape) != entry["shape"]:
                 return None
         tensors.append(value)
-    build = cache.build(source, plan["cc"], tuple(plan["cflags"]))
+    build = cache.build(source, local.cc, tuple(local.cflags))
     program = NativeProgram(
         build.library,
         [(item["name"], tuple(item["shape"])) for item in plan["inputs"]],
@@ -354,7 +363,7 @@ def load_compiled(workspace: Workspace, run_id: str, model: LumosModel, target: 
         if not (folder / PLAN_FILE).is_file():
             return None
         # The library comes from the kernel cache, so the downloaded files are not needed afterwards.
-        return program_from_plan(folder, model, KernelCache.for_workspace(workspace, target))
+        return program_from_plan(folder, model, KernelCache.for_workspace(workspace, target), workspace.settings.compile)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -66,6 +66,16 @@ def table_exists(spark, location: str) -> bool:
     return DeltaTable.isDeltaTable(spark, location)
 
 
+LOG_RETENTION = {
+    "delta.logRetentionDuration": "interval 36500 days",
+    "delta.checkpointRetentionDuration": "interval 36500 days",
+}
+"""Table properties of every table Lumos writes. Lineage lives in the Delta commit files, which
+Delta deletes after 30 days by default (at its next checkpoint); then `data trace`, an old
+model's data version and time travel to a pinned vocab break. A century keeps them for the life
+of the table. Given as write options they are set when a write creates the table."""
+
+
 def write_table(spark, workspace: Workspace, ref: TableRef, frame, lineage: LineageRecord) -> TableRef:
     """Replace the table's contents with `frame` in one Delta commit; return the version written.
 
@@ -74,14 +84,35 @@ def write_table(spark, workspace: Workspace, ref: TableRef, frame, lineage: Line
     with Delta's ConcurrentModification error rather than interleaving rows.
     """
     location = table_location(workspace, ref)
+    keep_log(spark, location)
     (
         frame.write.format("delta")
         .mode("overwrite")
         .option("overwriteSchema", "true")
+        .options(**LOG_RETENTION)
         .option("userMetadata", lineage.to_json())
         .save(location)
     )
     return committed_version(spark, workspace, ref, lineage)
+
+
+def keep_log(spark, location: str) -> None:
+    """Give an existing table without LOG_RETENTION (made before Lumos set it) those properties.
+
+    Write options only set properties on a table's creation, so an older table gets them in one
+    commit of their own (operation SET TBLPROPERTIES, no lineage) before its next write.
+    """
+    from delta.tables import DeltaTable
+
+    if not table_exists(spark, location):
+        return
+    properties = DeltaTable.forPath(spark, location).detail().first()["properties"] or {}
+    if all(properties.get(key) == value for key, value in LOG_RETENTION.items()):
+        return
+    assignments = ", ".join(f"'{key}' = '{value}'" for key, value in LOG_RETENTION.items())
+    # The location is a workspace path (table names are validated); backticks inside it are escaped.
+    quoted = location.replace("`", "``")
+    spark.sql(f"ALTER TABLE delta.`{quoted}` SET TBLPROPERTIES ({assignments})")
 
 
 def committed_version(spark, workspace: Workspace, ref: TableRef, lineage: LineageRecord) -> TableRef:

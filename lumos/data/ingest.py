@@ -14,6 +14,7 @@ from typing import Any
 
 from lumos.core.config import config_hash, to_plain
 from lumos.core.errors import UsageError
+from lumos.core.faults import crash_during_write, crash_here
 from lumos.core.lineage import LineageInput, LineageRecord
 from lumos.core.tables import TableRef, content_hash, table_exists, table_history, table_location, write_table
 from lumos.core.workspace import Workspace
@@ -26,6 +27,7 @@ from lumos.data.validation import (
     event_columns,
     quote_column,
     rejected_rows,
+    strip_whitespace,
     valid_events,
 )
 
@@ -134,8 +136,11 @@ def run_ingest(spark, workspace: Workspace, recipe: IngestRecipe, recipe_dir: Pa
             written = {"rejects": write_table(spark, workspace, refs["rejects"], rejected_rows(checked),
                                               LineageRecord(**lineage_base, stats={"rows": stats["rows_rejected"],
                                                                                    "rejected_by_rule": rejected}))}
-            written["vocab"] = write_table(spark, workspace, refs["vocab"], vocab,
-                                           LineageRecord(**lineage_base, stats={"rows": vocab.count()}))
+            crash_here("after_rejects")  # test hooks: lumos.core.faults
+            with crash_during_write("mid_vocab", table_location(workspace, refs["vocab"])):
+                written["vocab"] = write_table(spark, workspace, refs["vocab"], vocab,
+                                               LineageRecord(**lineage_base, stats={"rows": vocab.count()}))
+            crash_here("before_sequences")
             # Sequences last: its lineage names the exact vocab and rejects versions of this run,
             # and its presence marks the ingest as complete (the idempotency check reads it).
             tables = {role: str(ref) for role, ref in written.items()}
@@ -189,10 +194,10 @@ def read_users(spark, workspace: Workspace, recipe: IngestRecipe, recipe_dir: Pa
     frame, source_input = read_source(spark, workspace, spec.path, spec.format, recipe_dir, "users.path")
     check_columns(frame, [spec.user_id, *spec.categorical, *spec.numeric], "users", spec.path)
     users = frame.select(
-        F.trim(F.col(quote_column(spec.user_id)).cast("string")).alias("user_id"),
+        strip_whitespace(F.col(quote_column(spec.user_id))).alias("user_id"),
         *[F.col(quote_column(name)).cast("string").alias(f"user_{name}") for name in spec.categorical],
         *[F.col(quote_column(name)).cast("double").alias(f"user_{name}") for name in spec.numeric],
-    ).where(F.col("user_id").isNotNull())
+    ).where(F.col("user_id").isNotNull() & (F.col("user_id") != ""))
     duplicated = users.groupBy("user_id").count().where(F.col("count") > 1).limit(3).collect()
     if duplicated:
         names = ", ".join(row["user_id"] for row in duplicated)

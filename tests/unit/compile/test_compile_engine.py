@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import numpy as np
 import pytest
 import torch
 
+from lumos.compile.cache import ENTRY, KernelCache
 from lumos.compile.engine import (
     PLAN_FILE,
     VerificationError,
@@ -16,6 +18,7 @@ from lumos.compile.engine import (
     verify,
     write_plan,
 )
+from lumos.core.settings import CompileSettings
 from lumos.data.contract import FeatureSpec
 from lumos.train.memory import synthetic_batch
 from lumos.train.model import LumosModel, ModelConfig
@@ -104,6 +107,23 @@ def test_plan_round_trip_binds_the_models_weights(compiled, model, tmp_path, ker
     (folder / PLAN_FILE).write_text((folder / PLAN_FILE).read_text().replace('"source_sha256": "', '"source_sha256": "0'))
     with pytest.raises(Exception, match="does not match"):
         program_from_plan(folder, model, kernel_cache)
+
+
+def test_a_plan_is_built_with_local_compiler_settings_not_its_own(compiled, model, tmp_path):
+    folder = write_plan(tmp_path / "plan", compiled)
+    plan = json.loads((folder / PLAN_FILE).read_text())
+    # A plan from elsewhere naming a compiler and flags that would fail (or do harm) here.
+    plan["cc"], plan["cflags"] = "/nonexistent/evil-cc", ["-DNOT_FROM_THIS_HOST", "--no-such-flag"]
+    (folder / PLAN_FILE).write_text(json.dumps(plan))
+    local = CompileSettings(cc="gcc", cflags=("-O1",))
+    cache = KernelCache(tmp_path / "kernels")
+    loaded = program_from_plan(folder, model, cache, local)
+    batch = synthetic_batch(FEATURES, 3, 8, seed=5)
+    np.testing.assert_allclose(loaded(batch).user_embedding.numpy(), compiled.compiled(batch).user_embedding.numpy(),
+                               atol=1e-5, rtol=1e-5)
+    [entry] = cache.entries()
+    built = json.loads((entry / ENTRY).read_text())
+    assert (built["cc"], built["flags"]) == ("gcc", ["-O1"])
 
 
 def test_verification_refuses_a_wrong_program(compiled, model):
