@@ -271,7 +271,7 @@ def _events_with(promoted: Path, path: Path, *, shift_days: int = 0, bogus: int 
     bad = events.head(bogus).copy()
     bad["event_type"] = "bogus"
     frame = pd.concat([events, bad])
-    frame.to_parquet(path)
+    frame.to_parquet(path, coerce_timestamps="us", allow_truncated_timestamps=True)  # Spark reads no nanoseconds
     return len(frame)
 
 
