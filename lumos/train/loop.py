@@ -77,6 +77,8 @@ class FitResult:
     """With run.valid_metric: its value at best_step."""
     early_stopped: bool = False
     """True when run.patience evaluations in a row brought no new best."""
+    failure: str | None = None
+    """Why training stopped early on an error (a non-finite loss or gradient); None when it did not."""
 
 
 @dataclass(frozen=True)
@@ -222,8 +224,14 @@ def fit(plan: FitPlan, log_metrics=None, log_checkpoint=None, report=None) -> Fi
                 for task, value in parts.items():
                     losses[task] = losses.get(task, 0.0) + float(value) / config.run.grad_accum
                 window.samples += batch.size * ranks.world_size
-            if config.optim.grad_clip:
-                torch.nn.utils.clip_grad_norm_(model.parameters(), config.optim.grad_clip)
+            # The norm is needed either way (an infinite bar clips nothing): a NaN or inf gradient
+            # stops the run before the optimizer step, so no checkpoint ever holds poisoned weights.
+            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), config.optim.grad_clip or math.inf)
+            loss = sum(losses.values())
+            if _agree(not (math.isfinite(loss) and bool(torch.isfinite(grad_norm))), ranks):
+                result.failure = (f"step {step + 1}: the loss ({loss}) or gradient norm ({float(grad_norm)}) is not finite "
+                                  f"on at least one rank")
+                break
             optimizer.step()
             schedule.step()
             optimizer.zero_grad(set_to_none=True)
@@ -266,7 +274,7 @@ def fit(plan: FitPlan, log_metrics=None, log_checkpoint=None, report=None) -> Fi
                 if ranks.is_main and report:
                     report(f"step {done}: stopping early, no better valid {best.metric} in {best.patience} evaluations")
                 break
-    if best.step is not None and not result.interrupted:
+    if best.step is not None and not result.interrupted and result.failure is None:
         # The run ends on its best evaluation: eval, promote and infer read the run's checkpoint.
         result.best_step, result.best_value = best.step, best.value
         result.checkpoint = best.checkpoint

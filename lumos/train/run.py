@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from lumos.core.config import config_hash, to_plain, to_toml
-from lumos.core.errors import UsageError
+from lumos.core.errors import LumosError, UsageError
 from lumos.core.lineage import LineageInput, LineageRecord
 from lumos.core.tables import TableRef, table_location
 from lumos.core.tracking import ensure_experiment, flatten_params, tracking_client
@@ -99,8 +99,12 @@ def train(
     status = "FAILED"
     try:
         result = launch(plan, world_size, report)
-        status = "KILLED" if result.interrupted else "FINISHED"
         summary.result = result
+        if result.failure is not None:
+            kept = f"the last good checkpoint is {result.checkpoint}" if result.checkpoint else "no checkpoint was written"
+            raise LumosError(f"training stopped at {result.failure}; run {run_id} is FAILED and {kept}. "
+                             "Look for NaN or infinite values in the data, or lower optim.lr")
+        status = "KILLED" if result.interrupted else "FINISHED"
         return summary
     finally:
         client.set_terminated(run_id, status)
