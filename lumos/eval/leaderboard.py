@@ -71,20 +71,19 @@ def record(workspace: Workspace, spec: TaskSpec, subject: Subject, data: str, me
     if subject.model:
         tags[f"{TAG}model"] = subject.model
     run = client.create_run(experiment_id, run_name=f"{spec.name}:{subject.label}", tags=tags)
+    # NaN is logged as NaN (MLflow stores it): a skipped metric would read as "not measured".
     for name, value in metrics.items():
-        if not math.isnan(value):
-            client.log_metric(run.info.run_id, mlflow_key(name), value)
+        client.log_metric(run.info.run_id, mlflow_key(name), value)
     client.set_terminated(run.info.run_id, "FINISHED")
     if subject.run_id:
         # The training run carries its scores too, so a run's page shows how it evaluated.
         for name, value in metrics.items():
-            if not math.isnan(value):
-                client.log_metric(subject.run_id, f"eval/{spec.name}/{mlflow_key(name)}", value)
+            client.log_metric(subject.run_id, f"eval/{spec.name}/{mlflow_key(name)}", value)
     return run.info.run_id
 
 
 def leaderboard(workspace: Workspace, spec: TaskSpec, top: int | None = None) -> list[Entry]:
-    """Entries ranked by the task's primary metric (entries without it last)."""
+    """Entries ranked by the task's primary metric (entries without it, or with NaN, last)."""
     client = tracking_client(workspace)
     experiment = client.get_experiment_by_name(experiment_name(spec.name))
     if experiment is None:
@@ -94,7 +93,8 @@ def leaderboard(workspace: Workspace, spec: TaskSpec, top: int | None = None) ->
 
     def order(run) -> tuple[int, float, str]:
         value = run.data.metrics.get(mlflow_key(spec.primary_metric))
-        return (value is None, sign * value if value is not None else 0.0, run.info.run_id)
+        missing = value is None or math.isnan(value)  # NaN would break the sort's ordering
+        return (missing, 0.0 if missing else sign * value, run.info.run_id)
 
     entries = []
     for rank, run in enumerate(sorted(runs, key=order)[:top] if top else sorted(runs, key=order), start=1):
