@@ -35,8 +35,8 @@ def train(
 
     The run records the exact data version, the resolved config and its hash, the data recipe and
     the seed, logs losses, learning rate, samples/s and data-wait every few steps, and keeps
-    checkpoints (safetensors) from which the model rebuilds alone. Ctrl-C writes a checkpoint;
-    `--resume RUN_ID` continues it. See lumos/quickstart/train.toml.
+    checkpoints (safetensors) from which the model rebuilds alone. Ctrl-C or SIGTERM writes a
+    checkpoint and exits 130; `--resume RUN_ID` continues it. See lumos/quickstart/train.toml.
     """
     from lumos.train.config import TrainConfig
     from lumos.train.run import train as run_training
@@ -67,6 +67,8 @@ def train(
             "samples_per_second": result.samples_per_second if result else 0.0,
             "data_wait_fraction": result.data_wait_fraction if result else 0.0,
         })
+        if result and result.interrupted:
+            raise typer.Exit(130)  # as without --json: a script must not take a stopped run for a finished one
         return
     print_table(
         f"memory per rank at batch {summary.batch_size // max(summary.world_size * config.run.grad_accum, 1)}",

@@ -2,8 +2,9 @@
 
 Each rank runs `fit`. The parent process (lumos.train.run) has already pinned the data version,
 chosen the batch size and opened the MLflow run; rank 0 logs metrics and writes checkpoints, the
-others only compute. Ctrl-C (SIGINT) is turned into a flag that every rank agrees on at the next
-step boundary, so the checkpoint written on the way out is a consistent one.
+others only compute. Ctrl-C (SIGINT) and SIGTERM (what schedulers and `kill` send) are turned into a
+flag that every rank agrees on at the next step boundary, so the checkpoint written on the way out
+is a consistent one.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
+from lumos.core.faults import fault_point
 from lumos.core.tables import TableRef
 from lumos.core.workspace import Workspace
 from lumos.data.loader import SequenceLoader
@@ -142,25 +144,27 @@ class _LossModule(torch.nn.Module):
 
 
 class _InterruptFlag:
-    """SIGINT sets a flag instead of raising mid-step; the loop checkpoints and stops."""
+    """SIGINT and SIGTERM set a flag instead of raising mid-step; the loop checkpoints and stops."""
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
     def __init__(self) -> None:
         self.raised = False
-        self._previous = None
+        self._previous: dict[int, object] = {}
 
     def __enter__(self) -> _InterruptFlag:
         try:
-            self._previous = signal.signal(signal.SIGINT, self._handle)
+            self._previous = {number: signal.signal(number, self._handle) for number in self.SIGNALS}
         except ValueError:  # not the main thread: leave signals alone
-            self._previous = None
+            self._previous = {}
         return self
 
     def _handle(self, signum, frame) -> None:
         self.raised = True
 
     def __exit__(self, *exc) -> None:
-        if self._previous is not None:
-            signal.signal(signal.SIGINT, self._previous)
+        for number, previous in self._previous.items():
+            signal.signal(number, previous)
 
 
 def fit(plan: FitPlan, log_metrics=None, log_checkpoint=None, report=None) -> FitResult:
@@ -184,6 +188,7 @@ def fit(plan: FitPlan, log_metrics=None, log_checkpoint=None, report=None) -> Fi
         drop_last=True, rank=ranks.rank, world_size=ranks.world_size, num_workers=config.data.loader_workers,
     )
     start_step = 0
+    best = _Best(config.run.valid_metric, config.run.patience)
     if plan.resume_from:
         state = load_training_state(Path(plan.resume_from))
         optimizer.load_state_dict(state.optimizer)
@@ -191,6 +196,8 @@ def fit(plan: FitPlan, log_metrics=None, log_checkpoint=None, report=None) -> Fi
         loader.load_state_dict({**state.loader, "plan": loader.state_dict()["plan"]})
         restore_rng(state.rng[ranks.rank])  # each rank continues its own dropout and sampling stream
         start_step = state.step
+        if state.best:
+            best.restore(state.best)  # the best so far and the patience already used survive a resume
     else:
         # Ranks differ in dropout and sampled negatives, like independent replicas; init is
         # identical (seeded above) and DDP broadcasts rank 0's weights regardless.
@@ -204,7 +211,6 @@ def fit(plan: FitPlan, log_metrics=None, log_checkpoint=None, report=None) -> Fi
     )
 
     result = FitResult(step=start_step, interrupted=False)
-    best = _Best(config.run.valid_metric, config.run.patience)
     batches = iter(loader)
     window = _Window()
     with _InterruptFlag() as interrupt:
@@ -238,6 +244,7 @@ def fit(plan: FitPlan, log_metrics=None, log_checkpoint=None, report=None) -> Fi
             window.seconds += time.perf_counter() - step_started
             window.steps += 1
             done = step + 1
+            fault_point(f"train.step.{done}")
             result.step = done
             result.train_losses = _mean_over_ranks(losses, ranks)
 
@@ -259,14 +266,15 @@ def fit(plan: FitPlan, log_metrics=None, log_checkpoint=None, report=None) -> Fi
                                 | {"valid/loss": sum(result.valid_losses.values())}
                                 | {f"valid/{name}": value for name, value in result.valid_metrics.items()})
                 if best.update(done, result.valid_metrics):
-                    best.checkpoint = _checkpoint(plan, model, optimizer, schedule, loader, done, ranks, log_checkpoint, name="best")
+                    best.checkpoint = str(Path(plan.checkpoint_dir) / "best")
+                    _checkpoint(plan, model, optimizer, schedule, loader, done, ranks, log_checkpoint, best, name="best")
                     if ranks.is_main and report:
                         report(f"step {done}: new best valid {best.metric} = {best.value:.4f}")
                 result.early_stopped = best.exhausted
             stop = _agree(interrupt.raised, ranks)
             last = done == config.run.max_steps or result.early_stopped
             if done % config.run.checkpoint_every == 0 or last or stop:
-                result.checkpoint = _checkpoint(plan, model, optimizer, schedule, loader, done, ranks, log_checkpoint)
+                result.checkpoint = _checkpoint(plan, model, optimizer, schedule, loader, done, ranks, log_checkpoint, best)
             if stop:
                 result.interrupted = True
                 break
@@ -311,6 +319,14 @@ class _Best:
             return True
         self.since_best += 1
         return False
+
+    def state(self) -> dict:
+        """What a checkpoint keeps of the tracker (plain values, loadable with weights_only)."""
+        return {"value": self.value, "step": self.step, "checkpoint": self.checkpoint, "since_best": self.since_best}
+
+    def restore(self, state: dict) -> None:
+        self.value, self.step, self.checkpoint, self.since_best = (
+            state["value"], state["step"], state["checkpoint"], state["since_best"])
 
     @property
     def exhausted(self) -> bool:
@@ -429,7 +445,8 @@ def _agree(flag: bool, ranks: Ranks) -> bool:
 
 
 def _checkpoint(
-    plan: FitPlan, model, optimizer, schedule, loader, step: int, ranks: Ranks, log_checkpoint, name: str | None = None
+    plan: FitPlan, model, optimizer, schedule, loader, step: int, ranks: Ranks, log_checkpoint, best: _Best,
+    name: str | None = None,
 ) -> str | None:
     """Write (rank 0) and log a resumable checkpoint, in folder step-<step> or `name` (replaced)."""
     folder = None
@@ -439,7 +456,7 @@ def _checkpoint(
         dist.all_gather_object(rng, capture_rng())
     if ranks.is_main:
         state = TrainingState(step=step, optimizer=optimizer.state_dict(), scheduler=schedule.state_dict(),
-                              loader=loader.state_dict(), rng=rng)
+                              loader=loader.state_dict(), rng=rng, best=best.state())
         folder = save_checkpoint(Path(plan.checkpoint_dir) / (name or f"step-{step:08d}"), model, plan.config, state)
         if log_checkpoint:
             log_checkpoint(folder, step)
