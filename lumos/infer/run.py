@@ -11,13 +11,16 @@ the engine; each row names its model version, so any prediction walks back to it
 from __future__ import annotations
 
 import datetime
+import shutil
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 from lumos.core.config import config_hash
 from lumos.core.errors import UsageError
+from lumos.core.faults import fault_point
 from lumos.core.lineage import LineageInput, LineageRecord
 from lumos.core.registry import resolve_model
 from lumos.core.tables import TableRef, read_table, table_location
@@ -78,17 +81,22 @@ def infer(workspace: Workspace, model_ref: str, options: InferOptions, report: R
         raise UsageError(f"--output {output}: name a table without @version; infer always writes a new version")
     report(f"model {version.label} (run {run.info.run_id}, trained on {data.sequences})")
     checkpoint = download_checkpoint(workspace, run.info.run_id, "--model")
-    model, _ = load_model(checkpoint)
+    try:
+        model, _ = load_model(checkpoint)
+        checkpoint_files = read_checkpoint(checkpoint)  # in memory: Spark ships it to the workers
+    finally:
+        _remove_download(checkpoint, run.data.tags["lumos.checkpoint"])
     engine, warnings = _choose_engine(workspace, options.engine, run.info.run_id, model, report)
 
     from lumos.core.spark import workspace_spark
 
-    spark = workspace_spark(workspace)
+    # The lock comes before Spark starts: a second run for the date fails in seconds, having done nothing.
     with partition_lock(workspace, output, options.as_of):
+        spark = workspace_spark(workspace)
         report(f"building features as of {options.as_of}")
         rows, inputs = inference_rows(spark, workspace, data, options.as_of, options.source)
         job = ScoringJob(
-            model_key=version.label, checkpoint=read_checkpoint(checkpoint),
+            model_key=version.label, checkpoint=checkpoint_files,
             item_tokens=_item_tokens(spark, workspace, data.vocab, model.features.item_vocab_size),
             as_of=options.as_of, top_k=options.top_k, exclude_history=options.exclude_history,
             batch_size=options.batch_size, torch_threads=options.torch_threads,
@@ -109,11 +117,19 @@ def infer(workspace: Workspace, model_ref: str, options: InferOptions, report: R
                    "config_hash": run.data.tags.get("lumos.config_hash")},
         )
         report(f"scoring and writing {output.name} partition as_of={options.as_of}")
+        fault_point("infer.write")
         written = write_partition(spark, workspace, output, predictions, options.as_of, lineage)
     rows_written = _rows_written(spark, workspace, written)
     return InferSummary(model=version.label, run_id=run.info.run_id, as_of=options.as_of, output=str(written),
                         rows=rows_written, engine=engine, training_data=str(data.sequences), inputs=lineage.inputs,
                         seconds=time.perf_counter() - started, warnings=warnings)
+
+
+def _remove_download(folder: Path, artifact_path: str) -> None:
+    """Delete the temporary folder a checkpoint was downloaded into (folder is artifact_path inside it)."""
+    root = folder.parents[len(PurePosixPath(artifact_path).parts) - 1]
+    if root.name.startswith("lumos-checkpoint-"):  # only the folder download_checkpoint made
+        shutil.rmtree(root, ignore_errors=True)
 
 
 def _choose_engine(workspace: Workspace, engine: str, run_id: str, model, report: Report) -> tuple[str, list[str]]:
