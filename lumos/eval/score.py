@@ -17,7 +17,7 @@ import pyarrow.parquet as pq
 import torch
 
 from lumos.core.errors import UsageError
-from lumos.data.loader import SequenceLoader
+from lumos.data.loader import SequenceLoader, table_batches
 from lumos.data.sequences_version import SequencesVersion
 from lumos.eval import metrics as M
 from lumos.eval.probe import run_probe
@@ -96,11 +96,10 @@ def _metrics(spec: TaskSpec, ranks, labels, predictions) -> Scores:
 
 def _score_probe(model: LumosModel, task: LoadedTask, data: SequencesVersion, device: torch.device) -> Scores:
     spec, labels_spec = task.spec, task.spec.labels
-    embeddings = []
-    with torch.no_grad():
-        for batch in _loader(data, spec):
-            embeddings.append(model.embed_users(batch.to(device)).cpu().numpy())
-    users, as_of = split_keys(data, spec.split)
+    # One read: each embedding comes from the row that names its user, so nothing rests on two
+    # reads returning rows in the same order.
+    rows = split_rows(data, spec.split)
+    users, as_of = rows["user_id"].to_pylist(), rows["as_of"].to_pylist()
     table = _read_labels(task.path.parent, labels_spec.path, [labels_spec.user_id, labels_spec.label])
     label_of = dict(zip(map(str, table[labels_spec.user_id].to_pylist()), table[labels_spec.label].to_pylist(), strict=True))
     # One embedding per user: the split's latest row (largest as_of) when a user has several.
@@ -111,23 +110,19 @@ def _score_probe(model: LumosModel, task: LoadedTask, data: SequencesVersion, de
     chosen = sorted(index for user, index in latest.items() if label_of.get(user) is not None)
     if not chosen:
         raise UsageError(f"task {spec.name}: no user of split {spec.split!r} has a label in {labels_spec.path}")
-    matrix = np.concatenate(embeddings)[chosen]
-    result = run_probe(matrix, [label_of[users[i]] for i in chosen], [users[i] for i in chosen], labels_spec.probe,
-                       test_fraction=labels_spec.test_fraction, seed=labels_spec.seed)
+    embeddings = []
+    with torch.no_grad():
+        for batch in table_batches(rows.take(chosen), data.spec, spec.batch_size, f"split {spec.split} of {data.ref}"):
+            embeddings.append(model.embed_users(batch.to(device)).cpu().numpy())
+    result = run_probe(np.concatenate(embeddings), [label_of[users[i]] for i in chosen], [users[i] for i in chosen],
+                       labels_spec.probe, test_fraction=labels_spec.test_fraction, seed=labels_spec.seed)
     return Scores({name: float(value) for name, value in result.metrics.items()}, result.test_users)
 
 
-def split_keys(data: SequencesVersion, split: str) -> tuple[list[str], list]:
-    """(user_id, as_of) of a split's rows in the unshuffled loader's order: files by path, row
-    groups and rows in file order, so that they line up with the batches' rows."""
-    users: list[str] = []
-    as_of: list = []
-    for data_file in data.snapshot.files:
-        table = pq.read_table(data_file.path, columns=["user_id", "split", "as_of"])
-        rows = table.filter(pc.equal(table["split"], split))
-        users += rows["user_id"].to_pylist()
-        as_of += rows["as_of"].to_pylist()
-    return users, as_of
+def split_rows(data: SequencesVersion, split: str):
+    """Every column of a split's rows, as one Arrow table."""
+    table = pq.read_table([data_file.path for data_file in data.snapshot.files])
+    return table.filter(pc.equal(table["split"], split))
 
 
 def _read_labels(base: Path, location: str, columns: list[str]):
