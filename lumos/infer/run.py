@@ -15,7 +15,7 @@ import shutil
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import Any
 
 from lumos.core.config import config_hash
@@ -85,7 +85,7 @@ def infer(workspace: Workspace, model_ref: str, options: InferOptions, report: R
         model, _ = load_model(checkpoint)
         checkpoint_files = read_checkpoint(checkpoint)  # in memory: Spark ships it to the workers
     finally:
-        _remove_download(checkpoint, run.data.tags["lumos.checkpoint"])
+        _remove_download(checkpoint)
     engine, warnings = _choose_engine(workspace, options.engine, run.info.run_id, model, report)
 
     from lumos.core.spark import workspace_spark
@@ -125,11 +125,10 @@ def infer(workspace: Workspace, model_ref: str, options: InferOptions, report: R
                         seconds=time.perf_counter() - started, warnings=warnings)
 
 
-def _remove_download(folder: Path, artifact_path: str) -> None:
-    """Delete the temporary folder a checkpoint was downloaded into (folder is artifact_path inside it)."""
-    root = folder.parents[len(PurePosixPath(artifact_path).parts) - 1]
-    if root.name.startswith("lumos-checkpoint-"):  # only the folder download_checkpoint made
-        shutil.rmtree(root, ignore_errors=True)
+def _remove_download(folder: Path) -> None:
+    """Delete the temporary folder a checkpoint was downloaded into (MLflow puts it directly inside)."""
+    if folder.parent.name.startswith("lumos-checkpoint-"):  # only the folder download_checkpoint made
+        shutil.rmtree(folder.parent, ignore_errors=True)
 
 
 def _choose_engine(workspace: Workspace, engine: str, run_id: str, model, report: Report) -> tuple[str, list[str]]:
