@@ -340,6 +340,7 @@ def test_infer_gives_each_user_what_the_trained_model_gives_their_ingested_row(s
         start += batch.size
 
 
+@pytest.mark.slow  # a Spark JVM per process: minutes
 def test_sigkill_mid_infer_then_a_rerun_writes_exactly_that_dates_rows(spark, promoted, tmp_path):
     temp = tmp_path / "tmp"
     temp.mkdir()
@@ -357,6 +358,7 @@ def test_sigkill_mid_infer_then_a_rerun_writes_exactly_that_dates_rows(spark, pr
     assert len(rows) == json.loads(rerun.stdout)["rows"] == len({row["user_id"] for row in rows}) > 100
 
 
+@pytest.mark.slow  # a Spark JVM per process: minutes
 def test_four_concurrent_infers_for_one_date_write_once(spark, promoted):
     day = "2026-09-07"
     runs = [lumos_process(promoted, "infer", "--model", "quickstart@production", "--as-of", day, "--json")
