@@ -302,9 +302,12 @@ def promoted(trained_quickstart, tmp_path_factory) -> Path:
 
 
 def predictions_for(spark, project: Path, as_of: str) -> list:
-    from lumos.core.tables import read_table
+    from lumos.core.tables import read_table, table_exists
 
-    frame = read_table(spark, open_workspace(project), PREDICTIONS)
+    workspace = open_workspace(project)
+    if not table_exists(spark, table_location(workspace, PREDICTIONS)):
+        return []
+    frame = read_table(spark, workspace, PREDICTIONS)
     return frame.where(frame["as_of"] == datetime.date.fromisoformat(as_of)).collect()
 
 
