@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import math
 import sys
 from pathlib import Path
 from typing import Annotated
@@ -209,6 +210,6 @@ def _parse_bars(items: list[str]) -> dict[str, float]:
             bars[name.strip()] = float(value)
         except ValueError:
             raise UsageError(f"--fail-below {item!r}: expected METRIC=NUMBER, e.g. ndcg@10=0.05") from None
-        if not sep:
-            raise UsageError(f"--fail-below {item!r}: expected METRIC=NUMBER")
+        if not sep or not math.isfinite(bars[name.strip()]):
+            raise UsageError(f"--fail-below {item!r}: expected METRIC=NUMBER with a finite number")
     return bars

@@ -34,8 +34,8 @@ def train(
 
     The run records the exact data version, the resolved config and its hash, the data recipe and
     the seed, logs losses, learning rate, samples/s and data-wait every few steps, and keeps
-    checkpoints (safetensors) from which the model rebuilds alone. Ctrl-C writes a checkpoint;
-    `--resume RUN_ID` continues it. See lumos/quickstart/train.toml.
+    checkpoints (safetensors) from which the model rebuilds alone. Ctrl-C or SIGTERM writes a
+    checkpoint and exits 130; `--resume RUN_ID` continues it. See lumos/quickstart/train.toml.
     """
     from lumos.train.config import TrainConfig
     from lumos.train.loop import FitResult
@@ -54,6 +54,8 @@ def train(
         fields = renamed(json_data(summary), memory_estimate="memory_estimate_bytes")
         fit = fields.pop("result") or json_data(FitResult(step=0, interrupted=False))
         emit_json({**fields, **fit, "memory_estimate_bytes": dict(summary.memory_estimate)})
+        if result and result.interrupted:
+            raise typer.Exit(130)  # as without --json: a script must not take a stopped run for a finished one
         return
     print_table(
         f"memory per rank at batch {summary.batch_size // max(summary.world_size * config.run.grad_accum, 1)}",

@@ -14,7 +14,7 @@ from typing import Any
 
 from lumos.core.config import config_hash, to_plain
 from lumos.core.errors import UsageError
-from lumos.core.faults import crash_during_write, crash_here
+from lumos.core.faults import crash_during_write, fault_point
 from lumos.core.lineage import LineageInput, LineageRecord
 from lumos.core.tables import TableRef, content_hash, table_exists, table_history, table_location, write_table
 from lumos.core.workspace import Workspace
@@ -136,11 +136,11 @@ def run_ingest(spark, workspace: Workspace, recipe: IngestRecipe, recipe_dir: Pa
             written = {"rejects": write_table(spark, workspace, refs["rejects"], rejected_rows(checked),
                                               LineageRecord(**lineage_base, stats={"rows": stats["rows_rejected"],
                                                                                    "rejected_by_rule": rejected}))}
-            crash_here("after_rejects")  # test hooks: lumos.core.faults
+            fault_point("after_rejects")  # test hooks: lumos.core.faults
             with crash_during_write("mid_vocab", table_location(workspace, refs["vocab"])):
                 written["vocab"] = write_table(spark, workspace, refs["vocab"], vocab,
                                                LineageRecord(**lineage_base, stats={"rows": vocab.count()}))
-            crash_here("before_sequences")
+            fault_point("before_sequences")
             # Sequences last: its lineage names the exact vocab and rejects versions of this run,
             # and its presence marks the ingest as complete (the idempotency check reads it).
             tables = {role: str(ref) for role, ref in written.items()}

@@ -73,7 +73,7 @@ def evaluate(
             result.baseline_metrics = baseline.metrics
             record(workspace, spec, Subject(key=f"baseline:{result.baseline}", label=f"baseline: {result.baseline}"),
                    str(data.ref), baseline.metrics, baseline.rows)
-        result.failures = _gate_failures(spec.thresholds, fail_below or {}, scores.metrics)
+        result.failures = gate_failures(spec.thresholds, fail_below or {}, scores.metrics)
         results.append(result)
     failures = [f"{result.task}: {failure}" for result in results for failure in result.failures]
     if failures:
@@ -81,15 +81,18 @@ def evaluate(
     return results
 
 
-def _gate_failures(thresholds: dict[str, float], fail_below: dict[str, float], metrics: dict[str, float]) -> list[str]:
+def gate_failures(thresholds: dict[str, float], fail_below: dict[str, float], metrics: dict[str, float]) -> list[str]:
+    """What misses a bar. A bar is passed only by a number on its good side: a missing or NaN
+    value fails (every comparison with NaN is false, so `value < bar` alone would let it through)."""
     failures = []
     for metric, bar in thresholds.items():
         value = metrics.get(metric)
-        if value is None or (value < bar if direction(metric) == "max" else value > bar):
+        passed = value is not None and (value >= bar if direction(metric) == "max" else value <= bar)
+        if not passed:
             failures.append(f"{metric} = {value} misses the task's threshold {bar}")
     for metric, bar in fail_below.items():
         value = metrics.get(metric)
-        if value is None or value < bar:
+        if value is None or not value >= bar:
             failures.append(f"{metric} = {value} is below --fail-below {bar}")
     return failures
 

@@ -72,7 +72,8 @@ def record(workspace: Workspace, spec: TaskSpec, subject: Subject, data: str, me
     if subject.model:
         tags[f"{TAG}model"] = subject.model
     run = client.create_run(experiment_id, run_name=f"{spec.name}:{subject.label}", tags=tags)
-    # One batch per run, not one call per metric: a 150-task eval makes hundreds fewer store round trips.
+    # One batch per run, not one call per metric: a 150-task eval makes hundreds fewer store round
+    # trips. NaN is logged as NaN (MLflow stores it): a skipped metric would read as "not measured".
     client.log_batch(run.info.run_id, metrics=_metrics(metrics, ""))
     client.set_terminated(run.info.run_id, "FINISHED")
     if subject.run_id:
@@ -86,11 +87,11 @@ def _metrics(metrics: dict[str, float], prefix: str) -> list:
 
     stamp = int(time.time() * 1000)
     return [Metric(key=prefix + mlflow_key(name), value=value, timestamp=stamp, step=0)
-            for name, value in metrics.items() if not math.isnan(value)]
+            for name, value in metrics.items()]
 
 
 def leaderboard(workspace: Workspace, spec: TaskSpec, top: int | None = None) -> list[Entry]:
-    """Entries ranked by the task's primary metric (entries without it last)."""
+    """Entries ranked by the task's primary metric (entries without it, or with NaN, last)."""
     client = tracking_client(workspace)
     experiment = client.get_experiment_by_name(experiment_name(spec.name))
     if experiment is None:
@@ -100,7 +101,8 @@ def leaderboard(workspace: Workspace, spec: TaskSpec, top: int | None = None) ->
 
     def order(run) -> tuple[int, float, str]:
         value = run.data.metrics.get(mlflow_key(spec.primary_metric))
-        return (value is None, sign * value if value is not None else 0.0, run.info.run_id)
+        missing = value is None or math.isnan(value)  # NaN would break the sort's ordering
+        return (missing, 0.0 if missing else sign * value, run.info.run_id)
 
     entries = []
     for rank, run in enumerate(sorted(runs, key=order)[:top] if top else sorted(runs, key=order), start=1):

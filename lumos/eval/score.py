@@ -17,7 +17,7 @@ import pyarrow.parquet as pq
 import torch
 
 from lumos.core.errors import UsageError
-from lumos.data.loader import SequenceLoader
+from lumos.data.loader import SequenceLoader, table_batches
 from lumos.data.sequences_version import SequencesVersion
 from lumos.eval import metrics as M
 from lumos.eval.probe import run_probe
@@ -117,12 +117,15 @@ class EmbeddingCache:
     def get(self, model: LumosModel, data: SequencesVersion, spec: TaskSpec, device: torch.device) -> UserEmbeddings:
         key = (str(data.ref), spec.split, spec.batch_size)
         if key not in self._computed:
-            rows = []
+            # One read: each embedding comes from the row that names its user, so nothing rests on
+            # two reads returning rows in the same order.
+            rows = split_rows(data, spec.split)
+            matrix = []
             with torch.no_grad():
-                for batch in _loader(data, spec):
-                    rows.append(model.embed_users(batch.to(device)).cpu().numpy())
-            users, as_of = split_keys(data, spec.split)
-            self._computed[key] = UserEmbeddings(np.concatenate(rows), users, as_of)
+                for batch in table_batches(rows, data.spec, spec.batch_size, f"split {spec.split} of {data.ref}"):
+                    matrix.append(model.embed_users(batch.to(device)).cpu().numpy())
+            self._computed[key] = UserEmbeddings(np.concatenate(matrix), rows["user_id"].to_pylist(),
+                                                 rows["as_of"].to_pylist())
         return self._computed[key]
 
 
@@ -147,17 +150,10 @@ def _score_probe(model: LumosModel, task: LoadedTask, data: SequencesVersion, de
     return Scores({name: float(value) for name, value in result.metrics.items()}, result.test_users)
 
 
-def split_keys(data: SequencesVersion, split: str) -> tuple[list[str], list]:
-    """(user_id, as_of) of a split's rows in the unshuffled loader's order: files by path, row
-    groups and rows in file order, so that they line up with the batches' rows."""
-    users: list[str] = []
-    as_of: list = []
-    for data_file in data.snapshot.files:
-        table = pq.read_table(data_file.path, columns=["user_id", "split", "as_of"])
-        rows = table.filter(pc.equal(table["split"], split))
-        users += rows["user_id"].to_pylist()
-        as_of += rows["as_of"].to_pylist()
-    return users, as_of
+def split_rows(data: SequencesVersion, split: str):
+    """Every column of a split's rows, as one Arrow table."""
+    table = pq.read_table([data_file.path for data_file in data.snapshot.files])
+    return table.filter(pc.equal(table["split"], split))
 
 
 def _read_labels(base: Path, location: str, columns: list[str]):

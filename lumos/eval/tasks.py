@@ -6,6 +6,7 @@ per task, named after the task. Relative paths in a spec are read relative to it
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -94,6 +95,9 @@ class TaskSpec:
                     direction(name)
                 except ValueError as error:
                     problems.append((key, str(error)))
+        for name, bar in self.thresholds.items():
+            if not math.isfinite(bar):
+                problems.append(("thresholds", f"{name} = {bar}: a bar must be a finite number"))
         if any(k < 1 for k in self.ks):
             problems.append(("ks", "every k must be at least 1"))
         if self.batch_size < 1:

@@ -11,13 +11,16 @@ the engine; each row names its model version, so any prediction walks back to it
 from __future__ import annotations
 
 import datetime
+import shutil
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from lumos.core.config import config_hash
 from lumos.core.errors import UsageError
+from lumos.core.faults import fault_point
 from lumos.core.lineage import LineageInput, LineageRecord
 from lumos.core.registry import resolve_model
 from lumos.core.runs import CONFIG_HASH_TAG, DATA_TAG, RECIPE_HASH_TAG, download_checkpoint, training_run
@@ -84,19 +87,24 @@ def infer(workspace: Workspace, model_ref: str, options: InferOptions, report: R
         raise UsageError(f"--output {output}: name a table without @version; infer always writes a new version")
     report(f"model {version.label} (run {run.info.run_id}, trained on {data.sequences})")
     checkpoint = download_checkpoint(workspace, run.info.run_id, "--model")
-    model, _ = load_model(checkpoint)
+    try:
+        model, _ = load_model(checkpoint)
+        checkpoint_files = read_checkpoint(checkpoint)  # in memory: Spark ships it to the workers
+    finally:
+        _remove_download(checkpoint)
     engine, warnings = _choose_engine(workspace, options.engine, run.info.run_id, model, report)
 
     from lumos.core.spark import workspace_spark
 
-    spark = workspace_spark(workspace)
+    # The lock comes before Spark starts: a second run for the date fails in seconds, having done nothing.
     with partition_lock(workspace, output, options.as_of):
+        spark = workspace_spark(workspace)
         report(f"building features as of {options.as_of}")
         features = inference_rows(spark, workspace, data, options.as_of, options.source)
         rows, inputs = features.rows, features.inputs
         rejects = _write_rejects(spark, workspace, output, version.label, options.as_of, features, report)
         job = ScoringJob(
-            model_key=version.label, checkpoint=read_checkpoint(checkpoint),
+            model_key=version.label, checkpoint=checkpoint_files,
             item_tokens=_item_tokens(spark, workspace, data.vocab, model.features),
             as_of=options.as_of, top_k=options.top_k, exclude_history=options.exclude_history,
             batch_size=options.batch_size, torch_threads=options.torch_threads,
@@ -118,6 +126,7 @@ def infer(workspace: Workspace, model_ref: str, options: InferOptions, report: R
                    **features.counts.lineage_stats()},
         )
         report(f"scoring and writing {output.name} partition as_of={options.as_of}")
+        fault_point("infer.write")
         written = write_partition(spark, workspace, output, predictions, options.as_of, lineage)
     rows_written = _rows_written(spark, workspace, written)
     return InferSummary(model=version.label, run_id=run.info.run_id, as_of=options.as_of, output=str(written),
@@ -136,6 +145,12 @@ def _write_rejects(spark, workspace: Workspace, output: TableRef, model: str, as
     lineage = LineageRecord(stage=STAGE, config=request, config_hash=config_hash(request), inputs=features.inputs,
                             stats={"rows": features.counts.rejected, **features.counts.lineage_stats()})
     return write_partition(spark, workspace, rejects, features.rejects, as_of, lineage)
+
+
+def _remove_download(folder: Path) -> None:
+    """Delete the temporary folder a checkpoint was downloaded into (MLflow puts it directly inside)."""
+    if folder.parent.name.startswith("lumos-checkpoint-"):  # only the folder download_checkpoint made
+        shutil.rmtree(folder.parent, ignore_errors=True)
 
 
 def _choose_engine(workspace: Workspace, engine: str, run_id: str, model, report: Report) -> tuple[str, list[str]]:

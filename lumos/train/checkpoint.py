@@ -1,6 +1,9 @@
 """Checkpoints: everything needed to rebuild the model, and to resume training exactly, without pickle.
 
-A checkpoint is a folder, written under a temporary name and renamed into place (atomic):
+A checkpoint is a folder. Its files are written into a uniquely named hidden sibling
+(`.best-1a2b3c4d`) and the checkpoint's name is a symbolic link to it, put in place by one rename:
+replacing a checkpoint (the run's "best") swaps the link, so at every instant the name opens a whole
+checkpoint, the old one or the new one, even when the process is killed mid-replace.
 
     model.safetensors   the weights
     config.toml         the resolved TrainConfig (the model rebuilds from this and features.json)
@@ -12,6 +15,7 @@ A checkpoint is a folder, written under a temporary name and renamed into place 
 from __future__ import annotations
 
 import dataclasses
+import glob
 import json
 import os
 import random
@@ -26,6 +30,7 @@ from safetensors.torch import load_file, save_file
 
 from lumos.core.config import from_dict, read_toml, to_toml
 from lumos.core.errors import UsageError
+from lumos.core.faults import fault_point
 from lumos.data.contract import FeatureSpec
 from lumos.train.config import TrainConfig
 from lumos.train.model import LumosModel
@@ -44,23 +49,45 @@ class TrainingState:
     loader: dict[str, Any]
     rng: list[dict[str, Any]]
     """RNG states by rank, so that every rank resumes its own dropout and sampling stream."""
+    best: dict[str, Any] | None = None
+    """The best-evaluation tracker (value, step, checkpoint, evaluations since), so that a resumed
+    run keeps its best and its patience; None in checkpoints written before it was kept."""
 
 
 def save_checkpoint(folder: Path, model: LumosModel, config: TrainConfig, state: TrainingState) -> Path:
-    """Write a checkpoint folder atomically; an existing folder of that name is replaced."""
+    """Write checkpoint `folder` (a link to its files, see above); an existing one is replaced."""
     folder = Path(folder)
-    staging = folder.with_name(f".{folder.name}.tmp-{uuid.uuid4().hex[:8]}")
+    tag = uuid.uuid4().hex[:8]
+    files = folder.with_name(f".{folder.name}-{tag}")
+    link = folder.with_name(f".{folder.name}.link-{tag}")
+    staging = folder.with_name(f".{folder.name}.tmp-{tag}")
     staging.mkdir(parents=True)
     try:
         save_model(staging, model, config)
         torch.save(dataclasses.asdict(state), staging / STATE_FILE)
-        if folder.exists():
-            shutil.rmtree(folder)
-        os.replace(staging, folder)
+        os.replace(staging, files)
+        os.symlink(files.name, link)  # relative: the run's folder may move
+        if folder.exists() or folder.is_symlink():
+            fault_point("checkpoint.replace")
+        if folder.is_dir() and not folder.is_symlink():
+            # A checkpoint written before links were used: a real folder cannot be swapped in one rename.
+            os.replace(folder, folder.with_name(f".{folder.name}-old-{tag}"))
+        os.replace(link, folder)  # atomic: the name opens the old checkpoint, then the new one
     finally:
+        link.unlink(missing_ok=True)
         if staging.exists():
             shutil.rmtree(staging)
+    _remove_unlinked(folder)
     return folder
+
+
+def _remove_unlinked(folder: Path) -> None:
+    """Delete the hidden file folders of `folder` that its link no longer points at (the replaced
+    checkpoint, or leftovers of a process killed mid-write)."""
+    current = os.readlink(folder)
+    for candidate in folder.parent.glob(f".{glob.escape(folder.name)}-*"):
+        if candidate.name != current:
+            shutil.rmtree(candidate, ignore_errors=True)
 
 
 def save_model(folder: Path, model: LumosModel, config: TrainConfig) -> None:

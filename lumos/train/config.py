@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, field
 from typing import Literal
@@ -24,6 +25,9 @@ class DataConfig:
     loader_workers: int | None = None
     """Threads that build batches; unset means a share of the CPUs."""
 
+    def __post_init__(self) -> None:
+        require_valid([("loader_workers", "must be 0 or more")] if self.loader_workers is not None and self.loader_workers < 0 else [])
+
 
 @dataclass(frozen=True)
 class OptimConfig:
@@ -42,16 +46,19 @@ class OptimConfig:
 
     def __post_init__(self) -> None:
         problems = []
-        if self.lr <= 0:
-            problems.append(("lr", "must be positive"))
-        if len(self.betas) != 2 or not all(0 <= beta < 1 for beta in self.betas):
+        # NaN passes every comparison's "else": check finiteness first, or nan slips through.
+        if not math.isfinite(self.lr) or self.lr <= 0:
+            problems.append(("lr", f"must be a finite positive number, got {self.lr}"))
+        if not math.isfinite(self.weight_decay) or self.weight_decay < 0:
+            problems.append(("weight_decay", f"must be a finite number, 0 or more, got {self.weight_decay}"))
+        if len(self.betas) != 2 or not all(0 <= beta < 1 for beta in self.betas):  # False for NaN
             problems.append(("betas", "must be two numbers in [0, 1)"))
         if self.warmup_steps < 0:
             problems.append(("warmup_steps", "must be 0 or more"))
-        if not 0 <= self.min_lr_ratio <= 1:
+        if not 0 <= self.min_lr_ratio <= 1:  # False for NaN
             problems.append(("min_lr_ratio", "must be between 0 and 1"))
-        if self.grad_clip < 0:
-            problems.append(("grad_clip", "must be 0 (off) or positive"))
+        if not math.isfinite(self.grad_clip) or self.grad_clip < 0:
+            problems.append(("grad_clip", f"must be 0 (off) or a finite positive number, got {self.grad_clip}"))
         require_valid(problems)
 
 

@@ -2,8 +2,9 @@
 
 Each rank runs `fit`. The parent process (lumos.train.run) has already pinned the data version,
 chosen the batch size and opened the MLflow run; rank 0 logs metrics and writes checkpoints, the
-others only compute. Ctrl-C (SIGINT) is turned into a flag that every rank agrees on at the next
-step boundary, so the checkpoint written on the way out is a consistent one.
+others only compute. Ctrl-C (SIGINT) and SIGTERM (what schedulers and `kill` send) are turned into a
+flag that every rank agrees on at the next step boundary, so the checkpoint written on the way out
+is a consistent one.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
+from lumos.core.faults import fault_point
 from lumos.core.tables import TableRef
 from lumos.core.workspace import Workspace
 from lumos.data.contract import Batch
@@ -77,6 +79,8 @@ class FitResult:
     """With run.valid_metric: its value at best_step."""
     early_stopped: bool = False
     """True when run.patience evaluations in a row brought no new best."""
+    failure: str | None = None
+    """Why training stopped early on an error (a non-finite loss or gradient); None when it did not."""
 
 
 @dataclass(frozen=True)
@@ -140,25 +144,27 @@ class _LossModule(torch.nn.Module):
 
 
 class _InterruptFlag:
-    """SIGINT sets a flag instead of raising mid-step; the loop checkpoints and stops."""
+    """SIGINT and SIGTERM set a flag instead of raising mid-step; the loop checkpoints and stops."""
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
     def __init__(self) -> None:
         self.raised = False
-        self._previous = None
+        self._previous: dict[int, object] = {}
 
     def __enter__(self) -> _InterruptFlag:
         try:
-            self._previous = signal.signal(signal.SIGINT, self._handle)
+            self._previous = {number: signal.signal(number, self._handle) for number in self.SIGNALS}
         except ValueError:  # not the main thread: leave signals alone
-            self._previous = None
+            self._previous = {}
         return self
 
     def _handle(self, signum, frame) -> None:
         self.raised = True
 
     def __exit__(self, *exc) -> None:
-        if self._previous is not None:
-            signal.signal(signal.SIGINT, self._previous)
+        for number, previous in self._previous.items():
+            signal.signal(number, previous)
 
 
 def fit(plan: FitPlan, log_metrics=None, log_checkpoint=None, report=None) -> FitResult:
@@ -182,6 +188,7 @@ def fit(plan: FitPlan, log_metrics=None, log_checkpoint=None, report=None) -> Fi
         drop_last=True, rank=ranks.rank, world_size=ranks.world_size, num_workers=config.data.loader_workers,
     )
     start_step = 0
+    best = _Best(config.run.valid_metric, config.run.patience)
     if plan.resume_from:
         state = load_training_state(Path(plan.resume_from))
         optimizer.load_state_dict(state.optimizer)
@@ -189,6 +196,8 @@ def fit(plan: FitPlan, log_metrics=None, log_checkpoint=None, report=None) -> Fi
         loader.load_state_dict({**state.loader, "plan": loader.state_dict()["plan"]})
         restore_rng(state.rng[ranks.rank])  # each rank continues its own dropout and sampling stream
         start_step = state.step
+        if state.best:
+            best.restore(state.best)  # the best so far and the patience already used survive a resume
     else:
         # Ranks differ in dropout and sampled negatives, like independent replicas; init is
         # identical (seeded above) and DDP broadcasts rank 0's weights regardless.
@@ -202,7 +211,6 @@ def fit(plan: FitPlan, log_metrics=None, log_checkpoint=None, report=None) -> Fi
     )
 
     result = FitResult(step=start_step, interrupted=False)
-    best = _Best(config.run.valid_metric, config.run.patience)
     batches = iter(loader)
     window = _Window()
     with _InterruptFlag() as interrupt:
@@ -222,14 +230,21 @@ def fit(plan: FitPlan, log_metrics=None, log_checkpoint=None, report=None) -> Fi
                 for task, value in parts.items():
                     losses[task] = losses.get(task, 0.0) + float(value) / config.run.grad_accum
                 window.samples += batch.size * ranks.world_size
-            if config.optim.grad_clip:
-                torch.nn.utils.clip_grad_norm_(model.parameters(), config.optim.grad_clip)
+            # The norm is needed either way (an infinite bar clips nothing): a NaN or inf gradient
+            # stops the run before the optimizer step, so no checkpoint ever holds poisoned weights.
+            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), config.optim.grad_clip or math.inf)
+            loss = sum(losses.values())
+            if _agree(not (math.isfinite(loss) and bool(torch.isfinite(grad_norm))), ranks):
+                result.failure = (f"step {step + 1}: the loss ({loss}) or gradient norm ({float(grad_norm)}) is not finite "
+                                  f"on at least one rank")
+                break
             optimizer.step()
             schedule.step()
             optimizer.zero_grad(set_to_none=True)
             window.seconds += time.perf_counter() - step_started
             window.steps += 1
             done = step + 1
+            fault_point(f"train.step.{done}")
             result.step = done
             result.train_losses = _mean_over_ranks(losses, ranks)
 
@@ -251,14 +266,15 @@ def fit(plan: FitPlan, log_metrics=None, log_checkpoint=None, report=None) -> Fi
                                 | {"valid/loss": sum(result.valid_losses.values())}
                                 | {f"valid/{name}": value for name, value in result.valid_metrics.items()})
                 if best.update(done, result.valid_metrics):
-                    best.checkpoint = _checkpoint(plan, model, optimizer, schedule, loader, done, ranks, log_checkpoint, name="best")
+                    best.checkpoint = str(Path(plan.checkpoint_dir) / "best")
+                    _checkpoint(plan, model, optimizer, schedule, loader, done, ranks, log_checkpoint, best, name="best")
                     if ranks.is_main and report:
                         report(f"step {done}: new best valid {best.metric} = {best.value:.4f}")
                 result.early_stopped = best.exhausted
             stop = _agree(interrupt.raised, ranks)
             last = done == config.run.max_steps or result.early_stopped
             if done % config.run.checkpoint_every == 0 or last or stop:
-                result.checkpoint = _checkpoint(plan, model, optimizer, schedule, loader, done, ranks, log_checkpoint)
+                result.checkpoint = _checkpoint(plan, model, optimizer, schedule, loader, done, ranks, log_checkpoint, best)
             if stop:
                 result.interrupted = True
                 break
@@ -266,7 +282,7 @@ def fit(plan: FitPlan, log_metrics=None, log_checkpoint=None, report=None) -> Fi
                 if ranks.is_main and report:
                     report(f"step {done}: stopping early, no better valid {best.metric} in {best.patience} evaluations")
                 break
-    if best.step is not None and not result.interrupted:
+    if best.step is not None and not result.interrupted and result.failure is None:
         # The run ends on its best evaluation: eval, promote and infer read the run's checkpoint.
         result.best_step, result.best_value = best.step, best.value
         result.checkpoint = best.checkpoint
@@ -303,6 +319,14 @@ class _Best:
             return True
         self.since_best += 1
         return False
+
+    def state(self) -> dict:
+        """What a checkpoint keeps of the tracker (plain values, loadable with weights_only)."""
+        return {"value": self.value, "step": self.step, "checkpoint": self.checkpoint, "since_best": self.since_best}
+
+    def restore(self, state: dict) -> None:
+        self.value, self.step, self.checkpoint, self.since_best = (
+            state["value"], state["step"], state["checkpoint"], state["since_best"])
 
     @property
     def exhausted(self) -> bool:
@@ -421,7 +445,8 @@ def _agree(flag: bool, ranks: Ranks) -> bool:
 
 
 def _checkpoint(
-    plan: FitPlan, model, optimizer, schedule, loader, step: int, ranks: Ranks, log_checkpoint, name: str | None = None
+    plan: FitPlan, model, optimizer, schedule, loader, step: int, ranks: Ranks, log_checkpoint, best: _Best,
+    name: str | None = None,
 ) -> str | None:
     """Write (rank 0) and log a resumable checkpoint, in folder step-<step> or `name` (replaced)."""
     folder = None
@@ -431,7 +456,7 @@ def _checkpoint(
         dist.all_gather_object(rng, capture_rng())
     if ranks.is_main:
         state = TrainingState(step=step, optimizer=optimizer.state_dict(), scheduler=schedule.state_dict(),
-                              loader=loader.state_dict(), rng=rng)
+                              loader=loader.state_dict(), rng=rng, best=best.state())
         folder = save_checkpoint(Path(plan.checkpoint_dir) / (name or f"step-{step:08d}"), model, plan.config, state)
         if log_checkpoint:
             log_checkpoint(folder, step)

@@ -8,8 +8,10 @@ Under torchrun (WORLD_SIZE set) every process is a rank and rank 0 does the pare
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import socket
 import sys
 import tempfile
@@ -21,7 +23,7 @@ from typing import Any
 import torch
 
 from lumos.core.config import config_hash, to_plain, to_toml
-from lumos.core.errors import UsageError
+from lumos.core.errors import LumosError, UsageError
 from lumos.core.lineage import LineageInput, LineageRecord
 from lumos.core.runs import (
     CHECKPOINT_TAG,
@@ -111,8 +113,12 @@ def train(
     status = "FAILED"
     try:
         result = launch(plan, world_size, report)
-        status = "KILLED" if result.interrupted else "FINISHED"
         summary.result = result
+        if result.failure is not None:
+            kept = f"the last good checkpoint is {result.checkpoint}" if result.checkpoint else "no checkpoint was written"
+            raise LumosError(f"training stopped at {result.failure}; run {run_id} is FAILED and {kept}. "
+                             "Look for NaN or infinite values in the data, or lower optim.lr")
+        status = "KILLED" if result.interrupted else "FINISHED"
         return summary
     finally:
         client.set_terminated(run_id, status)
@@ -214,9 +220,33 @@ def launch(plan: FitPlan, world_size: int, report: Report) -> FitResult:
         result_file = Path(scratch) / "result.json"
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
         os.environ.setdefault("MASTER_PORT", str(_free_port()))
-        mp.spawn(_rank_main, args=(world_size, plan, str(result_file)), nprocs=world_size, join=True)
+        ranks = mp.spawn(_rank_main, args=(world_size, plan, str(result_file)), nprocs=world_size, join=False)
+        with _forward_signals([process.pid for process in ranks.processes]):
+            while not ranks.join():
+                pass
         raw = json.loads(result_file.read_text())
     return FitResult(**raw)
+
+
+@contextlib.contextmanager
+def _forward_signals(pids: list[int]):
+    """While ranks run, SIGINT and SIGTERM sent to this parent reach them (a scheduler signals only the
+    parent); each rank checkpoints and stops, and the parent waits for them instead of dying first."""
+
+    def forward(signum, frame) -> None:
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signum)
+
+    try:
+        previous = {number: signal.signal(number, forward) for number in (signal.SIGINT, signal.SIGTERM)}
+    except ValueError:  # not the main thread: leave signals alone
+        previous = {}
+    try:
+        yield
+    finally:
+        for number, handler in previous.items():
+            signal.signal(number, handler)
 
 
 def _rank_main(rank: int, world_size: int, plan: FitPlan, result_file: str) -> None:
@@ -241,9 +271,16 @@ def _rank0_hooks(plan: FitPlan, report: Report) -> dict[str, Any]:
     def log_metrics(step: int, metrics: dict[str, float]) -> None:
         client.log_batch(plan.run_id, metrics=[_metric(key, value, step) for key, value in metrics.items()])
 
+    uploaded: set[str] = set()
+
     def log_checkpoint(folder: Path, step: int) -> None:
-        artifact_path = f"checkpoints/{Path(folder).name}"
-        client.log_artifacts(plan.run_id, str(folder), artifact_path)
+        # A replaced checkpoint ("best") goes to a new path, never over the files the tag points at;
+        # the tag moves once the upload is whole, so a reader always downloads one complete checkpoint.
+        name = Path(folder).name
+        artifact_path = f"checkpoints/{name}" if name.startswith("step-") else f"checkpoints/{name}-step-{step:08d}"
+        if artifact_path not in uploaded:
+            client.log_artifacts(plan.run_id, str(folder), artifact_path)
+            uploaded.add(artifact_path)
         client.set_tag(plan.run_id, CHECKPOINT_TAG, artifact_path)
         client.set_tag(plan.run_id, STEP_TAG, str(step))
 

@@ -257,7 +257,7 @@ def test_early_stopping_keeps_the_best_checkpoint(project):
     result = summary.result
     assert result.early_stopped and result.step == 9 and result.best_step == 3
     tags = tracking_client(workspace).get_run(summary.run_id).data.tags
-    assert tags["lumos.checkpoint"] == "checkpoints/best" and tags["lumos.step"] == "3"
+    assert tags["lumos.checkpoint"] == "checkpoints/best-step-00000003" and tags["lumos.step"] == "3"
     history = tracking_client(workspace).get_metric_history(summary.run_id, "valid/ndcg_at_10")
     assert [m.step for m in history] == [3, 6, 9] and len({m.value for m in history}) == 1
 
