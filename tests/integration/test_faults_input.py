@@ -307,23 +307,28 @@ def lumos_ingest(project: Path, fault_point: str | None) -> subprocess.Completed
     return subprocess.run(command, env=environment, capture_output=True, text=True, timeout=600)
 
 
-def ingest_versions(spark, workspace) -> dict[str, list[int]]:
-    from lumos.core.tables import TableRef, table_exists, table_history, table_location
-
+def committed_versions(project: Path) -> dict[str, list[int]]:
+    """The versions committed to each ingest table, newest first, from the commit files in its
+    _delta_log. (Read from the files: this process's Delta caches what it saw of each table, and
+    the tables are written by other processes.)"""
     versions = {}
     for role in ("rejects", "vocab", "sequences"):
-        ref = TableRef("shop", role)
-        exists = table_exists(spark, table_location(workspace, ref))
-        versions[role] = [entry.version for entry in table_history(spark, workspace, ref)] if exists else []
+        log = project / ".lumos" / "tables" / "shop" / role / "_delta_log"
+        versions[role] = sorted((int(commit.stem) for commit in log.glob("*.json")), reverse=True)
     return versions
 
 
-def assert_every_sequences_version_has_its_vocab(spark, workspace) -> None:
-    from lumos.core.tables import TableRef, read_table, table_history
+def assert_every_sequences_version_has_its_vocab(spark, project: Path) -> None:
+    from lumos.core.lineage import LineageRecord
 
-    for entry in table_history(spark, workspace, TableRef("shop", "sequences")):
-        vocab = TableRef.parse(entry.lineage.stats["tables"]["vocab"])
-        assert read_table(spark, workspace, vocab).count() > 0, (entry.version, vocab)
+    tables = project / ".lumos" / "tables"
+    for version in committed_versions(project)["sequences"]:
+        commit = (tables / "shop" / "sequences" / "_delta_log" / f"{version:020d}.json").read_text().splitlines()
+        info = next(json.loads(line)["commitInfo"] for line in commit if "commitInfo" in line)
+        vocab = LineageRecord.from_json(info["userMetadata"]).stats["tables"]["vocab"]  # shop.vocab@N
+        vocab_version = int(vocab.split("@")[1])
+        rows = spark.read.format("delta").option("versionAsOf", vocab_version).load(str(tables / "shop" / "vocab"))
+        assert rows.count() > 0, (version, vocab)
 
 
 @pytest.mark.faults
@@ -333,26 +338,25 @@ def test_an_ingest_killed_at_any_point_leaves_no_sequences_without_vocab_and_rer
     (tmp_path / "lumos.toml").write_text('[spark]\nmaster = "local[1]"\nshuffle_partitions = 2\ndriver_memory = "1g"\n')
     text, _, _ = messy_events()
     (tmp_path / "events.csv").write_text(text)
-    workspace = open_workspace(tmp_path)
     vocab_folder = tmp_path / ".lumos" / "tables" / "shop" / "vocab"
 
     killed = lumos_ingest(tmp_path, "after_rejects")
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
-    assert ingest_versions(spark, workspace) == {"rejects": [0], "vocab": [], "sequences": []}
+    assert committed_versions(tmp_path) == {"rejects": [0], "vocab": [], "sequences": []}
 
     killed = lumos_ingest(tmp_path, "mid_vocab")
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
     # Killed with the vocab's data files down and no commit: Delta shows no version of it.
     assert [path for path in vocab_folder.rglob("*.parquet") if "_delta_log" not in path.parts]
-    assert ingest_versions(spark, workspace) == {"rejects": [1, 0], "vocab": [], "sequences": []}
+    assert committed_versions(tmp_path) == {"rejects": [1, 0], "vocab": [], "sequences": []}
 
     killed = lumos_ingest(tmp_path, "before_sequences")
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
-    assert ingest_versions(spark, workspace) == {"rejects": [2, 1, 0], "vocab": [0], "sequences": []}
+    assert committed_versions(tmp_path) == {"rejects": [2, 1, 0], "vocab": [0], "sequences": []}
 
     rerun = lumos_ingest(tmp_path, None)
     assert rerun.returncode == 0, rerun.stderr[-2000:]
     summary = json.loads(rerun.stdout)
     assert summary["reused"] is False and summary["tables"] == {
         "sequences": "shop.sequences@0", "vocab": "shop.vocab@1", "rejects": "shop.rejects@3"}
-    assert_every_sequences_version_has_its_vocab(spark, workspace)
+    assert_every_sequences_version_has_its_vocab(spark, tmp_path)
