@@ -35,13 +35,14 @@ import torch
 
 from lumos.compile.cache import KernelCache
 from lumos.compile.engine import SEARCH_BUDGET_S, compile_model, median_ms, verify
-from lumos.compile.frontend import _Forward, batch_tensors, example_batch, input_names
+from lumos.compile.frontend import _Forward, batch_tensors, input_names
 from lumos.compile.ir import Graph, Op
 from lumos.compile.program import Options, compile_graph, load_program
 from lumos.core.config import load_config
+from lumos.data.contract import FeatureSpec
 from lumos.quickstart import RECIPES
 from lumos.train.config import TrainConfig
-from lumos.train.features import FeatureSpec
+from lumos.train.memory import synthetic_batch
 from lumos.train.model import LumosModel, ModelConfig
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -71,7 +72,7 @@ def bench_model(name: str, model: LumosModel, batch_size: int, repeats: int, ind
                 search_budget: float = SEARCH_BUDGET_S) -> dict:
     model.eval()
     seq_len = model.features.max_len
-    batch = example_batch(model.features, batch_size, seq_len, seed=3)
+    batch = synthetic_batch(model.features, batch_size, seq_len, seed=3)
     result = {"model": name, "batch": batch_size, "seq": seq_len, "parameters": model.num_parameters()}
     print(f"== {name}: batch {batch_size}, sequence {seq_len}, {model.num_parameters():,} parameters", flush=True)
 

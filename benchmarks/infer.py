@@ -25,6 +25,7 @@ import torch
 
 from lumos.core.config import load_config
 from lumos.core.registry import resolve_model
+from lumos.core.runs import download_checkpoint, training_run
 from lumos.core.tables import TableRef
 from lumos.core.workspace import init_workspace, open_workspace
 from lumos.data.loader import table_batches
@@ -36,7 +37,7 @@ from lumos.infer.scoring import score_batch
 from lumos.quickstart import RECIPES
 from lumos.train.checkpoint import load_model
 from lumos.train.config import TrainConfig
-from lumos.train.run import download_checkpoint, train, training_run
+from lumos.train.run import train
 
 AS_OF = datetime.date(2026, 9, 29)
 USERS_PER_DAY = 100_000_000

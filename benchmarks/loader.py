@@ -36,13 +36,13 @@ from lumos.core.config import load_config
 from lumos.core.spark import workspace_spark
 from lumos.core.tables import TableRef, table_location
 from lumos.core.workspace import open_workspace
+from lumos.data.contract import FeatureSpec
 from lumos.data.ingest import run_ingest
 from lumos.data.loader import SequenceLoader, default_workers
 from lumos.data.recipe import IngestRecipe
 from lumos.data.sequences_version import SequencesVersion, open_sequences
 from lumos.data.synthetic import SyntheticSpec, generate_quickstart
 from lumos.quickstart import RECIPES
-from lumos.train.features import FeatureSpec
 
 RECIPE = RECIPES / "ingest.toml"
 SEQUENCES = TableRef("quickstart", "sequences")

@@ -4,7 +4,7 @@ A plain causal self-attention next-item model, trained and scored on exactly the
 trains and evaluates on: the same table version, read with pyarrow from its Delta log, the same
 valid and test rows (their histories are what the model sees), the same ranking over the full
 item vocabulary with the row's history items excluded, the same metric code
-(`lumos.eval.metrics`), and early stopping on valid NDCG@10 with the best epoch's weights kept.
+(`lumos.train.retrieval_metrics`), and early stopping on valid NDCG@10 with the best epoch's weights kept.
 
 Training uses every train target once per epoch: each user's sequence up to (not including) the
 valid target is rebuilt from the table's train rows, cut into windows of max_len + 1 items from
@@ -37,9 +37,9 @@ from torch import Tensor, nn
 
 from lumos.core.tables import TableRef
 from lumos.core.workspace import open_workspace
+from lumos.data.contract import FIRST_TOKEN_ID
 from lumos.data.sequences_version import open_sequences
-from lumos.eval import metrics as M
-from lumos.train.model import FIRST_ITEM_ID
+from lumos.train import retrieval_metrics as M
 
 RESULTS = Path(__file__).resolve().parent / "results"
 METRICS = ("hr@10", "ndcg@10", "hr@50", "ndcg@50", "mrr")
@@ -242,7 +242,7 @@ class SASRec(nn.Module):
     def scores(self, hidden: Tensor) -> Tensor:
         """(..., C) → (..., V) logits over the item vocabulary; padding and OOV never win."""
         logits = hidden @ self.items.weight.T
-        logits[..., :FIRST_ITEM_ID] = float("-inf")
+        logits[..., :FIRST_TOKEN_ID] = float("-inf")
         return logits
 
 
@@ -287,7 +287,7 @@ def train_and_score(data: TableData, config: SASRecConfig, report=print) -> dict
         for start in range(0, len(order), config.batch_size):
             window = windows[order[start:start + config.batch_size]]
             inputs, targets = window[:, :-1], window[:, 1:]  # (B, T) each
-            mask = (targets >= FIRST_ITEM_ID) & (inputs != 0)  # (B, T): positions with an item and a target
+            mask = (targets >= FIRST_TOKEN_ID) & (inputs != 0)  # (B, T): positions with an item and a target
             logits = model.scores(model(inputs)[mask])  # (N, V)
             if config.exclude_seen:  # id 0 is padding, at -inf already; the target is never left out
                 seen = seen_items(inputs)[mask]  # (N, T)

@@ -10,6 +10,9 @@ import lumos
 from lumos.cli import config, data, doctor, evaluate, infer, ingest, promote, quickstart, train, workspace
 from lumos.cli.compile import compile_model
 from lumos.cli.output import state
+from lumos.cli.reproduce import reproduce
+from lumos.cli.sweep import CONTEXT as SWEEP_CONTEXT
+from lumos.cli.sweep import sweep
 
 app = typer.Typer(
     name="lumos",
@@ -59,6 +62,8 @@ app.command("models")(promote.models)
 app.command("infer")(infer.infer)
 app.command("quickstart")(quickstart.quickstart)
 app.command("compile")(compile_model)
+app.command("reproduce")(reproduce)
+app.command("sweep", context_settings=SWEEP_CONTEXT)(sweep)
 
 
 def main() -> None:

@@ -6,7 +6,8 @@ from typing import Annotated
 
 import typer
 
-from lumos.cli.output import echo, emit_json, handles_errors, print_table, progress, state
+from lumos.cli.options import JsonOption, ModelOption, RunOption, given
+from lumos.cli.output import echo, emit_json, handles_errors, json_data, print_table, progress, renamed, state
 from lumos.core.errors import UsageError
 from lumos.core.workspace import open_workspace
 
@@ -59,16 +60,16 @@ def _explain_row(group: dict) -> tuple:
 @handles_errors
 def compile_model(
     ctx: typer.Context,
-    run: Annotated[str | None, typer.Option("--run", help="The MLflow training run to compile.")] = None,
-    model: Annotated[str | None, typer.Option("--model", help="A registered model, NAME@alias.")] = None,
+    run: RunOption = None,
+    model: ModelOption = None,
     target: Annotated[str | None, typer.Option("--target", help="cpu (gcc + OpenMP); default: [compile] target.")] = None,
-    batch: Annotated[int, typer.Option("--batch", help="Rows per call the plan is built for; other sizes pad or chunk.")] = 256,
+    batch: Annotated[int | None, typer.Option("--batch", help="Rows per call the plan is built for; other sizes pad or chunk.")] = None,
     seq: Annotated[int | None, typer.Option("--seq", help="History length the plan is built for (default: the data's max_len); shorter histories pad.")] = None,
     clear_cache: Annotated[bool, typer.Option("--clear-cache", help="Empty the kernel cache of the target first (alone: only that).")] = False,
-    search_budget: Annotated[float, typer.Option("--search-budget", metavar="SECONDS", help="Time to search kernel schedules by measurement (results are cached per kernel and machine).")] = 120.0,
+    search_budget: Annotated[float | None, typer.Option("--search-budget", metavar="SECONDS", help="Time to search kernel schedules by measurement (results are cached per kernel and machine).")] = None,
     no_search: Annotated[bool, typer.Option("--no-search", help="Skip the search: the renderer's heuristic schedules.")] = False,
     explain: Annotated[bool, typer.Option("--explain", help="Per distinct kernel: rules fired, candidates tried, best and worst times.")] = False,
-    json_output: Annotated[bool, typer.Option("--json", help="Print JSON on stdout.")] = False,
+    json_output: JsonOption = False,
 ) -> None:
     """Compile a training run (--run) or registered model (--model) into fused C kernels.
 
@@ -96,16 +97,12 @@ def compile_model(
         raise UsageError("name exactly one of --run RUN_ID or --model NAME@alias")
     subject = resolve_subject(workspace, run, model)
     with progress(f"compiling {subject.label} for {target}") as report:
-        summary = compile_run(workspace, subject.run_id, target, batch, seq, report=report,
-                              search_budget_s=0.0 if no_search else search_budget)
+        summary = compile_run(workspace, subject.run_id, target, seq_len=seq, report=report,
+                              **given(batch_size=batch, search_budget_s=0.0 if no_search else search_budget))
     stats = summary.stats
     if json_output:
-        emit_json({"run_id": summary.run_id, "model": subject.model, "target": target, "batch": summary.batch_size,
-                   "seq": summary.seq_len, **stats, "max_error": summary.max_error, "eager_ms": summary.eager_ms,
-                   "compiled_ms": summary.compiled_ms, "cache_hit": summary.cache_hit, "seconds": summary.seconds,
-                   "artifact": summary.artifact, "library": summary.library, "search_rounds": summary.search_rounds,
-                   "search_cache_hit": summary.search_cache_hit, "search": summary.search,
-                   "attention": summary.attention, "search_confirmed": summary.search_confirmed})
+        fields = renamed(json_data(summary), batch_size="batch", seq_len="seq")
+        emit_json({**fields.pop("stats"), **fields, "model": subject.model})
         return
     speedup = summary.eager_ms / summary.compiled_ms if summary.compiled_ms else float("nan")
     rows = [

@@ -2,28 +2,21 @@
 
 from __future__ import annotations
 
-from typing import Annotated
-
 import typer
 
+from lumos.cli.options import JsonOption, SetOption
 from lumos.cli.output import echo, emit_json, handles_errors, state
 from lumos.core.config import to_plain, to_toml
 from lumos.core.workspace import open_workspace
 
 app = typer.Typer(help="Inspect the project settings (lumos.toml).", no_args_is_help=True)
 
-SetOption = Annotated[
-    list[str] | None,
-    typer.Option("--set", help="Override a setting, e.g. --set spark.master=local[2] (repeatable)."),
-]
-
-
 @app.command("show")
 @handles_errors
 def show(
     ctx: typer.Context,
     overrides: SetOption = None,
-    json_output: Annotated[bool, typer.Option("--json", help="Print JSON instead of TOML.")] = False,
+    json_output: JsonOption = False,
 ) -> None:
     """Print the resolved settings and where they came from."""
     workspace = open_workspace(state(ctx).workspace_dir, overrides or [])

@@ -4,19 +4,18 @@ synthetic quickstart data."""
 from __future__ import annotations
 
 import json
-from dataclasses import asdict
 from typing import Annotated
 
 import typer
 
+from lumos.cli.options import JsonOption
 from lumos.cli.output import echo, emit_json, handles_errors, print_table, progress, state
-from lumos.core.spark import workspace_spark
-from lumos.core.tables import TableRef, describe_table, list_tables, table_history
+from lumos.core.tables import TableRef
 from lumos.core.workspace import open_workspace
+from lumos.data.synthetic import SyntheticSpec
+from lumos.data.table_metadata import describe_table, list_tables, table_history
 
 app = typer.Typer(help="Versioned tables: list, history with lineage, details; synthetic data.", no_args_is_help=True)
-
-JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON on stdout.")]
 
 
 @app.command("list")
@@ -44,7 +43,7 @@ def history(
     ref = TableRef.parse(table)
     workspace = open_workspace(state(ctx).workspace_dir)
     with progress(f"reading the history of {ref.name}"):
-        entries = table_history(workspace_spark(workspace), workspace, ref)
+        entries = table_history(workspace, ref)
     if json_output:
         emit_json({"table": ref.name, "versions": [_entry_json(entry) for entry in entries]})
         return
@@ -69,7 +68,7 @@ def show(
     ref = TableRef.parse(table)
     workspace = open_workspace(state(ctx).workspace_dir)
     with progress(f"reading {ref}"):
-        details = describe_table(workspace_spark(workspace), workspace, ref)
+        details = describe_table(workspace, ref)
     if json_output:
         emit_json(details)
         return
@@ -84,18 +83,25 @@ def show(
 def synth(
     ctx: typer.Context,
     out: Annotated[str, typer.Option("--out", help="Folder to write events/, users, items, calendar and labels into.")],
-    users: Annotated[int, typer.Option(help="Number of users.")] = 2000,
-    events: Annotated[int, typer.Option(help="Approximate number of events (10M+ is fine: written in blocks).")] = 200_000,
-    seed: Annotated[int, typer.Option(help="Random seed; the same seed gives the same data.")] = 0,
+    users: Annotated[int, typer.Option(help="Number of users.")] = SyntheticSpec.users,
+    events: Annotated[int, typer.Option(help="Number of events (10M+ is fine: written in blocks).")] = SyntheticSpec.events,
+    items: Annotated[int, typer.Option(help="Catalog size.")] = SyntheticSpec.items,
+    clusters: Annotated[int, typer.Option(help="Taste clusters, which are also the item categories.")] = SyntheticSpec.clusters,
+    start: Annotated[str, typer.Option(help="First day of activity, YYYY-MM-DD.")] = SyntheticSpec.start.isoformat(),
+    days: Annotated[int, typer.Option(help="Length of the activity period in days.")] = SyntheticSpec.days,
+    seed: Annotated[int, typer.Option(help="Random seed; the same seed gives the same data.")] = SyntheticSpec.seed,
     json_output: JsonOption = False,
 ) -> None:
-    """Generate the synthetic, learnable quickstart activity data."""
-    from lumos.data.synthetic import SyntheticSpec, generate_quickstart
+    """Generate the synthetic, learnable quickstart activity data (a previous run in --out is replaced)."""
+    from lumos.cli.infer import parse_date
+    from lumos.data.synthetic import generate_quickstart
 
+    spec = SyntheticSpec(users=users, events=events, items=items, clusters=clusters,
+                         start=parse_date(start, "--start"), days=days, seed=seed)
     with progress(f"generating {events:,} events for {users:,} users"):
-        summary = generate_quickstart(out, SyntheticSpec(users=users, events=events, seed=seed))
+        summary = generate_quickstart(out, spec)
     if json_output:
-        emit_json(asdict(summary))
+        emit_json(summary)
     else:
         echo(f"wrote {summary.events:,} events of {summary.users:,} users over {summary.items:,} items to {summary.out_dir}")
 
@@ -130,7 +136,7 @@ def trace(
     ref = TableRef.parse(table)
     workspace = open_workspace(state(ctx).workspace_dir)
     with progress(f"tracing {user} in {ref}"):
-        result = trace_prediction(workspace_spark(workspace), workspace, ref, user, parse_date(as_of, "--as-of"))
+        result = trace_prediction(workspace, ref, user, parse_date(as_of, "--as-of"))
     if json_output:
         emit_json(result)
         return

@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict
-from typing import Annotated
-
 import typer
 
+from lumos.cli.options import JsonOption
 from lumos.cli.output import emit_json, handles_errors, print_table, progress, state
 from lumos.core.doctor import run_checks
 from lumos.core.errors import EXIT_RUNTIME
@@ -16,7 +14,7 @@ from lumos.core.workspace import open_workspace
 @handles_errors
 def doctor(
     ctx: typer.Context,
-    json_output: Annotated[bool, typer.Option("--json", help="Print the checks as JSON on stdout.")] = False,
+    json_output: JsonOption = False,
 ) -> None:
     """Check Java, Spark with Delta, the MLflow store, gcc, a CUDA compiler and a GPU.
 
@@ -27,7 +25,7 @@ def doctor(
         checks = run_checks(workspace, report)
     healthy = all(check.ok for check in checks if check.required)
     if json_output:
-        emit_json({"ok": healthy, "checks": [asdict(check) for check in checks]})
+        emit_json({"ok": healthy, "checks": checks})
     else:
         rows = [
             ("ok" if c.ok else ("MISSING" if c.required else "absent (optional)"), c.name, c.detail, "" if c.ok else c.fix)

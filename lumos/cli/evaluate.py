@@ -9,6 +9,7 @@ from typing import Annotated
 
 import typer
 
+from lumos.cli.options import JsonOption, ModelOption, RunOption
 from lumos.cli.output import echo, emit_json, handles_errors, print_table, progress, state
 from lumos.core.errors import UsageError
 from lumos.core.workspace import open_workspace
@@ -18,7 +19,6 @@ app = typer.Typer(invoke_without_command=True)  # the callback's docstring is th
 TasksOption = Annotated[
     Path | None, typer.Option("--tasks", help="Folder of task specs (default: tasks/ and examples/*/tasks/ of the project).")
 ]
-JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON on stdout.")]
 
 
 def _load(ctx: typer.Context, tasks_dir: Path | None):
@@ -37,8 +37,8 @@ def run_eval(
     ctx: typer.Context,
     task: Annotated[list[str] | None, typer.Option("--task", "-t", help="Task to score (repeatable).")] = None,
     all_tasks: Annotated[bool, typer.Option("--all", help="Score every task.")] = False,
-    run: Annotated[str | None, typer.Option("--run", help="The MLflow training run to score.")] = None,
-    model: Annotated[str | None, typer.Option("--model", help="A registered model, NAME@alias.")] = None,
+    run: RunOption = None,
+    model: ModelOption = None,
     fail_below: Annotated[
         list[str] | None, typer.Option("--fail-below", help="METRIC=VALUE: exit 3 when a score is under it (repeatable).")
     ] = None,
@@ -68,9 +68,7 @@ def run_eval(
     with progress(f"evaluating {subject.label}") as report:
         results = evaluate(workspace, chosen, subject, bars, report)
     if json_output:
-        emit_json({"subject": subject.key, "run_id": subject.run_id, "model": subject.model, "results": [
-            {"task": r.task, "data": r.data, "rows": r.rows, "metrics": r.metrics, "eval_run_id": r.eval_run_id,
-             "baseline": r.baseline, "baseline_metrics": r.baseline_metrics} for r in results]})
+        emit_json({"subject": subject.key, "run_id": subject.run_id, "model": subject.model, "results": results})
         return
     for result in results:
         rows = [(name, f"{value:.4f}", f"{result.baseline_metrics[name]:.4f}" if name in result.baseline_metrics else "")
@@ -104,13 +102,21 @@ def show_leaderboard(
     tasks_dir: TasksOption = None,
     json_output: JsonOption = False,
     csv_output: Annotated[bool, typer.Option("--csv", help="Print CSV on stdout.")] = False,
+    group_by: Annotated[
+        str | None, typer.Option("--group-by", help="config: one row per training config, mean ± std over its seeds.")
+    ] = None,
 ) -> None:
     """Entries of a task ranked by its primary metric; reads only the MLflow store."""
     from lumos.eval.leaderboard import entry_json, leaderboard
     from lumos.eval.tasks import find_task
 
+    if group_by not in (None, "config"):
+        raise UsageError(f"--group-by {group_by!r}: the one grouping is config")
     workspace, tasks = _load(ctx, tasks_dir)
     spec = find_task(tasks, task).spec
+    if group_by:
+        _show_groups(workspace, spec, top, json_output, csv_output)
+        return
     entries = leaderboard(workspace, spec, top)
     metrics = list(spec.metric_names)
     if json_output:
@@ -126,6 +132,69 @@ def show_leaderboard(
         writer.writerows(rows)
         return
     print_table(f"{spec.name}: ranked by {spec.primary_metric} ({spec.primary_direction})", header, rows)
+
+
+tasks_app = typer.Typer(no_args_is_help=True, help="Write task specs.")
+app.add_typer(tasks_app, name="tasks")
+
+
+@tasks_app.command("generate")
+@handles_errors
+def generate_tasks(
+    ctx: typer.Context,
+    labels: Annotated[Path, typer.Option("--labels", help="Labels table: a Parquet or CSV file, one row per user.")],
+    data: Annotated[str, typer.Option("--data", help="The sequences table the tasks score, e.g. quickstart.sequences.")],
+    columns: Annotated[
+        str | None, typer.Option("--columns", help="Label columns, comma-separated (default: every column but the user id).")
+    ] = None,
+    out: Annotated[Path | None, typer.Option("--out", help="Folder for the task files (default: tasks/ of the project).")] = None,
+    split: Annotated[str, typer.Option("--split", help="The split whose users are probed.")] = "test",
+    user_id: Annotated[str, typer.Option("--user-id", help="The labels table's user id column.")] = "user_id",
+    probe: Annotated[str, typer.Option("--probe", help="auto (by column type), logistic or linear.")] = "auto",
+    prefix: Annotated[str, typer.Option("--prefix", help="Prepended to each column name to make the task name.")] = "",
+    force: Annotated[bool, typer.Option("--force", help="Replace task files that already exist.")] = False,
+    json_output: JsonOption = False,
+) -> None:
+    """One embedding-probe task per label column of a labels table, written as OUT/<prefix><column>.toml.
+
+    The probe follows the column's type (floats linear; strings, booleans and integers with at most
+    20 values logistic). Every spec is checked before any file is written.
+    """
+    from lumos.eval.generate import generate_probe_tasks
+
+    if probe not in ("auto", "logistic", "linear"):
+        raise UsageError(f"--probe {probe!r}: expected auto, logistic or linear")
+    folder = out if out is not None else open_workspace(state(ctx).workspace_dir).project_dir / "tasks"
+    chosen = [name.strip() for name in columns.split(",") if name.strip()] if columns is not None else None
+    written = generate_probe_tasks(labels, folder, chosen, data=data, split=split, user_id=user_id, probe=probe,
+                                   prefix=prefix, overwrite=force)
+    if json_output:
+        emit_json({"labels": str(labels), "out": str(folder), "tasks": [
+            {"name": task.name, "column": task.column, "probe": task.probe, "file": str(task.path)} for task in written]})
+        return
+    print_table(f"{len(written)} task(s) in {folder}", ["task", "column", "probe"],
+                [(task.name, task.column, task.probe) for task in written])
+
+
+def _show_groups(workspace, spec, top: int | None, json_output: bool, csv_output: bool) -> None:
+    from lumos.eval.leaderboard import group_json, grouped_leaderboard
+
+    groups = grouped_leaderboard(workspace, spec, top)
+    if json_output:
+        emit_json({"task": spec.name, "primary_metric": spec.primary_metric, "direction": spec.primary_direction,
+                   "group_by": "config", "groups": [group_json(group) for group in groups]})
+        return
+    metrics = list(spec.metric_names)
+    header = ["rank", "config", "seeds", *metrics]
+    rows = [[group.rank, group.label, max(1, len(group.run_ids)),
+             *[f"{group.metrics[m][0]:.4f} ± {group.metrics[m][1]:.4f}" if m in group.metrics else "" for m in metrics]]
+            for group in groups]
+    if csv_output:
+        writer = csv.writer(sys.stdout)
+        writer.writerow(header)
+        writer.writerows(rows)
+        return
+    print_table(f"{spec.name}: configs ranked by mean {spec.primary_metric} ({spec.primary_direction}) over seeds", header, rows)
 
 
 def _cell(value: float | None) -> str:

@@ -7,7 +7,8 @@ from typing import Annotated
 
 import typer
 
-from lumos.cli.output import echo, emit_json, handles_errors, progress, state
+from lumos.cli.options import JsonOption, given
+from lumos.cli.output import echo, emit_json, handles_errors, json_data, progress, state
 from lumos.core.errors import UsageError
 from lumos.core.workspace import open_workspace
 
@@ -28,12 +29,12 @@ def infer(
     as_of: Annotated[str | None, typer.Option("--as-of", help="Date to predict for, YYYY-MM-DD (default: today, UTC).")] = None,
     source: Annotated[str | None, typer.Option("--source", help="Events to read instead of the source in the model's data lineage.")] = None,
     output: Annotated[str | None, typer.Option("--output", help="dataset.table to write (default: DATASET.predictions).")] = None,
-    engine: Annotated[str, typer.Option("--engine", help="torch, or compiled (a plan from `lumos compile`; torch when none).")] = "torch",
-    top_k: Annotated[int, typer.Option("--top-k", help="Items to recommend per user.")] = 10,
+    engine: Annotated[str | None, typer.Option("--engine", help="torch, or compiled (a plan from `lumos compile`; torch when none).")] = None,
+    top_k: Annotated[int | None, typer.Option("--top-k", help="Items to recommend per user.")] = None,
     include_history: Annotated[bool, typer.Option("--include-history", help="Allow items the user already has in the top-k.")] = False,
-    batch_size: Annotated[int, typer.Option("--batch-size", help="Rows per model call inside each Spark task.")] = 512,
-    threads: Annotated[int, typer.Option("--threads", help="Torch threads per Spark task (Spark runs one task per core).")] = 1,
-    json_output: Annotated[bool, typer.Option("--json", help="Print JSON on stdout.")] = False,
+    batch_size: Annotated[int | None, typer.Option("--batch-size", help="Rows per model call inside each Spark task.")] = None,
+    threads: Annotated[int | None, typer.Option("--threads", help="Torch threads per Spark task (Spark runs one task per core).")] = None,
+    json_output: JsonOption = False,
 ) -> None:
     """Score every user with history before --as-of and write partition as_of=DATE of DATASET.predictions.
 
@@ -48,16 +49,14 @@ def infer(
     from lumos.infer.run import InferOptions
     from lumos.infer.run import infer as run_infer
 
-    options = InferOptions(as_of=parse_date(as_of, "--as-of"), source=source, output=output, engine=engine,
-                           top_k=top_k, exclude_history=not include_history, batch_size=batch_size, torch_threads=threads)
+    options = InferOptions(as_of=parse_date(as_of, "--as-of"), source=source, output=output,
+                           exclude_history=not include_history,
+                           **given(engine=engine, top_k=top_k, batch_size=batch_size, torch_threads=threads))
     workspace = open_workspace(state(ctx).workspace_dir)
     with progress(f"inferring with {model} as of {options.as_of}") as report:
         summary = run_infer(workspace, model, options, report)
     if json_output:
-        emit_json({"model": summary.model, "run_id": summary.run_id, "as_of": summary.as_of.isoformat(),
-                   "output": summary.output, "rows": summary.rows, "engine": summary.engine,
-                   "training_data": summary.training_data, "seconds": round(summary.seconds, 2),
-                   "inputs": [vars(item) for item in summary.inputs], "warnings": summary.warnings})
+        emit_json({**json_data(summary), "seconds": round(summary.seconds, 2)})
         return
     echo(f"wrote {summary.rows:,} predictions to {summary.output} (as_of={summary.as_of}) with {summary.model} "
          f"[{summary.engine}] in {summary.seconds:.0f} s")

@@ -7,6 +7,7 @@ from typing import Annotated
 
 import typer
 
+from lumos.cli.options import JsonOption, SetOption
 from lumos.cli.output import echo, emit_json, handles_errors, print_table, progress, state
 from lumos.core.config import load_config
 from lumos.core.spark import workspace_spark
@@ -22,11 +23,8 @@ def ingest(
     source: Annotated[
         str | None, typer.Option("--source", help="Read events from here instead of the recipe's source.path.")
     ] = None,
-    overrides: Annotated[
-        list[str] | None,
-        typer.Option("--set", help="Override a recipe field, e.g. --set tokens.max_len=100 (repeatable)."),
-    ] = None,
-    json_output: Annotated[bool, typer.Option("--json", help="Print a JSON summary on stdout.")] = False,
+    overrides: SetOption = None,
+    json_output: JsonOption = False,
 ) -> None:
     """Validate events, build vocabularies and per-user sequences, and write them as new table versions.
 
@@ -50,7 +48,7 @@ def ingest(
         spark = workspace_spark(workspace)
         result = run_ingest(spark, workspace, recipe, recipe_file.resolve().parent, report)
     if json_output:
-        emit_json({"dataset": result.dataset, "tables": result.tables, "reused": result.reused, "stats": result.stats})
+        emit_json(result)
         return
     stats = result.stats
     verb = "already up to date" if result.reused else "ingested"

@@ -7,23 +7,24 @@ Errors map to exit codes (lumos.core.errors) and print without a traceback unles
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import datetime
 import functools
 import json
 import sys
 import traceback
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
-from lumos.core.errors import EXIT_RUNTIME, LumosError
+from lumos.core.config import InvalidFields
+from lumos.core.errors import EXIT_RUNTIME, EXIT_USAGE, LumosError
 
 
-@dataclass
+@dataclasses.dataclass
 class CliState:
     """Options of the root command, shared by every verb through the Typer context."""
 
@@ -73,9 +74,26 @@ def progress(title: str) -> Iterator[Callable[[str], None]]:
 
 
 def emit_json(payload: Any) -> None:
-    """The one machine-readable summary of a command, on stdout."""
-    sys.stdout.write(json.dumps(payload, indent=2, sort_keys=True, default=str) + "\n")
+    """The one machine-readable summary of a command, on stdout (dataclasses as their fields)."""
+    sys.stdout.write(json.dumps(json_data(payload), indent=2, sort_keys=True, default=str) + "\n")
     sys.stdout.flush()
+
+
+def json_data(value: Any) -> Any:
+    """A core result as JSON data: each dataclass becomes a dict of its fields, recursively, so a
+    verb's `--json` keys are its result dataclass's field names. Dates print as ISO text."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {field.name: json_data(getattr(value, field.name)) for field in dataclasses.fields(value)}
+    if isinstance(value, dict):
+        return {key: json_data(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [json_data(item) for item in value]
+    return value
+
+
+def renamed(data: dict[str, Any], **new_names: str) -> dict[str, Any]:
+    """`data` with some keys renamed (old=new), for JSON keys older than the field names."""
+    return {new_names.get(key, key): value for key, value in data.items()}
 
 
 def print_table(title: str, columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
@@ -103,11 +121,12 @@ def handles_errors(command: Callable) -> Callable:
         debug = state(ctx).debug if ctx is not None else False
         try:
             return command(*args, **kwargs)
-        except LumosError as error:
+        except (LumosError, InvalidFields) as error:
+            # InvalidFields: a dataclass built from options refused them; that is bad input too.
             if debug:
                 traceback.print_exc()
             stderr_console().print(f"[bold red]error:[/bold red] {escape(str(error))}")
-            raise typer.Exit(error.exit_code) from None
+            raise typer.Exit(getattr(error, "exit_code", EXIT_USAGE)) from None
         except KeyboardInterrupt:
             stderr_console().print("[bold red]interrupted[/bold red]")
             raise typer.Exit(130) from None

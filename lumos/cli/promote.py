@@ -7,11 +7,10 @@ from typing import Annotated
 
 import typer
 
-from lumos.cli.output import echo, emit_json, handles_errors, print_table, state
+from lumos.cli.options import JsonOption
+from lumos.cli.output import echo, emit_json, handles_errors, json_data, print_table, renamed, state
 from lumos.core.errors import UsageError
 from lumos.core.workspace import open_workspace
-
-JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON on stdout.")]
 
 
 @handles_errors
@@ -45,9 +44,7 @@ def promote(
     result = promote_run(workspace, model, alias, run_id=run_id, version=version, requirements=requirements,
                          dry_run=dry_run)
     if json_output:
-        emit_json({"model": result.name, "alias": result.alias, "version": result.version, "run_id": result.run_id,
-                   "reused_version": result.reused_version, "previous_version": result.previous_version,
-                   "checks": result.checks, "dry_run": result.dry_run})
+        emit_json(renamed(json_data(result), name="model"))
         return
     for check in result.checks:
         echo(f"  passed {check}")
@@ -67,6 +64,7 @@ def models(
 ) -> None:
     """Registered models with their aliases; with NAME, every version with its aliases and lineage."""
     from lumos.core.registry import model_versions, registered_names
+    from lumos.core.runs import CONFIG_HASH_TAG, DATA_TAG
     from lumos.eval.promote import version_json
 
     workspace = open_workspace(state(ctx).workspace_dir)
@@ -92,8 +90,8 @@ def models(
     if json_output:
         emit_json({"name": name, "versions": [version_json(v) for v in versions]})
         return
-    rows = [(v.version, ", ".join(v.aliases), v.run_id, v.tags.get("lumos.data", ""),
-             v.tags.get("lumos.config_hash", "")[:19], _date(v.created_at)) for v in versions]
+    rows = [(v.version, ", ".join(v.aliases), v.run_id, v.tags.get(DATA_TAG, ""),
+             v.tags.get(CONFIG_HASH_TAG, "")[:19], _date(v.created_at)) for v in versions]
     print_table(f"{name}: {len(versions)} version(s)", ["version", "aliases", "run", "data", "config hash", "registered"], rows)
 
 

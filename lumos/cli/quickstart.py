@@ -7,21 +7,23 @@ from typing import Annotated
 
 import typer
 
+from lumos.cli.options import JsonOption
 from lumos.cli.output import echo, emit_json, handles_errors, print_table, progress
+from lumos.data.synthetic import SyntheticSpec
 
 
 @handles_errors
 def quickstart(
     ctx: typer.Context,
     directory: Annotated[Path, typer.Option("--dir", help="Project folder to create or reuse.")] = Path("lumos-quickstart"),
-    users: Annotated[int | None, typer.Option("--users", help="Synthetic users (default 2,000).")] = None,
-    events: Annotated[int | None, typer.Option("--events", help="Synthetic events (default 200,000).")] = None,
+    users: Annotated[int, typer.Option("--users", help="Synthetic users.")] = SyntheticSpec.users,
+    events: Annotated[int, typer.Option("--events", help="Synthetic events.")] = SyntheticSpec.events,
     steps: Annotated[int | None, typer.Option("--steps", help="Training steps (default: train.toml's run.max_steps).")] = None,
     require: Annotated[
         list[str] | None,
         typer.Option("--require", help="Promotion gate TASK:METRIC>=VALUE, replacing the default "
                                         "will_purchase_7d:auc_roc>=0.6 (repeatable).")] = None,
-    json_output: Annotated[bool, typer.Option("--json", help="Print JSON on stdout.")] = False,
+    json_output: JsonOption = False,
 ) -> None:
     """Run every verb end to end on synthetic data: ingest, train, eval --all, promote, infer.
 
@@ -29,13 +31,9 @@ def quickstart(
     then writes the Delta tables and the MLflow store under its .lumos/. Files already in the
     folder are kept, so edit a recipe and rerun. About five minutes on 2 CPU cores.
     """
-    from dataclasses import replace
-
-    from lumos.data.synthetic import SyntheticSpec
     from lumos.quickstart.run import REQUIREMENTS, run_quickstart
 
-    spec = SyntheticSpec()
-    spec = replace(spec, users=users or spec.users, events=events or spec.events)
+    spec = SyntheticSpec(users=users, events=events)
     overrides = (f"run.max_steps={steps}",) if steps else ()
     with progress(f"quickstart in {directory}") as report:
         summary = run_quickstart(directory, spec, overrides, tuple(require) if require else REQUIREMENTS, report)

@@ -7,7 +7,8 @@ from typing import Annotated
 
 import typer
 
-from lumos.cli.output import echo, emit_json, handles_errors, print_table, progress, state
+from lumos.cli.options import JsonOption, SetOption, given
+from lumos.cli.output import echo, emit_json, handles_errors, json_data, print_table, progress, renamed, state
 from lumos.core.config import load_config
 from lumos.core.workspace import open_workspace
 
@@ -19,29 +20,27 @@ def train(
     data: Annotated[
         str | None, typer.Option("--data", help="Sequences table, dataset.sequences[@VERSION]; overrides data.table.")
     ] = None,
-    nproc: Annotated[int, typer.Option("--nproc", help="Ranks on this machine (DDP: gloo on CPU, nccl on GPU).")] = 1,
+    nproc: Annotated[int | None, typer.Option("--nproc", help="Ranks on this machine (DDP: gloo on CPU, nccl on GPU).")] = None,
     nnodes: Annotated[
-        int, typer.Option("--nnodes", help="Machines in the run, each running this command with the same --nproc.")
-    ] = 1,
+        int | None, typer.Option("--nnodes", help="Machines in the run, each running this command with the same --nproc.")
+    ] = None,
     node_rank: Annotated[
-        int, typer.Option("--node-rank", help="This machine's place, 0 … nnodes-1; node 0 logs the MLflow run.")
-    ] = 0,
+        int | None, typer.Option("--node-rank", help="This machine's place, 0 … nnodes-1; node 0 logs the MLflow run.")
+    ] = None,
     master_addr: Annotated[
         str | None, typer.Option("--master-addr", help="Address of node 0, where the ranks meet (with --nnodes > 1).")
     ] = None,
     master_port: Annotated[
         int | None, typer.Option("--master-port", help="A free port on node 0 for the ranks to meet (with --nnodes > 1).")
     ] = None,
-    overrides: Annotated[
-        list[str] | None, typer.Option("--set", help="Override a field, e.g. --set run.max_steps=50 (repeatable).")
-    ] = None,
+    overrides: SetOption = None,
     dry_run: Annotated[
         bool, typer.Option("--dry-run", help="Print the memory estimate and batch size, then stop without training.")
     ] = False,
     resume: Annotated[
         str | None, typer.Option("--resume", help="Continue this MLflow run from its latest checkpoint.")
     ] = None,
-    json_output: Annotated[bool, typer.Option("--json", help="Print a JSON summary on stdout.")] = False,
+    json_output: JsonOption = False,
 ) -> None:
     """Train the encoder-decoder user model; every run is an MLflow run with its lineage.
 
@@ -51,6 +50,7 @@ def train(
     `--resume RUN_ID` continues it. See lumos/quickstart/train.toml.
     """
     from lumos.train.config import TrainConfig
+    from lumos.train.loop import FitResult
     from lumos.train.run import Nodes
     from lumos.train.run import train as run_training
 
@@ -58,30 +58,17 @@ def train(
     if data is not None:
         overrides.append(f"data.table={data}")
     config = load_config(TrainConfig, config_file, overrides)
-    nodes = Nodes(count=nnodes, rank=node_rank, master_addr=master_addr, master_port=master_port)
+    nodes = Nodes(**given(count=nnodes, rank=node_rank, master_addr=master_addr, master_port=master_port))
     workspace = open_workspace(state(ctx).workspace_dir)
     with progress("training") as report:
-        summary = run_training(config, workspace, nproc=nproc, resume_run_id=resume, dry_run=dry_run, report=report,
-                               nodes=nodes)
+        summary = run_training(config, workspace, resume_run_id=resume, dry_run=dry_run, report=report, nodes=nodes,
+                               **given(nproc=nproc))
     result = summary.result
     if json_output:
-        emit_json({
-            "run_id": summary.run_id,
-            "experiment": summary.experiment,
-            "data": summary.data,
-            "batch_size": summary.batch_size,
-            "batch_size_search": summary.batch_size_search,
-            "parameters": summary.parameters,
-            "world_size": summary.world_size,
-            "dry_run": summary.dry_run,
-            "memory_estimate_bytes": dict(summary.memory_estimate),
-            "step": result.step if result else 0,
-            "interrupted": result.interrupted if result else False,
-            "train_losses": result.train_losses if result else {},
-            "valid_losses": result.valid_losses if result else {},
-            "samples_per_second": result.samples_per_second if result else 0.0,
-            "data_wait_fraction": result.data_wait_fraction if result else 0.0,
-        })
+        # The fit result's fields sit beside the summary's (a dry run has none: zero values).
+        fields = renamed(json_data(summary), memory_estimate="memory_estimate_bytes")
+        fit = fields.pop("result") or json_data(FitResult(step=0, interrupted=False))
+        emit_json({**fields, **fit, "memory_estimate_bytes": dict(summary.memory_estimate)})
         return
     print_table(
         f"memory per rank at batch {summary.batch_size // max(summary.world_size * config.run.grad_accum, 1)}",
@@ -94,7 +81,7 @@ def train(
     verb = "interrupted at" if result.interrupted else "trained"
     echo(f"{verb} step {result.step}: {losses}")
     if summary.run_id is None:
-        echo(f"node {node_rank} of {nnodes}: node 0 logs the run")
+        echo(f"node {nodes.rank} of {nodes.count}: node 0 logs the run")
     else:
         echo(f"run {summary.run_id} in experiment {summary.experiment}; resume with --resume {summary.run_id}")
         echo(f"see it: mlflow ui --backend-store-uri {workspace.mlflow_tracking_uri}")

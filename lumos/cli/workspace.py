@@ -6,6 +6,7 @@ from typing import Annotated
 
 import typer
 
+from lumos.cli.options import JsonOption
 from lumos.cli.output import echo, emit_json, handles_errors, state
 from lumos.core.workspace import init_workspace
 
@@ -17,7 +18,7 @@ def init(
         str | None, typer.Argument(help="Project folder to create or use (default: --workspace, else here).")
     ] = None,
     force: Annotated[bool, typer.Option("--force", help="Replace an existing lumos.toml.")] = False,
-    json_output: Annotated[bool, typer.Option("--json", help="Print a JSON summary on stdout.")] = False,
+    json_output: JsonOption = False,
 ) -> None:
     """Write DIR/lumos.toml holding every setting with its default and an explanation."""
     target = init_workspace(directory or state(ctx).workspace_dir or ".", force=force)

@@ -1,7 +1,9 @@
 """The kernel cache: built libraries, content-addressed on disk.
 
-The key is the hash of (source, compiler and its version, flags, target), so any change to what
-would be built is a different entry. An entry is a folder `<root>/<target>/<key[:2]>/<key>/` with
+The key is the hash of (source, compiler and its version, flags, target, host CPU), so any change
+to what would be built is a different entry. The CPU is in it because the default flags hold
+`-march=native`: a workspace shared by hosts with different CPUs must not hand one host a library
+built for another's instruction set (SIGILL). An entry is a folder `<root>/<target>/<key[:2]>/<key>/` with
 `library.so`, `library.c` and `entry.json` (the key and the library's sha256). It is built in a
 temporary folder and renamed into place, so readers never see half an entry; an entry whose
 library is missing or does not match its recorded hash (a partial or corrupted write) is removed
@@ -52,6 +54,27 @@ def compiler_version(cc: str) -> str:
     return result.stdout.splitlines()[0] if result.stdout else cc
 
 
+@functools.cache
+def host_cpu() -> str:
+    """This host's CPU as `-march=native` sees it: model name and feature flags (Linux's
+    /proc/cpuinfo), else the platform's machine and processor names."""
+    import platform
+
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        lines = []
+    fields = {}
+    for line in lines:
+        name, _, value = line.partition(":")
+        name = name.strip()
+        if name in ("model name", "flags", "Features", "CPU implementer", "CPU part") and name not in fields:
+            fields[name] = " ".join(value.split())  # flags sorted as the kernel lists them: stable
+    if not fields:
+        return f"{platform.machine()} {platform.processor()}".strip()
+    return "; ".join(f"{name}: {value}" for name, value in sorted(fields.items()))
+
+
 def _sha256_file(path: Path) -> str:
     digest = hashlib.sha256()
     with open(path, "rb") as handle:
@@ -61,9 +84,11 @@ def _sha256_file(path: Path) -> str:
 
 
 class KernelCache:
-    def __init__(self, root: str | Path, target: str = "cpu"):
+    def __init__(self, root: str | Path, target: str = "cpu", cpu: str | None = None):
         self.root = Path(root) / target
         self.target = target
+        self.cpu = cpu if cpu is not None else host_cpu()
+        """The CPU libraries are built for and run on (this host's unless given)."""
 
     @staticmethod
     def for_workspace(workspace: Workspace, target: str = "cpu") -> KernelCache:
@@ -76,7 +101,7 @@ class KernelCache:
 
     def key(self, source: str, cc: str, flags: tuple[str, ...]) -> str:
         material = json.dumps({"source": source, "cc": cc, "cc_version": compiler_version(cc), "flags": list(flags),
-                               "target": self.target}, sort_keys=True)
+                               "target": self.target, "cpu": self.cpu}, sort_keys=True)
         return hashlib.sha256(material.encode()).hexdigest()
 
     def entry(self, key: str) -> Path:
@@ -111,7 +136,8 @@ class KernelCache:
             if result.returncode != 0:
                 raise BuildError(f"{' '.join(command)} failed:\n{result.stderr[-4000:]}")
             (staging / ENTRY).write_text(json.dumps({"key": key, "sha256": _sha256_file(staging / LIBRARY),
-                                                     "cc": cc, "flags": list(flags), "target": self.target}))
+                                                     "cc": cc, "flags": list(flags), "target": self.target,
+                                                     "cpu": self.cpu}))
             folder = self.entry(key)
             folder.parent.mkdir(parents=True, exist_ok=True)
             try:

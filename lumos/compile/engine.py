@@ -27,15 +27,17 @@ import numpy as np
 import torch
 
 from lumos.compile.cache import KernelCache
-from lumos.compile.frontend import batch_tensors, example_batch, lower_model, output_names
+from lumos.compile.frontend import batch_tensors, lower_model, output_names
 from lumos.compile.ir import LITERAL_PREFIX
 from lumos.compile.layout import TRANSPOSED
 from lumos.compile.program import Compilation, Options, compile_graph, load_program
 from lumos.compile.render_c import tensor_names
 from lumos.compile.runtime import NativeProgram
 from lumos.core.errors import LumosError, UsageError
+from lumos.core.settings import CompileSettings
 from lumos.core.workspace import Workspace
-from lumos.train.features import Batch, FeatureSpec
+from lumos.data.contract import Batch, FeatureSpec
+from lumos.train.memory import synthetic_batch
 from lumos.train.model import LumosModel, ModelOutput
 
 PLAN_FILE = "plan.json"
@@ -160,8 +162,8 @@ def compile_model(model: LumosModel, batch_size: int, seq_len: int, cache: Kerne
     options = options or Options()
     if batch_size < 1 or seq_len < 1:
         raise UsageError("--batch and --seq must be at least 1")
-    if seq_len > model.config.max_len:
-        raise UsageError(f"--seq {seq_len} exceeds the model's max_len {model.config.max_len}")
+    if seq_len > model.max_len:
+        raise UsageError(f"--seq {seq_len} exceeds the model's max_len {model.max_len}")
     started = time.perf_counter()
     report(f"tracing the model at batch {batch_size}, sequence {seq_len}")
     graph = lower_model(model, batch_size, seq_len, symbolic_batch=options.symbolic_batch)
@@ -170,7 +172,7 @@ def compile_model(model: LumosModel, batch_size: int, seq_len: int, cache: Kerne
            "planning buffers and building" if options.search_budget_s > 0 else
            f"{len(graph.nodes)} IR nodes; fusing, planning buffers and building")
     example = {name: tensor.detach().cpu().float().numpy()
-               for name, tensor in batch_tensors(example_batch(model.features, batch_size, seq_len, seed=5),
+               for name, tensor in batch_tensors(synthetic_batch(model.features, batch_size, seq_len, seed=5),
                                                  model.features).items() if name in graph.inputs}
     compilation = compile_graph(graph, cache, options, example_inputs=example)
     plan = make_plan(compilation, model, batch_size, seq_len, cache.target)
@@ -190,7 +192,7 @@ def verify(result: CompileResult, model: LumosModel, seeds: tuple[int, ...] = (1
     try:
         for seed in seeds:
             for rows, length in shapes:
-                batch = example_batch(model.features, rows, length, seed=seed)
+                batch = synthetic_batch(model.features, rows, length, seed=seed)
                 with torch.no_grad():
                     expected = model(batch)
                 got = result.compiled(batch)
@@ -212,7 +214,7 @@ def verify(result: CompileResult, model: LumosModel, seeds: tuple[int, ...] = (1
 
 def time_forward(result: CompileResult, model: LumosModel, repeats: int = 5) -> tuple[float, float]:
     """Median milliseconds per forward at the plan's shape: (torch eager, compiled)."""
-    batch = example_batch(model.features, result.compiled.batch_size, result.compiled.seq_len, seed=3)
+    batch = synthetic_batch(model.features, result.compiled.batch_size, result.compiled.seq_len, seed=3)
     was_training = model.training
     model.eval()
     try:
@@ -281,8 +283,16 @@ def write_plan(folder: Path, result: CompileResult) -> Path:
     return folder
 
 
-def program_from_plan(folder: Path, model: LumosModel, cache: KernelCache) -> CompiledModel | None:
-    """A stored plan built (through the cache) and bound to `model`'s weights; None if it does not fit."""
+def program_from_plan(folder: Path, model: LumosModel, cache: KernelCache,
+                      local: CompileSettings | None = None) -> CompiledModel | None:
+    """A stored plan built (through the cache) and bound to `model`'s weights; None if it does not fit.
+
+    The library is built with this host's compiler and flags (`local`), never with the `cc` and
+    `cflags` recorded in the plan: a plan is data from elsewhere, and its flags (`-march=native`
+    of the compiling host, or any command a plan could name) must not decide what runs here.
+    Unset, `local` is the default CompileSettings.
+    """
+    local = local or CompileSettings()
     plan = json.loads((folder / PLAN_FILE).read_text())
     source = (folder / SOURCE_FILE).read_text()
     if plan.get("format") != PLAN_FORMAT or plan.get("model_fingerprint") != model_fingerprint(model):
@@ -301,7 +311,7 @@ def program_from_plan(folder: Path, model: LumosModel, cache: KernelCache) -> Co
             if list(value.shape) != entry["shape"]:
                 return None
         tensors.append(value)
-    build = cache.build(source, plan["cc"], tuple(plan["cflags"]))
+    build = cache.build(source, local.cc, tuple(local.cflags))
     program = NativeProgram(
         build.library,
         [(item["name"], tuple(item["shape"])) for item in plan["inputs"]],
@@ -315,6 +325,7 @@ def program_from_plan(folder: Path, model: LumosModel, cache: KernelCache) -> Co
 
 def store_plan(workspace: Workspace, run_id: str, result: CompileResult) -> str:
     """Log the plan as artifacts of the training run; returns the artifact path."""
+    from lumos.core.runs import COMPILE_TAG_PREFIX
     from lumos.core.tracking import tracking_client
 
     target = result.plan["target"]
@@ -322,7 +333,7 @@ def store_plan(workspace: Workspace, run_id: str, result: CompileResult) -> str:
     with tempfile.TemporaryDirectory(prefix="lumos-plan-") as scratch:
         folder = write_plan(Path(scratch) / "plan", result)
         client.log_artifacts(run_id, str(folder), artifact_dir(target))
-    client.set_tag(run_id, f"lumos.compile.{target}",
+    client.set_tag(run_id, f"{COMPILE_TAG_PREFIX}{target}",
                    f"batch={result.plan['batch_size']} seq={result.plan['seq_len']} kernels={len(result.plan['kernels'])}")
     return artifact_dir(target)
 
@@ -332,6 +343,7 @@ def load_compiled(workspace: Workspace, run_id: str, model: LumosModel, target: 
     model, or None when no plan exists or the stored plan was made for a different model."""
     import mlflow
 
+    from lumos.core.runs import COMPILE_TAG_PREFIX
     from lumos.core.tracking import tracking_client
 
     if target not in TARGETS:
@@ -340,7 +352,7 @@ def load_compiled(workspace: Workspace, run_id: str, model: LumosModel, target: 
         run = tracking_client(workspace).get_run(run_id)
     except mlflow.exceptions.MlflowException:
         return None
-    if f"lumos.compile.{target}" not in run.data.tags:
+    if f"{COMPILE_TAG_PREFIX}{target}" not in run.data.tags:
         return None
     with tempfile.TemporaryDirectory(prefix="lumos-plan-") as scratch:
         try:
@@ -351,7 +363,7 @@ def load_compiled(workspace: Workspace, run_id: str, model: LumosModel, target: 
         if not (folder / PLAN_FILE).is_file():
             return None
         # The library comes from the kernel cache, so the downloaded files are not needed afterwards.
-        return program_from_plan(folder, model, KernelCache.for_workspace(workspace, target))
+        return program_from_plan(folder, model, KernelCache.for_workspace(workspace, target), workspace.settings.compile)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -386,8 +398,8 @@ def compile_run(workspace: Workspace, run_id: str, target: str = "cpu", batch_si
                 seq_len: int | None = None, options: Options | None = None,
                 report: Report = lambda _: None, search_budget_s: float = SEARCH_BUDGET_S) -> CompileSummary:
     """Compile a training run's model, verify it against PyTorch, store the plan on the run."""
+    from lumos.core.runs import download_checkpoint
     from lumos.train.checkpoint import load_model
-    from lumos.train.run import download_checkpoint
 
     check_target(target)
     settings = workspace.settings.compile

@@ -21,7 +21,8 @@ from torch import nn
 from lumos.compile.hl_ops import MASKED, Tensor, attention, cat, mark_output
 from lumos.compile.ir import LITERAL_PREFIX, Graph, check_graph, mark_batch
 from lumos.core.errors import LumosError
-from lumos.train.features import TIME_FEATURES, Batch, FeatureSpec
+from lumos.data.contract import Batch, FeatureSpec
+from lumos.train.memory import synthetic_batch
 from lumos.train.model import LumosModel
 
 OUTPUTS = ("user_embedding", "item_query", "act_logits", "value_pred")
@@ -61,30 +62,6 @@ def batch_from_tensors(named: dict[str, torch.Tensor], features: FeatureSpec) ->
         static_numeric=named["static_numeric"], future=named["future"],
         next_item=empty(B, dtype=torch.int64), act=empty(B, H, dtype=torch.float32),
         value=empty(B, H, dtype=torch.float32),
-    )
-
-
-def example_batch(features: FeatureSpec, batch_size: int, seq_len: int, seed: int = 0) -> Batch:
-    """Random right-padded histories of random lengths (0..seq_len), ids in range."""
-    generator = torch.Generator().manual_seed(seed)
-    lengths = torch.randint(0, seq_len + 1, (batch_size,), generator=generator)
-    lengths[0] = seq_len  # at least one full row
-    mask = torch.arange(seq_len)[None, :] < lengths[:, None]  # (B, T)
-
-    def ids(size: int, low: int, shape) -> torch.Tensor:
-        return torch.randint(low, max(size, low + 1), shape, generator=generator)
-
-    tokens = {name: ids(size, 0 if name in TIME_FEATURES else 1, (batch_size, seq_len)) * mask
-              for name, size in features.token_categorical.items()}
-    numeric = torch.randn(batch_size, seq_len, len(features.token_numeric), generator=generator) * 3 * mask[:, :, None]
-    H = len(features.horizons_days)
-    return Batch(
-        tokens=tokens, numeric=numeric, mask=mask,
-        static_categorical={name: ids(size, 0, (batch_size,)) for name, size in features.static_categorical.items()},
-        static_numeric=torch.randn(batch_size, len(features.static_numeric), generator=generator) * 100,
-        future=(torch.rand(batch_size, features.future_slots, len(features.future_flags), generator=generator) < 0.3).float(),
-        next_item=torch.zeros(batch_size, dtype=torch.int64), act=torch.zeros(batch_size, H),
-        value=torch.zeros(batch_size, H),
     )
 
 
@@ -340,7 +317,7 @@ def _squeeze_dims(x: Tensor, dims) -> Tensor:
 def export_model(model: LumosModel, batch_size: int, seq_len: int):
     """The model's inference forward as a torch.export program at (batch_size, seq_len)."""
     wrapper = _Forward(model)
-    example = batch_tensors(example_batch(model.features, batch_size, seq_len), model.features)
+    example = batch_tensors(synthetic_batch(model.features, batch_size, seq_len), model.features)
     args = tuple(example[name] for name in wrapper.names)
     was_training = model.training
     model.eval()
@@ -354,8 +331,8 @@ def export_model(model: LumosModel, batch_size: int, seq_len: int):
 def lower_model(model: LumosModel, batch_size: int, seq_len: int, symbolic_batch: bool = False) -> Graph:
     """The model's inference forward at (batch_size, seq_len) as a primitive graph; with
     `symbolic_batch`, traced once more at one more row to find the batch dims (ir.mark_batch)."""
-    if seq_len > model.config.max_len:
-        raise ValueError(f"sequence length {seq_len} exceeds the model's max_len {model.config.max_len}")
+    if seq_len > model.max_len:
+        raise ValueError(f"sequence length {seq_len} exceeds the model's max_len {model.max_len}")
     program, outputs = export_model(model, batch_size, seq_len)
     graph = lower_program(program, input_names(model.features), outputs)
     if symbolic_batch and batch_size > 1:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import datetime
 import functools
+import hashlib
 import json
 import subprocess
 import uuid
@@ -63,16 +64,27 @@ def utc_now() -> str:
 
 @functools.cache
 def code_version() -> str:
-    """The git commit of the Lumos source when run from a checkout (with +dirty), else its version."""
+    """The git commit of the Lumos source when run from a checkout, else its package version.
+
+    Uncommitted edits under lumos/ add "+dirty.<hash of `git diff HEAD` and untracked files>", so two runs with the
+    same commit but different local edits record different code versions, and equal ones the same.
+    """
     source_dir = Path(lumos.__file__).resolve().parent.parent
     try:
         sha = subprocess.run(
             ["git", "-C", str(source_dir), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5, check=True
         ).stdout.strip()
-        dirty = subprocess.run(
-            ["git", "-C", str(source_dir), "status", "--porcelain", "--untracked-files=no", "--", "lumos"],
-            capture_output=True, text=True, timeout=5, check=True,
-        ).stdout.strip()
+        diff = subprocess.run(
+            ["git", "-C", str(source_dir), "diff", "HEAD", "--", "lumos"], capture_output=True, timeout=10, check=True
+        ).stdout
+        untracked = subprocess.run(
+            ["git", "-C", str(source_dir), "ls-files", "--others", "--exclude-standard", "-z", "--", "lumos"],
+            capture_output=True, timeout=10, check=True,
+        ).stdout.split(b"\0")
     except (OSError, subprocess.SubprocessError):
         return lumos.__version__
-    return f"{sha}+dirty" if dirty else sha
+    digest = hashlib.sha256(diff)
+    for name in sorted(filter(None, untracked)):  # a new module is an edit too
+        digest.update(name + b"\0" + (source_dir / name.decode()).read_bytes())
+    dirty = diff.strip() or any(untracked)
+    return f"{sha}+dirty.{digest.hexdigest()[:12]}" if dirty else sha

@@ -17,7 +17,6 @@ from lumos.core.workspace import Workspace
 _NAME = r"[A-Za-z][A-Za-z0-9_.-]*"
 MODEL_NAME = re.compile(rf"^{_NAME}$")
 MODEL_REF = re.compile(rf"^(?P<name>{_NAME})(?:@(?P<alias>[A-Za-z][A-Za-z0-9_-]*)|/(?P<version>\d+))$")
-LINEAGE_TAG = "lumos."
 
 
 @dataclass(frozen=True)

@@ -46,6 +46,9 @@ def spark_conf(settings: SparkSettings) -> dict[str, str]:
         # Every Lumos write is a version with its own lineage, even one that rewrites an empty
         # table with no rows (an ingest with no rejects); Delta skips such commits by default.
         "spark.databricks.delta.skipRecordingEmptyCommits": "false",
+        # pandas writes Parquet timestamps in nanoseconds, which Spark refuses unless read as
+        # longs; lumos.data.sources turns those columns back into timestamps.
+        "spark.sql.legacy.parquet.nanosAsLong": "true",
     }
     if settings.delta_jars_dir:
         jars = sorted(glob.glob(os.path.join(settings.delta_jars_dir, "*.jar")))

@@ -7,11 +7,8 @@ they touch a path, and no SQL is built from them: every access goes through the 
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any
 
 from lumos.core.errors import UsageError
 from lumos.core.lineage import LineageRecord
@@ -69,6 +66,16 @@ def table_exists(spark, location: str) -> bool:
     return DeltaTable.isDeltaTable(spark, location)
 
 
+LOG_RETENTION = {
+    "delta.logRetentionDuration": "interval 36500 days",
+    "delta.checkpointRetentionDuration": "interval 36500 days",
+}
+"""Table properties of every table Lumos writes. Lineage lives in the Delta commit files, which
+Delta deletes after 30 days by default (at its next checkpoint); then `data trace`, an old
+model's data version and time travel to a pinned vocab break. A century keeps them for the life
+of the table. Given as write options they are set when a write creates the table."""
+
+
 def write_table(spark, workspace: Workspace, ref: TableRef, frame, lineage: LineageRecord) -> TableRef:
     """Replace the table's contents with `frame` in one Delta commit; return the version written.
 
@@ -77,14 +84,35 @@ def write_table(spark, workspace: Workspace, ref: TableRef, frame, lineage: Line
     with Delta's ConcurrentModification error rather than interleaving rows.
     """
     location = table_location(workspace, ref)
+    keep_log(spark, location)
     (
         frame.write.format("delta")
         .mode("overwrite")
         .option("overwriteSchema", "true")
+        .options(**LOG_RETENTION)
         .option("userMetadata", lineage.to_json())
         .save(location)
     )
     return committed_version(spark, workspace, ref, lineage)
+
+
+def keep_log(spark, location: str) -> None:
+    """Give an existing table without LOG_RETENTION (made before Lumos set it) those properties.
+
+    Write options only set properties on a table's creation, so an older table gets them in one
+    commit of their own (operation SET TBLPROPERTIES, no lineage) before its next write.
+    """
+    from delta.tables import DeltaTable
+
+    if not table_exists(spark, location):
+        return
+    properties = DeltaTable.forPath(spark, location).detail().first()["properties"] or {}
+    if all(properties.get(key) == value for key, value in LOG_RETENTION.items()):
+        return
+    assignments = ", ".join(f"'{key}' = '{value}'" for key, value in LOG_RETENTION.items())
+    # The location is a workspace path (table names are validated); backticks inside it are escaped.
+    quoted = location.replace("`", "``")
+    spark.sql(f"ALTER TABLE delta.`{quoted}` SET TBLPROPERTIES ({assignments})")
 
 
 def committed_version(spark, workspace: Workspace, ref: TableRef, lineage: LineageRecord) -> TableRef:
@@ -117,7 +145,10 @@ def require_table(spark, workspace: Workspace, ref: TableRef) -> str:
 
 
 def table_history(spark, workspace: Workspace, ref: TableRef, limit: int | None = None) -> list[TableVersion]:
-    """Versions of a table, newest first, with the lineage record of each commit parsed."""
+    """Versions of a table, newest first, with the lineage record of each commit parsed.
+
+    For writers, which run Spark anyway and may write to remote roots; commands that only read
+    metadata use `lumos.data.table_metadata`, which reads the log without Spark."""
     from delta.tables import DeltaTable
 
     table = DeltaTable.forPath(spark, require_table(spark, workspace, ref))
@@ -128,7 +159,7 @@ def table_history(spark, workspace: Workspace, ref: TableRef, limit: int | None 
             version=row["version"],
             timestamp=row["timestamp"].strftime("%Y-%m-%dT%H:%M:%SZ") if row["timestamp"] else "",
             operation=row["operation"],
-            lineage=_parse_lineage(row["userMetadata"]),
+            lineage=parse_lineage(row["userMetadata"]),
         )
         for row in rows.collect()
     ]
@@ -143,45 +174,22 @@ def resolve(spark, workspace: Workspace, ref: TableRef) -> TableRef:
     return ref if ref.version is not None else ref.at(latest_version(spark, workspace, ref))
 
 
-def version_lineage(spark, workspace: Workspace, ref: TableRef) -> LineageRecord | None:
-    pinned = resolve(spark, workspace, ref)
-    for entry in table_history(spark, workspace, ref):
-        if entry.version == pinned.version:
-            return entry.lineage
-    raise UsageError(f"{pinned} does not exist")
-
-
-def describe_table(spark, workspace: Workspace, ref: TableRef) -> dict[str, Any]:
-    """One version's lineage, schema and row count, as plain data."""
-    pinned = resolve(spark, workspace, ref)
-    frame = read_table(spark, workspace, pinned)
-    lineage = version_lineage(spark, workspace, pinned)
-    return {
-        "table": pinned.name,
-        "version": pinned.version,
-        "location": table_location(workspace, pinned),
-        "rows": frame.count(),
-        "schema": [{"name": f.name, "type": f.dataType.simpleString()} for f in frame.schema.fields],
-        "lineage": json.loads(lineage.to_json()) if lineage else None,
-    }
-
-
-def list_tables(workspace: Workspace) -> list[str]:
-    """Names of the Delta tables under a local workspace (remote roots: use your storage's tools)."""
-    root = Path(workspace.tables_root)
-    if not root.is_dir():
-        return []
-    return sorted(
-        f"{log.parent.parent.name}.{log.parent.name}"
-        for log in root.glob("*/*/_delta_log")
-        if TABLE_REF.match(f"{log.parent.parent.name}.{log.parent.name}")
-    )
-
-
-def _parse_lineage(metadata: str | None) -> LineageRecord | None:
+def parse_lineage(metadata: str | None) -> LineageRecord | None:
+    """The lineage record in a commit's userMetadata; None for commits not written by Lumos."""
     if not metadata:
         return None
     try:
         return LineageRecord.from_json(metadata)
     except (ValueError, TypeError, KeyError):
         return None
+
+
+def content_hash(frame) -> str:
+    """An order-independent hash of a DataFrame's rows: the sum (mod 2^64) of each row's xxhash64
+    over its columns in name order, with the row count. Equal rows in any order and partitioning
+    hash equal; computed by Spark in one aggregation, so it scales with the table."""
+    from pyspark.sql import functions as F
+
+    row_hash = F.xxhash64(*[frame[name] for name in sorted(frame.columns)]).cast("decimal(38,0)")  # a decimal sum cannot overflow
+    total = frame.agg(F.sum(row_hash).alias("total"), F.count(F.lit(1)).alias("rows")).collect()[0]
+    return f"xxhash64-sum:{int(total['total'] or 0) % 2**64:016x}:{total['rows']}"

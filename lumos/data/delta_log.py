@@ -21,6 +21,7 @@ table paths are local folders or `file:` URIs, and so must be the log's absolute
 
 from __future__ import annotations
 
+import datetime
 import json
 import re
 from dataclasses import dataclass, field
@@ -115,11 +116,45 @@ def commit_info(table_path: str | Path, version: int) -> dict[str, Any] | None:
     """The `commitInfo` action of one commit (operation, userMetadata, …); None when the commit
     file is gone (log cleanup) or has none."""
     commit = _local_path(table_path) / LOG_FOLDER / f"{version:020d}.json"
-    if not commit.is_file():
-        return None
-    for action in _json_actions(commit):
-        if "commitInfo" in action:
-            return action["commitInfo"]
+    return _first_commit_info(commit) if commit.is_file() else None
+
+
+@dataclass(frozen=True)
+class Commit:
+    """One commit's entry in the table's history (its `commitInfo`)."""
+
+    version: int
+    timestamp: datetime.datetime
+    """When the commit file was written (its modification time, as Delta's own history reports)."""
+    operation: str
+    user_metadata: str | None
+
+
+def history(table_path: str | Path, limit: int | None = None) -> list[Commit]:
+    """The commits still in the log, newest first (at most `limit`); cleaned-up ones are gone."""
+    listing = _LogListing.of(_local_path(table_path))
+    commits = []
+    for version in sorted(listing.commits, reverse=True)[:limit]:
+        path = listing.commits[version]
+        info = _first_commit_info(path) or {}
+        commits.append(Commit(
+            version=version,
+            timestamp=datetime.datetime.fromtimestamp(path.stat().st_mtime, datetime.UTC),
+            operation=info.get("operation", ""),
+            user_metadata=info.get("userMetadata"),
+        ))
+    return commits
+
+
+def _first_commit_info(commit: Path) -> dict[str, Any] | None:
+    # Writers put commitInfo first: stop there rather than parse every add action of a big commit.
+    try:
+        with commit.open(encoding="utf-8") as lines:
+            for line in lines:
+                if line.strip() and "commitInfo" in (action := json.loads(line)):
+                    return action["commitInfo"]
+    except (OSError, ValueError) as error:
+        raise DeltaLogError(f"cannot read Delta commit {commit}: {error}") from error
     return None
 
 

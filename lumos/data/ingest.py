@@ -14,8 +14,9 @@ from typing import Any
 
 from lumos.core.config import config_hash, to_plain
 from lumos.core.errors import UsageError
-from lumos.core.lineage import LineageRecord
-from lumos.core.tables import TableRef, table_exists, table_history, table_location, write_table
+from lumos.core.faults import crash_during_write, crash_here
+from lumos.core.lineage import LineageInput, LineageRecord
+from lumos.core.tables import TableRef, content_hash, table_exists, table_history, table_location, write_table
 from lumos.core.workspace import Workspace
 from lumos.data.recipe import IngestRecipe
 from lumos.data.sequences import build_sequences, build_vocab
@@ -26,6 +27,7 @@ from lumos.data.validation import (
     event_columns,
     quote_column,
     rejected_rows,
+    strip_whitespace,
     valid_events,
 )
 
@@ -42,28 +44,75 @@ class IngestResult:
     stats: dict[str, Any] = field(default_factory=dict)
 
 
-def run_ingest(spark, workspace: Workspace, recipe: IngestRecipe, recipe_dir: Path, report: Report = lambda _: None) -> IngestResult:
+@dataclass
+class CheckedInputs:
+    """A recipe's sources read, and its events checked against its rules: what ingest builds the
+    vocab and sequences from, and what inference rebuilds a date's features from."""
+
+    checked: Any
+    """The events with canonical columns plus `_rule`, `_reason` (null when valid) and `_row`."""
+    users: Any
+    """The users frame (user_id, user_<name>), or None when the recipe has no users."""
+    calendar: Any
+    """The calendar frame (date, flags), or None when the recipe has no calendar."""
+    inputs: list[LineageInput]
+    """What was read: events, then users, then calendar (each only when the recipe has it)."""
+
+
+@dataclass(frozen=True)
+class RejectCounts:
+    rows_read: int
+    by_rule: dict[str, int]
+    """Rule → rows it rejected, rules in name order."""
+
+    @property
+    def rejected(self) -> int:
+        return sum(self.by_rule.values())
+
+    def lineage_stats(self) -> dict[str, Any]:
+        return {"rows_read": self.rows_read, "rows_rejected": self.rejected, "rejected_by_rule": self.by_rule}
+
+
+def read_checked_inputs(spark, workspace: Workspace, recipe: IngestRecipe, base_dir: Path,
+                        source_key: str = "source.path") -> CheckedInputs:
+    """Read the recipe's events, users and calendar (relative paths against `base_dir`) and check
+    the events with `validation.check_events`: the one read → check chain ingest and infer share.
+    `source_key` names the events location in errors (source.path, or infer's --source)."""
+    raw, events_input = read_source(spark, workspace, recipe.source.path, recipe.source.format, base_dir, source_key)
+    check_columns(raw, [c.source for c in event_columns(recipe)], "columns", recipe.source.path)
+    users, users_input = read_users(spark, workspace, recipe, base_dir)
+    calendar, calendar_input = read_calendar(spark, workspace, recipe, base_dir)
+    inputs = [item for item in (events_input, users_input, calendar_input) if item is not None]
+    return CheckedInputs(check_events(raw, recipe), users, calendar, inputs)
+
+
+def count_rejects(checked) -> RejectCounts:
+    """Rows read and rows rejected per rule, in one pass over the checked events."""
+    counts = {row["_rule"]: row["count"] for row in checked.groupBy("_rule").count().collect()}
+    by_rule = dict(sorted((rule, count) for rule, count in counts.items() if rule is not None))
+    return RejectCounts(sum(counts.values()), by_rule)
+
+
+def run_ingest(spark, workspace: Workspace, recipe: IngestRecipe, recipe_dir: Path, report: Report = lambda _: None,
+               rebuild: bool = False) -> IngestResult:
+    """`rebuild`: write new versions even when an earlier ingest of the same work exists (reproduce)."""
     refs = {role: TableRef(recipe.dataset, role) for role in ("sequences", "vocab", "rejects")}
     report(f"reading {recipe.source.path}")
-    raw, events_input = read_source(spark, workspace, recipe.source.path, recipe.source.format, recipe_dir, "source.path")
-    check_columns(raw, [c.source for c in event_columns(recipe)], "columns", recipe.source.path)
-    users, users_input = read_users(spark, workspace, recipe, recipe_dir)
-    calendar, calendar_input = read_calendar(spark, workspace, recipe, recipe_dir)
-    inputs = [item for item in (events_input, users_input, calendar_input) if item is not None]
-    lineage_base = dict(stage="ingest", config=to_plain(recipe), config_hash=config_hash(recipe), inputs=inputs)
+    sources = read_checked_inputs(spark, workspace, recipe, recipe_dir)
+    users, calendar = sources.users, sources.calendar
+    lineage_base = dict(stage="ingest", config=to_plain(recipe), config_hash=config_hash(recipe), inputs=sources.inputs)
 
-    earlier = _find_earlier_ingest(spark, workspace, refs["sequences"], LineageRecord(**lineage_base))
+    earlier = None if rebuild else _find_earlier_ingest(spark, workspace, refs["sequences"], LineageRecord(**lineage_base))
     if earlier is not None:
         report(f"already ingested as {earlier.tables['sequences']}; nothing written")
         return earlier
 
     report("validating rows")
-    checked = check_events(raw, recipe).persist()
+    checked = sources.checked.persist()
     try:
-        counts = {row["_rule"]: row["count"] for row in checked.groupBy("_rule").count().collect()}
-        rows_read = sum(counts.values())
-        rejected = dict(sorted((rule, count) for rule, count in counts.items() if rule is not None))
-        _enforce_reject_budget(checked, rows_read, rejected, recipe)
+        counts = count_rejects(checked)
+        enforce_reject_budget(checked, counts, recipe)
+        rows_read, rejected = counts.rows_read, counts.by_rule
 
         events = valid_events(checked)
         report("building vocabularies")
@@ -77,17 +126,21 @@ def run_ingest(spark, workspace: Workspace, recipe: IngestRecipe, recipe_dir: Pa
                 "rows_read": rows_read,
                 "rows_rejected": sum(rejected.values()),
                 "rejected_by_rule": rejected,
-                "events": counts.get(None, 0),
+                "events": rows_read - counts.rejected,
                 "users": events.select("user_id").distinct().count(),
                 "tokens": sum(row["sum(length)"] or 0 for row in summary),
                 "rows_by_split": rows_by_split,
+                "content_hash": content_hash(sequences),  # what `lumos reproduce` compares a rebuild against
             }
             report("writing tables")
             written = {"rejects": write_table(spark, workspace, refs["rejects"], rejected_rows(checked),
                                               LineageRecord(**lineage_base, stats={"rows": stats["rows_rejected"],
                                                                                    "rejected_by_rule": rejected}))}
-            written["vocab"] = write_table(spark, workspace, refs["vocab"], vocab,
-                                           LineageRecord(**lineage_base, stats={"rows": vocab.count()}))
+            crash_here("after_rejects")  # test hooks: lumos.core.faults
+            with crash_during_write("mid_vocab", table_location(workspace, refs["vocab"])):
+                written["vocab"] = write_table(spark, workspace, refs["vocab"], vocab,
+                                               LineageRecord(**lineage_base, stats={"rows": vocab.count()}))
+            crash_here("before_sequences")
             # Sequences last: its lineage names the exact vocab and rejects versions of this run,
             # and its presence marks the ingest as complete (the idempotency check reads it).
             tables = {role: str(ref) for role, ref in written.items()}
@@ -102,8 +155,10 @@ def run_ingest(spark, workspace: Workspace, recipe: IngestRecipe, recipe_dir: Pa
     return IngestResult(recipe.dataset, tables, reused=False, stats=stats)
 
 
-def _enforce_reject_budget(checked, rows_read: int, rejected: dict[str, int], recipe: IngestRecipe) -> None:
-    total = sum(rejected.values())
+def enforce_reject_budget(checked, counts: RejectCounts, recipe: IngestRecipe) -> None:
+    """A UsageError (nothing written) when the source is empty or more than
+    cleaning.max_reject_fraction of its rows failed the recipe's rules."""
+    rows_read, rejected, total = counts.rows_read, counts.by_rule, counts.rejected
     if rows_read == 0:
         raise UsageError(f"{recipe.source.path}: the source has no rows; nothing was written")
     fraction = total / rows_read
@@ -139,10 +194,10 @@ def read_users(spark, workspace: Workspace, recipe: IngestRecipe, recipe_dir: Pa
     frame, source_input = read_source(spark, workspace, spec.path, spec.format, recipe_dir, "users.path")
     check_columns(frame, [spec.user_id, *spec.categorical, *spec.numeric], "users", spec.path)
     users = frame.select(
-        F.trim(F.col(quote_column(spec.user_id)).cast("string")).alias("user_id"),
+        strip_whitespace(F.col(quote_column(spec.user_id))).alias("user_id"),
         *[F.col(quote_column(name)).cast("string").alias(f"user_{name}") for name in spec.categorical],
         *[F.col(quote_column(name)).cast("double").alias(f"user_{name}") for name in spec.numeric],
-    ).where(F.col("user_id").isNotNull())
+    ).where(F.col("user_id").isNotNull() & (F.col("user_id") != ""))
     duplicated = users.groupBy("user_id").count().where(F.col("count") > 1).limit(3).collect()
     if duplicated:
         names = ", ".join(row["user_id"] for row in duplicated)

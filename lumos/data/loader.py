@@ -55,8 +55,8 @@ import pyarrow.parquet as pq
 import torch
 
 from lumos.core.errors import UsageError
+from lumos.data.contract import Batch, FeatureSpec
 from lumos.data.delta_log import DeltaSnapshot
-from lumos.train.features import Batch, FeatureSpec
 
 # ---------------------------------------------------------------------------------------------
 # The plan: which rows each rank reads, in which order

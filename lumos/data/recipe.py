@@ -121,6 +121,10 @@ class TokenSpec:
     """Write age_days, each token's age in days at the row's as_of. With leave_last_out, as_of is
     the target's own time, so the ages tell the model when the next event happens: turn it off
     for a benchmark protocol in which that is unknown."""
+    tie_seed: int = 0
+    """Seed of the hash that orders a user's events left tied by timestamp and funnel order: the
+    hash of (tie_seed, user, item, timestamp), never the item id itself, whose order the data never
+    had and a model could learn (in MovieLens half of all ratings share their second)."""
 
     def __post_init__(self) -> None:
         require_valid([("max_len", "must be at least 1")] if self.max_len < 1 else [])

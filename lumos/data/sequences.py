@@ -15,10 +15,13 @@ Semantics (the contract the training loader and the model rely on):
   events (not over day tokens, not per split); `user_<name>` over the rows of the users table.
   Null, rare and unknown tokens all map to 1.
 - **Token order.** A user's events are sorted by `ts`, then the event type's position in
-  `cleaning.event_types` (funnel order: a view before a purchase at the same instant), then
-  `item_id`, `value`, the extra categorical columns and the extra numeric columns in recipe order,
-  each ascending with nulls first. Events equal on all of these are identical tokens, so the
-  result does not depend on which of them comes first.
+  `cleaning.event_types` (funnel order: a view before a purchase at the same instant: a real
+  order), then `xxhash64(tokens.tie_seed, user_id, item_id, ts)`: events still tied have no order
+  in the data, and sorting them by item id would invent one that a model can learn (the next
+  item's id sorting after the last one's), so a seeded hash orders them instead. Hash ties (the
+  same item at the same instant) fall to `item_id`, `value`, the extra categorical columns and the
+  extra numeric columns in recipe order, each ascending with nulls first. Events equal on all of
+  these are identical tokens, so the result does not depend on which of them comes first.
 - **Day tokens** (`tokens.unit = "day"`): one token per user and UTC date, carrying the day's last
   event (in the order above): its categorical and numeric features and its `ts`. `value` is the
   day's value sum and `count` its number of events.
@@ -58,12 +61,10 @@ from functools import reduce
 from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 
+from lumos.data.contract import FIRST_TOKEN_ID, OOV_ID, TIME_FEATURES
 from lumos.data.recipe import IngestRecipe
 
-PADDING_ID = 0
-OOV_ID = 1
-FIRST_TOKEN_ID = 2
-MAX_GAP_BUCKET = 15
+MAX_GAP_BUCKET = TIME_FEATURES["gap_bucket"] - 1  # gap buckets are 0 … 15
 
 MICROS_PER_MINUTE = 60 * 1_000_000
 MICROS_PER_HOUR = 60 * MICROS_PER_MINUTE
@@ -187,7 +188,7 @@ def _history_features(recipe: IngestRecipe) -> list[str]:
 def _tokens(events: DataFrame, recipe: IngestRecipe) -> DataFrame:
     """Events (or day tokens) with, per user, `position` (0-based), `gap_bucket`, `token_count`
     and for time splits `tokens_before_<i>`: how many tokens precede cutoff i."""
-    tokens = events.withColumn("funnel_rank", _funnel_rank(recipe))
+    tokens = events.withColumn("funnel_rank", _funnel_rank(recipe)).withColumn("tie_key", _tie_key(recipe))
     if recipe.tokens.unit == "day":
         tokens = _day_tokens(tokens, recipe)
     in_order = Window.partitionBy("user_id").orderBy(*[F.col(name).asc_nulls_first() for name in _token_order(recipe)])
@@ -203,18 +204,24 @@ def _tokens(events: DataFrame, recipe: IngestRecipe) -> DataFrame:
         .withColumn("gap_bucket", _gap_bucket(F.col("previous_ts"), F.col("ts")))
         .withColumn("token_count", F.count(F.lit(1)).over(whole_user).cast("int"))
         .withColumns(cuts)
-        .drop("previous_ts")
+        .drop("previous_ts", "tie_key")
     )
 
 
 def _token_order(recipe: IngestRecipe) -> list[str]:
     """The columns that order a user's events, most significant first (the stated tie-break)."""
-    order = ["ts", "funnel_rank"]
+    order = ["ts", "funnel_rank", "tie_key"]
     order += ["item_id"] if recipe.columns.item_id else []
     order += ["value"] if recipe.columns.value else []
     order += [f"cat_{name}" for name in recipe.columns.categorical]
     order += [f"num_{name}" for name in recipe.columns.numeric]
     return order
+
+
+def _tie_key(recipe: IngestRecipe) -> Column:
+    """The seeded hash that orders events tied on ts and funnel rank (see Token order)."""
+    item = F.col("item_id") if recipe.columns.item_id else F.lit(None).cast("string")
+    return F.xxhash64(F.lit(recipe.tokens.tie_seed), F.col("user_id"), item, F.col("ts"))
 
 
 def _funnel_rank(recipe: IngestRecipe) -> Column:

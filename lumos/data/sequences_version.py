@@ -19,8 +19,8 @@ from lumos.core.errors import UsageError
 from lumos.core.lineage import LineageRecord
 from lumos.core.tables import TableRef, table_location
 from lumos.core.workspace import Workspace
+from lumos.data.contract import TIME_FEATURES, FeatureSpec
 from lumos.data.delta_log import DeltaSnapshot, active_files, commit_info
-from lumos.train.features import TIME_FEATURES, FeatureSpec
 
 # Columns of the sequences table that are neither features nor targets.
 KEY_COLUMNS = ("user_id", "split", "as_of", "length")

@@ -1,18 +1,25 @@
 """Reading ingest sources: Parquet, CSV, JSON or Delta files, or Lumos tables by name.
 
 Each read also returns the exact input version for lineage: a Delta version, or for plain files a
-content fingerprint, so that re-ingesting unchanged data is recognised as the same work.
+content fingerprint (for files given as URIs, a fingerprint of their listing: paths, sizes and
+modification times), so that re-ingesting unchanged data is recognised as the same work and
+changed data is not.
 """
 
 from __future__ import annotations
 
 import hashlib
+from dataclasses import dataclass
 from pathlib import Path
 
 from lumos.core.errors import UsageError
 from lumos.core.lineage import LineageInput
 from lumos.core.tables import TABLE_REF, TableRef, read_table, resolve, table_location
 from lumos.core.workspace import Workspace, is_uri
+
+MALFORMED = "_malformed_line"
+"""Column a CSV or JSON read adds: the raw text of a line that does not parse (null on good lines).
+Validation turns it into the malformed_line rule, so a broken line is a reject, never an event."""
 
 SUFFIX_FORMATS = {".parquet": "parquet", ".csv": "csv", ".json": "json", ".jsonl": "json", ".ndjson": "json"}
 
@@ -23,8 +30,9 @@ def read_source(spark, workspace: Workspace, location: str, fmt: str, base_dir: 
         ref = resolve(spark, workspace, TableRef.parse(location))
         return read_table(spark, workspace, ref), LineageInput("delta", table_location(workspace, ref), ref.version)
     if is_uri(location):
+        version = listing_fingerprint(spark, location, key)
         return _read_files(spark, location, fmt if fmt != "auto" else _format_from_name(location, key)), LineageInput(
-            "files", location, None
+            "files", location, version
         )
     path = (base_dir / location).resolve()
     if not path.exists():
@@ -40,12 +48,95 @@ def read_source(spark, workspace: Workspace, location: str, fmt: str, base_dir: 
 
 
 def _read_files(spark, location: str, fmt: str):
+    from pyspark.sql.types import StringType, StructField, StructType
+
     if fmt == "csv":
-        # Everything as strings: validation casts and reports what does not parse.
-        return spark.read.option("header", "true").option("inferSchema", "false").csv(location)
+        # Everything as strings: validation casts and reports what does not parse. The schema is
+        # given (the header's names plus the malformed-line column) so that Spark's PERMISSIVE mode
+        # can keep the raw text of a line with the wrong number of fields, such as one whose
+        # unterminated quote swallowed the rest of it, instead of shifting or padding its values.
+        header = spark.read.option("header", "true").option("inferSchema", "false").csv(location).columns
+        schema = StructType([StructField(name, StringType()) for name in header] + [StructField(MALFORMED, StringType())])
+        return (spark.read.schema(schema).option("header", "true").option("mode", "PERMISSIVE")
+                .option("columnNameOfCorruptRecord", MALFORMED).csv(location))
     if fmt == "json":
-        return spark.read.json(location)
-    return spark.read.parquet(location)
+        # A line that is not a JSON object keeps its text in MALFORMED (the column exists only
+        # when some line is malformed).
+        return spark.read.option("mode", "PERMISSIVE").option("columnNameOfCorruptRecord", MALFORMED).json(location)
+    return _read_parquet(spark, location)
+
+
+NANOS_AS_LONG = "spark.sql.legacy.parquet.nanosAsLong"
+
+
+def _read_parquet(spark, location: str):
+    """Parquet, with INT64 TIMESTAMP(NANOS) columns (pandas' default) read as timestamps.
+
+    Spark refuses nanosecond timestamps unless told to read them as longs; those columns (found
+    in the first data file's footer) are read so and turned into microsecond timestamps, Spark's
+    precision, rounding down.
+    """
+    from pyspark.sql import functions as F
+
+    nanos = _nanosecond_timestamp_columns(spark, location)
+    if nanos and spark.conf.get(NANOS_AS_LONG, "false") != "true":
+        spark.conf.set(NANOS_AS_LONG, "true")  # a reused session may lack core.spark's setting
+    frame = spark.read.parquet(location)
+    for name in nanos:
+        micros = F.floor(F.col(quote_column(name)).cast("decimal(20,0)") / F.lit(1000)).cast("long")
+        frame = frame.withColumn(name, F.timestamp_micros(micros))
+    return frame
+
+
+def _nanosecond_timestamp_columns(spark, location: str) -> list[str]:
+    jvm = spark._jvm
+    conf = spark._jsc.hadoopConfiguration()
+    files = _data_files(spark, location)
+    if not files:
+        return []
+    footer = jvm.org.apache.parquet.hadoop.ParquetFileReader.open(
+        jvm.org.apache.parquet.hadoop.util.HadoopInputFile.fromPath(jvm.org.apache.hadoop.fs.Path(files[0].uri), conf)
+    )
+    try:
+        fields = footer.getFooter().getFileMetaData().getSchema().getFields()
+        return [field.getName() for field in fields
+                if str(field.getLogicalTypeAnnotation()).startswith("TIMESTAMP(NANOS")]
+    finally:
+        footer.close()
+
+
+@dataclass(frozen=True)
+class DataFile:
+    uri: str
+    relative: str
+    """Path below the location read (the file name when the location is a file)."""
+    size: int
+    modified_ms: int
+
+
+def _data_files(spark, location: str) -> list[DataFile]:
+    """Every data file at `location` (a file or folder, any Hadoop file system: file://, s3a://,
+    hdfs://), sorted by path, skipping Spark's _SUCCESS markers, .crc files and other hidden ones."""
+    jvm = spark._jvm
+    root = jvm.org.apache.hadoop.fs.Path(location)
+    filesystem = root.getFileSystem(spark._jsc.hadoopConfiguration())
+    status = filesystem.getFileStatus(root)
+    prefix = status.getPath().toString().rstrip("/") + "/"
+    found = []
+    listing = filesystem.listFiles(root, True)
+    while listing.hasNext():
+        entry = listing.next()
+        uri = entry.getPath().toString()
+        relative = uri.removeprefix(prefix) if status.isDirectory() else entry.getPath().getName()
+        if any(part.startswith((".", "_")) for part in relative.split("/")):
+            continue
+        found.append(DataFile(uri, relative, entry.getLen(), entry.getModificationTime()))
+    return sorted(found, key=lambda item: item.relative)
+
+
+def quote_column(name: str) -> str:
+    """Backtick-quote a source column name so dots and spaces in it are not parsed as paths."""
+    return "`" + name.replace("`", "``") + "`"
 
 
 def detect_format(path: Path, key: str) -> str:
@@ -65,6 +156,23 @@ def _format_from_name(name: str, key: str) -> str:
     if suffix not in SUFFIX_FORMATS:
         raise UsageError(f"{key}: cannot tell the format of {name!r} from its suffix; set format = parquet|csv|json|delta")
     return SUFFIX_FORMATS[suffix]
+
+
+def listing_fingerprint(spark, location: str, key: str) -> str:
+    """sha256 over the path, size and modification time of every data file at a URI (file://,
+    s3a://, hdfs://, any Hadoop file system), listed through Spark's JVM without reading the data:
+    new, changed or removed files give a new version, so a re-ingest after new data is new work."""
+    try:
+        files = _data_files(spark, location)
+    except Exception as error:  # py4j's error around Hadoop's FileNotFoundException and the like
+        message = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise UsageError(f"{key} = {location!r} cannot be listed: {message[:300]}") from None
+    if not files:
+        raise UsageError(f"{key} = {location!r} holds no data files")
+    digest = hashlib.sha256()
+    for file in files:
+        digest.update(f"{file.relative}\0{file.size}\0{file.modified_ms}\n".encode())
+    return "listing:sha256:" + digest.hexdigest()
 
 
 def fingerprint(path: Path) -> str:

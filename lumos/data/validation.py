@@ -1,11 +1,11 @@
 """Validation: map source columns to canonical ones and give every failing row a reason.
 
 Nothing is dropped silently: a row either becomes a canonical event or a reject with the rule it
-broke, a readable reason and the original row as JSON. Rules are checked in a fixed order and a
-row is rejected for the first one it breaks:
+broke, a readable reason and the original row as JSON (a line that does not parse keeps its raw
+text). Rules are checked in a fixed order and a row is rejected for the first one it breaks:
 
-missing_user_id → bad_timestamp → unknown_event_type → bad_number → negative_value →
-timestamp_out_of_range → duplicate (an exact copy, on every mapped column, of an earlier valid row).
+malformed_line → missing_user_id → bad_timestamp → unknown_event_type → bad_number → non_finite →
+negative_value → timestamp_out_of_range → duplicate (an exact copy, on every mapped column, of an earlier valid row).
 """
 
 from __future__ import annotations
@@ -14,12 +14,15 @@ from dataclasses import dataclass
 
 from lumos.core.errors import UsageError
 from lumos.data.recipe import IngestRecipe
+from lumos.data.sources import MALFORMED, quote_column
 
 RULES = (
+    "malformed_line",
     "missing_user_id",
     "bad_timestamp",
     "unknown_event_type",
     "bad_number",
+    "non_finite",
     "negative_value",
     "timestamp_out_of_range",
     "duplicate",
@@ -55,11 +58,12 @@ def event_columns(recipe: IngestRecipe) -> list[EventColumn]:
 
 def check_columns(frame, wanted: list[str], key: str, location: str) -> None:
     """Fail with every missing source column named, and what the source does have."""
-    missing = [name for name in wanted if name not in frame.columns]
+    columns = [name for name in frame.columns if name != MALFORMED]
+    missing = [name for name in wanted if name not in columns]
     if missing:
         raise UsageError(
             f"{location}: no column {', '.join(repr(m) for m in missing)} (named in {key}); "
-            f"the source has: {', '.join(frame.columns)}"
+            f"the source has: {', '.join(columns)}"
         )
 
 
@@ -69,15 +73,21 @@ def check_events(raw, recipe: IngestRecipe):
     from pyspark.sql import functions as F
 
     mapped = event_columns(recipe)
+    has_malformed = MALFORMED in raw.columns
+    row_json = F.to_json(F.struct(*[F.col(quote_column(name)) for name in raw.columns if name != MALFORMED]))
     casted = raw.select(
         *[_cast(F.col(quote_column(c.source)), c.kind).alias(c.canonical) for c in mapped],
         *[F.col(quote_column(c.source)).isNotNull().alias(f"_given_{c.canonical}") for c in mapped if c.kind == "double"],
-        F.to_json(F.struct(*[F.col(quote_column(name)) for name in raw.columns])).alias("_row"),
+        (F.coalesce(F.col(MALFORMED), row_json) if has_malformed else row_json).alias("_row"),
+        (F.col(MALFORMED).isNotNull() if has_malformed else F.lit(False)).alias("_malformed"),
     )
     by_role = {c.canonical: c for c in mapped}
     rules = [
+        ("malformed_line", F.col("_malformed"),
+         F.lit("the line does not parse (an unterminated quote, a wrong number of fields, or not a JSON object); "
+               "row holds its raw text")),
         ("missing_user_id", F.col("user_id").isNull() | (F.col("user_id") == ""),
-         F.lit(f"user id column {recipe.columns.user_id!r} is null or empty")),
+         F.lit(f"user id column {recipe.columns.user_id!r} is null, empty or only whitespace")),
         ("bad_timestamp", F.col("ts").isNull(),
          F.lit(f"timestamp column {recipe.columns.timestamp!r} is null or not a parseable time")),
         ("unknown_event_type", F.col("event_type").isNull() | ~F.col("event_type").isin(*recipe.cleaning.event_types),
@@ -88,6 +98,14 @@ def check_events(raw, recipe: IngestRecipe):
         if c.kind == "double":
             rules.append(("bad_number", F.col(f"_given_{c.canonical}") & F.col(c.canonical).isNull(),
                           F.lit(f"column {c.source!r} is not a number")))
+    # NaN and ±Infinity (also what 1e999 overflows to) parse as doubles but poison a loss: one
+    # in a batch makes every parameter NaN after a step. `NaN < 0` is false, so non_negative
+    # alone would let NaN through.
+    for c in mapped:
+        if c.kind == "double":
+            rules.append(("non_finite", F.isnan(c.canonical) | F.col(c.canonical).isin(float("inf"), float("-inf")),
+                          F.concat(F.lit(f"column {c.source!r} is not a finite number ("),
+                                   F.col(c.canonical).cast("string"), F.lit(")"))))
     for role in recipe.cleaning.non_negative:
         canonical = "value" if role == "value" else f"num_{role}"
         rules.append(("negative_value", F.col(canonical) < 0,
@@ -104,7 +122,7 @@ def check_events(raw, recipe: IngestRecipe):
         rule = F.when(condition, F.lit(name)).otherwise(rule)
         reason = F.when(condition, message).otherwise(reason)
     checked = casted.withColumn("_rule", rule).withColumn("_reason", reason)
-    checked = checked.drop(*[name for name in checked.columns if name.startswith("_given_")])
+    checked = checked.drop("_malformed", *[name for name in checked.columns if name.startswith("_given_")])
     if recipe.cleaning.reject_duplicates:
         canonical = [c.canonical for c in mapped]
         copies = Window.partitionBy(*canonical, "_rule").orderBy("_row")
@@ -149,13 +167,22 @@ def _utc_literal(moment):
 
 
 def _cast(column, kind: str):
-    from pyspark.sql import functions as F
-
     if kind == "string":
-        return F.trim(column.cast("string"))
+        return strip_whitespace(column)
     return column.cast(kind)
 
 
-def quote_column(name: str) -> str:
-    """Backtick-quote a source column name so dots and spaces in it are not parsed as paths."""
-    return "`" + name.replace("`", "``") + "`"
+# Java regex: (?U) makes \s every Unicode White_Space character (tab, no-break space U+00A0, em
+# space, ideographic space U+3000, …); zero-width space and the byte-order mark are added by hand.
+_EDGE_WHITESPACE = r"(?U)^[\s\x{200B}\x{FEFF}]+|[\s\x{200B}\x{FEFF}]+$"
+
+
+def strip_whitespace(column):
+    """`column` as a string without leading or trailing Unicode whitespace.
+
+    Ids go through this in ingest and infer alike (both validate with check_events), so ids that
+    differ only in such whitespace are one id, and an id of only whitespace is empty: missing.
+    """
+    from pyspark.sql import functions as F
+
+    return F.regexp_replace(column.cast("string"), _EDGE_WHITESPACE, "")

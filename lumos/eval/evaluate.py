@@ -10,17 +10,16 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from lumos.core.errors import GateError, UsageError
+from lumos.core.errors import GateError
+from lumos.core.runs import download_checkpoint, resolve_run
 from lumos.core.tables import TableRef
-from lumos.core.tracking import tracking_client
 from lumos.core.workspace import Workspace
-from lumos.data.sequences_version import open_sequences
+from lumos.data.sequences_version import SequencesVersion, open_sequences
 from lumos.eval.leaderboard import Subject, record
 from lumos.eval.metrics import direction
-from lumos.eval.score import score_baseline, score_model
+from lumos.eval.score import EmbeddingCache, score_baseline, score_model
 from lumos.eval.tasks import LoadedTask
 from lumos.train.checkpoint import load_model
-from lumos.train.run import download_checkpoint, training_run
 
 Report = Callable[[str], None]
 
@@ -38,26 +37,13 @@ class TaskResult:
 
 
 def resolve_subject(workspace: Workspace, run_id: str | None, model: str | None) -> Subject:
-    """The training run behind --run or --model NAME@alias, checked to be a finished Lumos run."""
-    import mlflow
-
-    client = tracking_client(workspace)
-    model_label = None
-    if model is not None:
-        name, _, alias = model.partition("@")
-        if not name or not alias:
-            raise UsageError(f"--model {model!r}: expected NAME@alias, e.g. quickstart@production")
-        try:
-            version = client.get_model_version_by_alias(name, alias)
-        except mlflow.exceptions.MlflowException:
-            raise UsageError(f"--model {model}: no registered model {name!r} with alias {alias!r}") from None
-        run_id, model_label = version.run_id, f"{name}/{version.version}"
-    if run_id is None:
-        raise UsageError("name what to evaluate: --run RUN_ID or --model NAME@alias")
-    run = training_run(workspace, run_id, "--run")
-    label = model_label or run.info.run_name or run_id
-    key = f"model:{model_label}" if model_label else f"run:{run_id}"
-    return Subject(key=key, label=label, run_id=run_id, model=model_label)
+    """The leaderboard subject for --run RUN_ID or --model NAME@alias (a Lumos training run either way)."""
+    resolved = resolve_run(workspace, run_id, model)
+    run = resolved.run
+    if resolved.version is not None:
+        label = resolved.version.label
+        return Subject(key=f"model:{label}", label=label, run_id=run.info.run_id, model=label)
+    return Subject(key=f"run:{run.info.run_id}", label=run.info.run_name or run.info.run_id, run_id=run.info.run_id)
 
 
 def evaluate(
@@ -67,13 +53,19 @@ def evaluate(
     fail_below: dict[str, float] | None = None,
     report: Report = lambda _: None,
 ) -> list[TaskResult]:
+    # One pass over many tasks: the model is loaded once, each named table resolved once, and the
+    # user embeddings computed once per (data version, split) for all the probe tasks that read them.
     model = _load_run_model(workspace, subject.run_id)
+    opened: dict[str, SequencesVersion] = {}
+    embeddings = EmbeddingCache()
     results = []
     for task in tasks:
         spec = task.spec
-        data = open_sequences(workspace, TableRef.parse(spec.data))
+        if spec.data not in opened:
+            opened[spec.data] = open_sequences(workspace, TableRef.parse(spec.data))
+        data = opened[spec.data]
         report(f"{spec.name}: scoring {data.ref} split {spec.split}")
-        scores = score_model(model, task, data)
+        scores = score_model(model, task, data, embeddings)
         eval_run_id = record(workspace, spec, subject, str(data.ref), scores.metrics, scores.rows)
         result = TaskResult(spec.name, str(data.ref), scores.metrics, scores.rows, eval_run_id)
         if spec.kind != "embedding_probe":

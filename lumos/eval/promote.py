@@ -20,16 +20,12 @@ from lumos.core.registry import (
     set_alias,
     version_for_run,
 )
-from lumos.core.tracking import tracking_client
+from lumos.core.runs import CHECKPOINT_TAG, EVAL_TAG_PREFIX, LINEAGE_TAGS, RUN_TAG, get_run, training_run_problem
 from lumos.core.workspace import Workspace
 from lumos.eval.leaderboard import metric_name, mlflow_key
-from lumos.train.run import STAGE as TRAIN_STAGE
 
 _REQUIREMENT = re.compile(r"^(?P<task>[^:\s]+):(?P<metric>[^<>=\s]+)\s*(?P<op>>=|<=|>|<)\s*(?P<value>[-+0-9.eE]+)$")
 _COMPARE = {">=": float.__ge__, "<=": float.__le__, ">": float.__gt__, "<": float.__lt__}
-# Run tags copied onto the model version: together they name the data, recipe, config and code.
-LINEAGE_TAGS = ("lumos.data", "lumos.data.version", "lumos.config_hash", "lumos.recipe_hash", "lumos.code_version",
-                "lumos.seed", "lumos.checkpoint")
 
 
 @dataclass(frozen=True)
@@ -132,11 +128,11 @@ def promote(
         return result
     if existing is None:
         tags = {key: run.data.tags[key] for key in LINEAGE_TAGS if key in run.data.tags}
-        tags["lumos.run"] = run_id
+        tags[RUN_TAG] = run_id
         for task, metrics in results.items():
             for metric, value in metrics.items():
-                tags[f"lumos.eval.{task}.{mlflow_key(metric)}"] = f"{value:.6g}"
-        source = f"runs:/{run_id}/{run.data.tags['lumos.checkpoint']}"
+                tags[f"{EVAL_TAG_PREFIX}{task}.{mlflow_key(metric)}"] = f"{value:.6g}"
+        source = f"runs:/{run_id}/{run.data.tags[CHECKPOINT_TAG]}"
         existing = register_version(workspace, name, run_id, source, tags)
         result.version = existing.version
     set_alias(workspace, name, alias, result.version)
@@ -145,16 +141,10 @@ def promote(
 
 def _finished_training_run(workspace: Workspace, run_id: str):
     """The run, or exit 2 when it does not exist and exit 3 when it is not a finished Lumos training run."""
-    import mlflow
-
-    try:
-        run = tracking_client(workspace).get_run(run_id)
-    except mlflow.exceptions.MlflowException:
-        raise UsageError(f"RUN_ID {run_id}: no such run in {workspace.mlflow_tracking_uri}") from None
-    if run.data.tags.get("lumos.stage") != TRAIN_STAGE or "lumos.checkpoint" not in run.data.tags:
-        raise GateError(f"run {run_id} is not a Lumos training run with a checkpoint; only those can be promoted")
-    if run.info.status != "FINISHED":
-        raise GateError(f"run {run_id} is {run.info.status}, not FINISHED; only a finished training run can be promoted")
+    run = get_run(workspace, run_id, "RUN_ID")
+    problem = training_run_problem(run, finished=True)
+    if problem:
+        raise GateError(f"run {run_id} is {problem}; only a finished Lumos training run with a checkpoint can be promoted")
     return run
 
 

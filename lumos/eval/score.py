@@ -22,7 +22,8 @@ from lumos.data.sequences_version import SequencesVersion
 from lumos.eval import metrics as M
 from lumos.eval.probe import run_probe
 from lumos.eval.tasks import LoadedTask, TaskSpec
-from lumos.train.model import FIRST_ITEM_ID, LumosModel, signed_expm1
+from lumos.train import retrieval_metrics
+from lumos.train.model import LumosModel, signed_expm1
 
 
 @dataclass(frozen=True)
@@ -32,13 +33,16 @@ class Scores:
     """Rows of the split that were scored."""
 
 
-def score_model(model: LumosModel, task: LoadedTask, data: SequencesVersion) -> Scores:
+def score_model(model: LumosModel, task: LoadedTask, data: SequencesVersion,
+                embeddings: EmbeddingCache | None = None) -> Scores:
+    """`embeddings`: user embeddings already computed for this model, reused by probe tasks on the
+    same data version and split (`lumos eval --all` shares one across its tasks)."""
     spec = task.spec
     _check_compatible(model, spec, data)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")  # full-corpus ranking is (B, V) work
     model = model.to(device).eval()
     if spec.kind == "embedding_probe":
-        return _score_probe(model, task, data, device)
+        return _score_probe(model, task, data, device, embeddings if embeddings is not None else EmbeddingCache())
     ranks, labels, predictions = [], [], []
     horizon = _horizon_index(spec, data)
     with torch.no_grad():
@@ -48,7 +52,7 @@ def score_model(model: LumosModel, task: LoadedTask, data: SequencesVersion) -> 
             if spec.kind == "retrieval":
                 history = model.history_items(batch)
                 scores = model.score_items(batch, output)
-                ranks.append(M.target_ranks(scores, batch.next_item, history, spec.exclude_history).cpu())
+                ranks.append(retrieval_metrics.target_ranks(scores, batch.next_item, history, spec.exclude_history).cpu())
             elif spec.kind == "binary":
                 labels.append(batch.act[:, horizon].cpu().numpy())
                 predictions.append(torch.sigmoid(output.act_logits[:, horizon]).cpu().numpy())
@@ -64,12 +68,11 @@ def score_baseline(task: LoadedTask, data: SequencesVersion) -> tuple[str, Score
     horizon = _horizon_index(spec, data)
     ranks, labels, predictions = [], [], []
     if spec.kind == "retrieval":
-        popularity = -torch.arange(data.spec.item_vocab_size, dtype=torch.float32)  # id 2 is the most frequent
+        popularity = -np.arange(data.spec.item_vocab_size)  # ids go by descending count: id 2 is the most frequent
         for batch in _loader(data, spec):
             history = batch.history_items(data.spec.item_feature)
-            scores = popularity.expand(batch.size, -1).clone()
-            scores[:, :FIRST_ITEM_ID] = float("-inf")
-            ranks.append(M.target_ranks(scores, batch.next_item, history, spec.exclude_history))
+            scores = retrieval_metrics.popularity_scores(popularity, batch.size)
+            ranks.append(retrieval_metrics.target_ranks(scores, batch.next_item, history, spec.exclude_history))
         return "popularity", _metrics(spec, ranks, labels, predictions)
     if spec.kind in ("binary", "regression"):
         train = _loader(data, spec, split="train")
@@ -77,7 +80,8 @@ def score_baseline(task: LoadedTask, data: SequencesVersion) -> tuple[str, Score
         prior = float(np.mean(np.concatenate([getattr(batch, field)[:, horizon].numpy() for batch in train])))
         for batch in _loader(data, spec):
             labels.append(getattr(batch, field)[:, horizon].numpy())
-            predictions.append(np.full(batch.size, prior, dtype=np.float32))
+            predictions.append(M.prior_rate_probabilities(prior, batch.size) if spec.kind == "binary"
+                               else np.full(batch.size, prior))
         return ("prior_rate" if spec.kind == "binary" else "train_mean"), _metrics(spec, ranks, labels, predictions)
     raise UsageError(f"task {spec.name}: embedding probes have no baseline")
 
@@ -85,7 +89,7 @@ def score_baseline(task: LoadedTask, data: SequencesVersion) -> tuple[str, Score
 def _metrics(spec: TaskSpec, ranks, labels, predictions) -> Scores:
     if spec.kind == "retrieval":
         all_ranks = torch.cat(ranks) if ranks else torch.empty(0)
-        values = M.retrieval_metrics(all_ranks, ks=spec.ks)
+        values = retrieval_metrics.retrieval_metrics(all_ranks, ks=spec.ks)
         rows = int(values.pop("scored_rows", len(all_ranks)))
     else:
         y, p = np.concatenate(labels), np.concatenate(predictions)
@@ -94,13 +98,39 @@ def _metrics(spec: TaskSpec, ranks, labels, predictions) -> Scores:
     return Scores({name: float(values[name]) for name in spec.metric_names if name in values}, rows)
 
 
-def _score_probe(model: LumosModel, task: LoadedTask, data: SequencesVersion, device: torch.device) -> Scores:
+@dataclass(frozen=True)
+class UserEmbeddings:
+    """A split's user embeddings (N, C) with the (user_id, as_of) of each row, in loader order."""
+
+    matrix: np.ndarray
+    users: list[str]
+    as_of: list
+
+
+class EmbeddingCache:
+    """User embeddings of one model by (data version, split, batch size): a probe task reads the
+    embeddings another task on the same rows already computed, instead of running the model again."""
+
+    def __init__(self) -> None:
+        self._computed: dict[tuple[str, str, int], UserEmbeddings] = {}
+
+    def get(self, model: LumosModel, data: SequencesVersion, spec: TaskSpec, device: torch.device) -> UserEmbeddings:
+        key = (str(data.ref), spec.split, spec.batch_size)
+        if key not in self._computed:
+            rows = []
+            with torch.no_grad():
+                for batch in _loader(data, spec):
+                    rows.append(model.embed_users(batch.to(device)).cpu().numpy())
+            users, as_of = split_keys(data, spec.split)
+            self._computed[key] = UserEmbeddings(np.concatenate(rows), users, as_of)
+        return self._computed[key]
+
+
+def _score_probe(model: LumosModel, task: LoadedTask, data: SequencesVersion, device: torch.device,
+                 embeddings: EmbeddingCache) -> Scores:
     spec, labels_spec = task.spec, task.spec.labels
-    embeddings = []
-    with torch.no_grad():
-        for batch in _loader(data, spec):
-            embeddings.append(model.embed_users(batch.to(device)).cpu().numpy())
-    users, as_of = split_keys(data, spec.split)
+    computed = embeddings.get(model, data, spec, device)
+    users, as_of = computed.users, computed.as_of
     table = _read_labels(task.path.parent, labels_spec.path, [labels_spec.user_id, labels_spec.label])
     label_of = dict(zip(map(str, table[labels_spec.user_id].to_pylist()), table[labels_spec.label].to_pylist(), strict=True))
     # One embedding per user: the split's latest row (largest as_of) when a user has several.
@@ -111,7 +141,7 @@ def _score_probe(model: LumosModel, task: LoadedTask, data: SequencesVersion, de
     chosen = sorted(index for user, index in latest.items() if label_of.get(user) is not None)
     if not chosen:
         raise UsageError(f"task {spec.name}: no user of split {spec.split!r} has a label in {labels_spec.path}")
-    matrix = np.concatenate(embeddings)[chosen]
+    matrix = computed.matrix[chosen]
     result = run_probe(matrix, [label_of[users[i]] for i in chosen], [users[i] for i in chosen], labels_spec.probe,
                        test_fraction=labels_spec.test_fraction, seed=labels_spec.seed)
     return Scores({name: float(value) for name, value in result.metrics.items()}, result.test_users)

@@ -5,6 +5,11 @@ exact vocab version and the sources it read. Inference reuses all three: the sam
 rules, the same tokenization and the same ids, so a user's features mean what they meant in
 training. Users and items the vocabulary has never seen get the out-of-vocabulary id, like rare
 tokens did in training; users with history before the date get one row each.
+
+Nothing is dropped silently. Events that fail the recipe's rules are counted by rule and returned
+as rejects (rule, reason, row), and the recipe's max_reject_fraction applies as at ingest. The
+training window (cleaning.min_timestamp / max_timestamp) does not: at inference the window ends
+at the as-of date, so a recipe written this year still reads next year's events.
 """
 
 from __future__ import annotations
@@ -12,21 +17,20 @@ from __future__ import annotations
 import datetime
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 from lumos.core.config import from_dict
 from lumos.core.errors import UsageError
 from lumos.core.lineage import LineageInput
 from lumos.core.tables import TABLE_REF, TableRef, read_table, table_location
 from lumos.core.workspace import Workspace, is_uri
-from lumos.data.ingest import read_calendar, read_users
+from lumos.data.ingest import RejectCounts, count_rejects, enforce_reject_budget, read_checked_inputs
 from lumos.data.recipe import Cutoff, IngestRecipe, SplitSpec
 from lumos.data.sequences import build_sequences
 from lumos.data.sequences_version import ingest_lineage
-from lumos.data.sources import read_source
-from lumos.data.validation import check_columns, check_events, event_columns, valid_events
+from lumos.data.validation import rejected_rows, valid_events
 
 INFER_SPLIT = "infer"
-ROOT = Path("/")  # recorded source locations are absolute
 
 
 @dataclass(frozen=True)
@@ -49,26 +53,44 @@ def training_data(workspace: Workspace, sequences: TableRef) -> TrainingData:
     return TrainingData(sequences, recipe, vocab, dict(zip(roles, lineage.inputs, strict=True)))
 
 
-def inference_rows(spark, workspace: Workspace, data: TrainingData, as_of: datetime.date, events_source: str | None = None):
-    """(rows DataFrame with the sequences columns, the inputs read) for users with history before `as_of`.
+@dataclass(frozen=True)
+class InferenceFeatures:
+    rows: Any
+    """One row per user with history before the date, with the sequences columns."""
+    rejects: Any
+    """The events that failed the recipe's rules: rule, reason, row (the raw row as JSON)."""
+    counts: RejectCounts
+    inputs: list[LineageInput]
+    """Events, users, calendar (as read) and the pinned vocab version."""
 
-    Events come from the recorded source unless `events_source` (a path or URI) replaces it; users
-    and calendar always from the recorded ones. A missing source is a UsageError naming it.
+
+def inference_rows(spark, workspace: Workspace, data: TrainingData, as_of: datetime.date,
+                   events_source: str | None = None) -> InferenceFeatures:
+    """The features of users with history before `as_of`, the events rejected, and the inputs read.
+
+    Events come from the recorded source unless `events_source` (a path, relative to the working
+    directory as at ingest, or a URI) replaces it; users and calendar always from the recorded
+    ones. A missing source, a reject fraction above the recipe's budget, or no user with history
+    before the date is a UsageError: the caller writes nothing.
     """
+    from pyspark.sql import functions as F
+
     recipe = _as_of_recipe(data, as_of, events_source)
     _require_exists(recipe.source.path, "--source" if events_source else "the events source")
-    raw, events_input = read_source(spark, workspace, recipe.source.path, recipe.source.format, ROOT, "--source")
-    check_columns(raw, [c.source for c in event_columns(recipe)], "columns", recipe.source.path)
     for role, spec in (("users", recipe.users), ("calendar", recipe.calendar)):
         if spec is not None:
             _require_exists(spec.path, f"the {role} source")
-    users, users_input = read_users(spark, workspace, recipe, ROOT)
-    calendar, calendar_input = read_calendar(spark, workspace, recipe, ROOT)
+    sources = read_checked_inputs(spark, workspace, recipe, Path.cwd(), "--source")
     vocab = read_table(spark, workspace, data.vocab)
-    vocab_input = LineageInput("delta", table_location(workspace, data.vocab), data.vocab.version)
-    inputs = [item for item in (events_input, users_input, calendar_input, vocab_input) if item is not None]
-    events = valid_events(check_events(raw, recipe))
-    return build_sequences(events, vocab, users, calendar, recipe), inputs
+    inputs = [*sources.inputs, LineageInput("delta", table_location(workspace, data.vocab), data.vocab.version)]
+    counts = count_rejects(sources.checked)
+    enforce_reject_budget(sources.checked, counts, recipe)
+    rows = build_sequences(valid_events(sources.checked), vocab, sources.users, sources.calendar, recipe)
+    if rows.limit(1).count() == 0:
+        raise UsageError(f"no user has a valid event before {as_of} in {recipe.source.path}; pass a later "
+                         "--as-of, or the --source that holds the events; nothing was written")
+    rejects = rejected_rows(sources.checked).withColumn("as_of", F.lit(as_of))
+    return InferenceFeatures(rows, rejects, counts, inputs)
 
 
 def _as_of_recipe(data: TrainingData, as_of: datetime.date, events_source: str | None) -> IngestRecipe:
@@ -78,6 +100,9 @@ def _as_of_recipe(data: TrainingData, as_of: datetime.date, events_source: str |
     changes = {
         "source": replace(recipe.source, path=events_source or data.sources["events"].uri),
         "splits": SplitSpec(mode="time", cutoffs=(Cutoff(INFER_SPLIT, as_of),), min_history=recipe.splits.min_history),
+        # The training window bounded what the model learned from; a date's history is every event
+        # before it, so the window would silently drop every event after max_timestamp.
+        "cleaning": replace(recipe.cleaning, min_timestamp=None, max_timestamp=None),
     }
     if recipe.users is not None:
         changes["users"] = replace(recipe.users, path=data.sources["users"].uri)

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from lumos.core.errors import LumosError
 from lumos.core.lineage import LineageRecord, utc_now
-from lumos.core.tables import TableRef, committed_version, table_location
+from lumos.core.tables import LOG_RETENTION, TableRef, committed_version, keep_log, table_location
 from lumos.core.workspace import Workspace
 
 PARTITION = "as_of"
@@ -39,8 +39,10 @@ def write_partition(spark, workspace: Workspace, ref: TableRef, frame, as_of: da
         .option("replaceWhere", f"{PARTITION} = DATE'{as_of.isoformat()}'")
         # A newer model may add head columns; earlier dates keep theirs and read back as null.
         .option("mergeSchema", "true")
+        .options(**LOG_RETENTION)
         .option("userMetadata", lineage.to_json())
     )
+    keep_log(spark, table_location(workspace, ref))
     try:
         writer.save(table_location(workspace, ref))
     except Exception as error:

@@ -20,16 +20,18 @@ from lumos.core.config import config_hash
 from lumos.core.errors import UsageError
 from lumos.core.lineage import LineageInput, LineageRecord
 from lumos.core.registry import resolve_model
+from lumos.core.runs import CONFIG_HASH_TAG, DATA_TAG, RECIPE_HASH_TAG, download_checkpoint, training_run
 from lumos.core.tables import TableRef, read_table, table_location
 from lumos.core.workspace import Workspace
-from lumos.infer.features import inference_rows, training_data
+from lumos.data.contract import FeatureSpec
+from lumos.infer.features import InferenceFeatures, inference_rows, training_data
 from lumos.infer.predictions import partition_lock, write_partition
 from lumos.infer.scoring import ENGINES, ScoringJob, read_checkpoint, schema_for, score_arrow
 from lumos.train.checkpoint import load_model
-from lumos.train.run import download_checkpoint, training_run
 
 Report = Callable[[str], None]
 STAGE = "infer"
+REJECTS_TABLE = "infer_rejects"  # <dataset>.infer_rejects: one partition per date, as predictions
 
 
 @dataclass(frozen=True)
@@ -66,13 +68,17 @@ class InferSummary:
     inputs: list[LineageInput] = field(default_factory=list)
     seconds: float = 0.0
     warnings: list[str] = field(default_factory=list)
+    rejects: str = ""
+    """The rejects table version written for the date, e.g. quickstart.infer_rejects@3."""
+    rows_rejected: int = 0
+    """Events that failed the training recipe's rules (rows of `rejects`; by rule in the lineage)."""
 
 
 def infer(workspace: Workspace, model_ref: str, options: InferOptions, report: Report = lambda _: None) -> InferSummary:
     started = time.perf_counter()
     version = resolve_model(workspace, model_ref)
     run = training_run(workspace, version.run_id, "--model")
-    data = training_data(workspace, TableRef.parse(run.data.tags["lumos.data"]))
+    data = training_data(workspace, TableRef.parse(run.data.tags[DATA_TAG]))
     output = TableRef.parse(options.output or f"{data.recipe.dataset}.predictions")
     if output.version is not None:
         raise UsageError(f"--output {output}: name a table without @version; infer always writes a new version")
@@ -86,10 +92,12 @@ def infer(workspace: Workspace, model_ref: str, options: InferOptions, report: R
     spark = workspace_spark(workspace)
     with partition_lock(workspace, output, options.as_of):
         report(f"building features as of {options.as_of}")
-        rows, inputs = inference_rows(spark, workspace, data, options.as_of, options.source)
+        features = inference_rows(spark, workspace, data, options.as_of, options.source)
+        rows, inputs = features.rows, features.inputs
+        rejects = _write_rejects(spark, workspace, output, version.label, options.as_of, features, report)
         job = ScoringJob(
             model_key=version.label, checkpoint=read_checkpoint(checkpoint),
-            item_tokens=_item_tokens(spark, workspace, data.vocab, model.features.item_vocab_size),
+            item_tokens=_item_tokens(spark, workspace, data.vocab, model.features),
             as_of=options.as_of, top_k=options.top_k, exclude_history=options.exclude_history,
             batch_size=options.batch_size, torch_threads=options.torch_threads,
             compiled=(workspace, run.info.run_id) if engine == "compiled" else None,
@@ -105,15 +113,29 @@ def infer(workspace: Workspace, model_ref: str, options: InferOptions, report: R
                     LineageInput("mlflow-run", f"runs:/{run.info.run_id}", run.info.run_id),
                     LineageInput("delta", table_location(workspace, data.sequences), data.sequences.version),
                     *inputs],
-            stats={"training_data": str(data.sequences), "recipe_hash": run.data.tags.get("lumos.recipe_hash"),
-                   "config_hash": run.data.tags.get("lumos.config_hash")},
+            stats={"training_data": str(data.sequences), "recipe_hash": run.data.tags.get(RECIPE_HASH_TAG),
+                   "config_hash": run.data.tags.get(CONFIG_HASH_TAG), "rejects": str(rejects),
+                   **features.counts.lineage_stats()},
         )
         report(f"scoring and writing {output.name} partition as_of={options.as_of}")
         written = write_partition(spark, workspace, output, predictions, options.as_of, lineage)
     rows_written = _rows_written(spark, workspace, written)
     return InferSummary(model=version.label, run_id=run.info.run_id, as_of=options.as_of, output=str(written),
                         rows=rows_written, engine=engine, training_data=str(data.sequences), inputs=lineage.inputs,
-                        seconds=time.perf_counter() - started, warnings=warnings)
+                        seconds=time.perf_counter() - started, warnings=warnings, rejects=str(rejects),
+                        rows_rejected=features.counts.rejected)
+
+
+def _write_rejects(spark, workspace: Workspace, output: TableRef, model: str, as_of: datetime.date,
+                   features: InferenceFeatures, report: Report) -> TableRef:
+    """Replace partition as_of of <dataset>.infer_rejects with the date's rejected events (rule,
+    reason, row), even when there are none, so the partition always describes the latest run."""
+    rejects = TableRef(output.dataset, REJECTS_TABLE)
+    report(f"writing {rejects.name} partition as_of={as_of} ({features.counts.rejected:,} rows)")
+    request = {"model": model, "as_of": as_of.isoformat(), "rejects_for": output.name}
+    lineage = LineageRecord(stage=STAGE, config=request, config_hash=config_hash(request), inputs=features.inputs,
+                            stats={"rows": features.counts.rejected, **features.counts.lineage_stats()})
+    return write_partition(spark, workspace, rejects, features.rejects, as_of, lineage)
 
 
 def _choose_engine(workspace: Workspace, engine: str, run_id: str, model, report: Report) -> tuple[str, list[str]]:
@@ -129,12 +151,14 @@ def _choose_engine(workspace: Workspace, engine: str, run_id: str, model, report
     return "torch", [warning]
 
 
-def _item_tokens(spark, workspace: Workspace, vocab: TableRef, size: int) -> tuple[str, ...]:
+def _item_tokens(spark, workspace: Workspace, vocab: TableRef, features: FeatureSpec) -> tuple[str, ...]:
     """Vocabulary id → item token ("" for padding and OOV, which are never recommended)."""
     from pyspark.sql import functions as F
 
+    size = features.item_vocab_size
     tokens = [""] * size
-    for row in read_table(spark, workspace, vocab).where(F.col("feature") == "item").select("id", "token").collect():
+    item_rows = read_table(spark, workspace, vocab).where(F.col("feature") == features.item_feature)
+    for row in item_rows.select("id", "token").collect():
         if row["id"] < size:
             tokens[row["id"]] = row["token"]
     return tuple(tokens)

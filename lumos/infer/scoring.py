@@ -17,8 +17,8 @@ import numpy as np
 import pyarrow as pa
 import torch
 
+from lumos.data.contract import Batch, FeatureSpec
 from lumos.train.checkpoint import CONFIG_FILE, FEATURES_FILE, MODEL_FILE, load_model
-from lumos.train.features import Batch, FeatureSpec
 from lumos.train.model import LumosModel, signed_expm1
 
 ENGINES = ("torch", "compiled")

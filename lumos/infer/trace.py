@@ -8,46 +8,59 @@ import json
 from dataclasses import asdict
 from typing import Any
 
+import pyarrow.parquet as pq
+
 from lumos.core.errors import UsageError
 from lumos.core.registry import resolve_model
-from lumos.core.tables import TableRef, read_table, resolve, table_history, version_lineage
+from lumos.core.runs import CODE_VERSION_TAG, CONFIG_HASH_TAG, DATA_TAG, RECIPE_HASH_TAG, SEED_TAG, training_run
+from lumos.core.tables import TableRef
 from lumos.core.tracking import tracking_client
 from lumos.core.workspace import Workspace
+from lumos.data.delta_log import DeltaSnapshot
+from lumos.data.table_metadata import resolve, snapshot, table_history, version_lineage
 from lumos.infer.predictions import PARTITION
-from lumos.train.run import training_run
 
 
-def trace_prediction(spark, workspace: Workspace, table: TableRef, user_id: str, as_of: datetime.date) -> dict[str, Any]:
-    from pyspark.sql import functions as F
-
-    table = resolve(spark, workspace, table)
-    frame = read_table(spark, workspace, table)
-    row = frame.where((F.col("user_id") == user_id) & (F.col(PARTITION) == F.lit(as_of))).select("model").first()
-    if row is None:
+def trace_prediction(workspace: Workspace, table: TableRef, user_id: str, as_of: datetime.date) -> dict[str, Any]:
+    """Everything that made one prediction row, read from Delta logs, Parquet footers and MLflow
+    (no Spark: the row is read with pyarrow from the files of its partition)."""
+    table = resolve(workspace, table)
+    model = _predicted_by(snapshot(workspace, table), user_id, as_of)
+    if model is None:
         raise UsageError(f"{table} has no prediction for user {user_id!r} as of {as_of}")
-    commit = _partition_commit(spark, workspace, table, as_of)
-    version = resolve_model(workspace, row["model"], "model")
+    commit = _partition_commit(workspace, table, as_of)
+    version = resolve_model(workspace, model, "model")
     run = training_run(workspace, version.run_id, "model")
     config = json.loads(_run_text(workspace, run.info.run_id, "lineage.json"))["config"]
-    data = TableRef.parse(run.data.tags["lumos.data"])
-    data_lineage = version_lineage(spark, workspace, data)
+    data = TableRef.parse(run.data.tags[DATA_TAG])
+    data_lineage = version_lineage(workspace, data)
     return {
         "prediction": {"table": str(table), "user_id": user_id, "as_of": as_of.isoformat(),
                        "commit": {"version": commit[0], **commit[1]}},
         "model": {"version": version.label, "aliases": list(version.aliases), "tags": version.tags},
-        "run": {"id": run.info.run_id, "name": run.info.run_name, "config_hash": run.data.tags.get("lumos.config_hash"),
-                "code_version": run.data.tags.get("lumos.code_version"), "seed": run.data.tags.get("lumos.seed"),
+        "run": {"id": run.info.run_id, "name": run.info.run_name, "config_hash": run.data.tags.get(CONFIG_HASH_TAG),
+                "code_version": run.data.tags.get(CODE_VERSION_TAG), "seed": run.data.tags.get(SEED_TAG),
                 "config": config},
-        "data": {"table": str(data), "recipe_hash": run.data.tags.get("lumos.recipe_hash"),
+        "data": {"table": str(data), "recipe_hash": run.data.tags.get(RECIPE_HASH_TAG),
                  "recipe": data_lineage.config if data_lineage else None,
                  "inputs": [asdict(item) for item in data_lineage.inputs] if data_lineage else [],
                  "stats": data_lineage.stats if data_lineage else {}},
     }
 
 
-def _partition_commit(spark, workspace: Workspace, table: TableRef, as_of: datetime.date) -> tuple[int, dict[str, Any]]:
+def _predicted_by(version: DeltaSnapshot, user_id: str, as_of: datetime.date) -> str | None:
+    """The model named on `user_id`'s row in partition `as_of` of `version`; None without one."""
+    # Partition values live in the log, not in the files: pick the partition's files there.
+    files = [data_file.path for data_file in version.files if data_file.partition_values.get(PARTITION) == as_of.isoformat()]
+    if not files:
+        return None
+    rows = pq.read_table(files, columns=["model"], filters=[("user_id", "=", user_id)], partitioning=None)
+    return rows["model"][0].as_py() if rows.num_rows else None
+
+
+def _partition_commit(workspace: Workspace, table: TableRef, as_of: datetime.date) -> tuple[int, dict[str, Any]]:
     """The newest commit at or before `table`'s version that wrote partition `as_of`."""
-    for entry in table_history(spark, workspace, table):
+    for entry in table_history(workspace, table):
         lineage = entry.lineage
         if entry.version <= table.version and lineage and lineage.stage == "infer" and lineage.config.get("as_of") == as_of.isoformat():
             return entry.version, {**lineage.config, "inputs": [asdict(item) for item in lineage.inputs],

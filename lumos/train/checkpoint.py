@@ -26,8 +26,8 @@ from safetensors.torch import load_file, save_file
 
 from lumos.core.config import from_dict, read_toml, to_toml
 from lumos.core.errors import UsageError
+from lumos.data.contract import FeatureSpec
 from lumos.train.config import TrainConfig
-from lumos.train.features import FeatureSpec
 from lumos.train.model import LumosModel
 
 MODEL_FILE = "model.safetensors"

@@ -24,9 +24,10 @@ from torch.nn.parallel import DistributedDataParallel
 
 from lumos.core.tables import TableRef
 from lumos.core.workspace import Workspace
+from lumos.data.contract import Batch
 from lumos.data.loader import SequenceLoader
 from lumos.data.sequences_version import open_sequences
-from lumos.eval import metrics as retrieval
+from lumos.train import retrieval_metrics as retrieval
 from lumos.train.checkpoint import (
     TrainingState,
     capture_rng,
@@ -36,7 +37,6 @@ from lumos.train.checkpoint import (
     save_checkpoint,
 )
 from lumos.train.config import TrainConfig
-from lumos.train.features import Batch
 from lumos.train.model import LumosModel
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from lumos.train.features import Batch, FeatureSpec
+from lumos.data.contract import FIRST_TOKEN_ID, OOV_ID, TIME_FEATURES, Batch, FeatureSpec
 from lumos.train.model import LumosModel
 
 FLOAT_BYTES = 4
@@ -77,27 +77,38 @@ def estimate_memory(model: LumosModel, batch_size: int, seq_len: int | None = No
     )
 
 
-def synthetic_batch(features: FeatureSpec, batch_size: int, seq_len: int, seed: int = 0) -> Batch:
-    """A full batch of random but valid ids and values: every history seq_len tokens long."""
+def synthetic_batch(features: FeatureSpec, batch_size: int, seq_len: int, seed: int = 0,
+                    full_histories: bool = False) -> Batch:
+    """A batch of random but valid ids, values and targets, the same for a given seed.
+
+    Histories are right-padded to random lengths 0..seq_len (the first row full), or all seq_len
+    long with full_histories (the worst case the batch-size search measures). Vocabulary ids start
+    at 1 (OOV) and time features at 0; padded positions hold 0. The compiler checks its kernels on
+    these batches, and tests use them wherever a batch's values do not matter.
+    """
     generator = torch.Generator().manual_seed(seed)
     B, T = batch_size, seq_len
+    lengths = torch.full((B,), T) if full_histories else torch.randint(0, T + 1, (B,), generator=generator)
+    if B:
+        lengths[0] = T
+    mask = torch.arange(T)[None, :] < lengths[:, None]  # (B, T)
 
-    def ids(size: int, shape: tuple[int, ...]) -> torch.Tensor:
-        return torch.randint(0, max(size, 1), shape, generator=generator)
+    def ids(size: int, low: int, shape: tuple[int, ...]) -> torch.Tensor:
+        return torch.randint(low, max(size, low + 1), shape, generator=generator)
 
-    horizons = len(features.horizons_days)
+    H = len(features.horizons_days)
     return Batch(
-        tokens={name: ids(size, (B, T)) for name, size in features.token_categorical.items()},
-        numeric=torch.rand((B, T, len(features.token_numeric)), generator=generator),
-        mask=torch.ones((B, T), dtype=torch.bool),
-        static_categorical={name: ids(size, (B,)) for name, size in features.static_categorical.items()},
-        static_numeric=torch.rand((B, len(features.static_numeric)), generator=generator),
-        future=torch.rand((B, features.future_slots, len(features.future_flags)), generator=generator).round(),
-        next_item=torch.randint(2, max(features.item_vocab_size, 3), (B,), generator=generator)
-        if features.next_item
+        tokens={name: ids(size, 0 if name in TIME_FEATURES else OOV_ID, (B, T)) * mask
+                for name, size in features.token_categorical.items()},
+        numeric=torch.randn(B, T, len(features.token_numeric), generator=generator) * 3 * mask[:, :, None],
+        mask=mask,
+        static_categorical={name: ids(size, 0, (B,)) for name, size in features.static_categorical.items()},
+        static_numeric=torch.randn(B, len(features.static_numeric), generator=generator) * 100,
+        future=(torch.rand(B, features.future_slots, len(features.future_flags), generator=generator) < 0.3).float(),
+        next_item=ids(features.item_vocab_size, FIRST_TOKEN_ID, (B,)) if features.next_item
         else torch.zeros(B, dtype=torch.long),
-        act=torch.rand((B, horizons), generator=generator).round(),
-        value=torch.rand((B, horizons), generator=generator) * 100,
+        act=torch.rand((B, H), generator=generator).round(),
+        value=torch.rand((B, H), generator=generator) * 100,
     )
 
 
@@ -137,7 +148,7 @@ def find_batch_size(
 
 
 def _try_step(model: LumosModel, device: torch.device, size: int, seq_len: int, budget: int) -> tuple[int, bool]:
-    batch = synthetic_batch(model.features, size, seq_len).to(device)
+    batch = synthetic_batch(model.features, size, seq_len, full_histories=True).to(device)
     model.zero_grad(set_to_none=True)
     gc.collect()
     if device.type == "cuda":

@@ -23,10 +23,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from lumos.core.config import require_valid
-from lumos.train.features import PADDING_ID, TIME_FEATURES, Batch, FeatureSpec
+from lumos.data.contract import FIRST_TOKEN_ID, PADDING_ID, TIME_FEATURES, Batch, FeatureSpec
 
 HEADS = ("retrieval", "binary", "regression")
-FIRST_ITEM_ID = 2  # ids 0 (padding) and 1 (out of vocabulary) are never recommended
 
 
 def signed_log1p(x: Tensor) -> Tensor:
@@ -139,8 +138,9 @@ class ModelConfig:
     """Hidden width of every MLP."""
     dropout: float = 0.1
     """Dropout on embeddings, attention weights and residual branches; 0 <= dropout < 1."""
-    max_len: int = 200
-    """Size of the positional table: the longest history the model accepts (>= the data's max_len)."""
+    max_len: int | None = None
+    """Size of the positional table: the longest history the model accepts (>= the data's max_len).
+    None: the data's max_len (the ingest's tokens.max_len, from the feature spec)."""
     heads: tuple[str, ...] = HEADS
     """Active heads, each with its loss: retrieval (next item), binary (acts within K days),
     regression (value within K days)."""
@@ -184,7 +184,7 @@ class ModelConfig:
     def __post_init__(self) -> None:
         problems = []
         for name in ("d_model", "n_heads", "encoder_layers", "decoder_layers", "d_ff", "max_len", "negatives"):
-            if getattr(self, name) < 1:
+            if getattr(self, name) is not None and getattr(self, name) < 1:
                 problems.append((name, f"must be at least 1, got {getattr(self, name)}"))
         if self.n_heads >= 1 and self.d_model % self.n_heads:
             problems.append(("d_model", f"must be divisible by n_heads ({self.n_heads}), got {self.d_model}"))
@@ -225,8 +225,10 @@ class LumosModel(nn.Module):
         self.config, self.features = config, features
         n_horizons = len(features.horizons_days)
         problems = []
-        if features.max_len > config.max_len:
-            problems.append(f"model.max_len ({config.max_len}) is below the data's max_len ({features.max_len})")
+        # The longest history the model accepts: model.max_len when set, else the data's.
+        self.max_len = features.max_len if config.max_len is None else config.max_len
+        if features.max_len > self.max_len:
+            problems.append(f"model.max_len ({self.max_len}) is below the data's max_len ({features.max_len})")
         if "retrieval" in config.heads and not features.next_item:
             problems.append("the retrieval head needs next_item targets, which the data lacks")
         for head in ("binary", "regression"):
@@ -259,7 +261,7 @@ class LumosModel(nn.Module):
         self.register_buffer("numeric_read", torch.tensor(numeric_read), persistent=False)
         n_numeric = len(features.token_numeric) if any(numeric_read) else 0
         self.token_numeric = nn.Linear(n_numeric, C, bias=False) if n_numeric else None
-        self.position = nn.Embedding(config.max_len, C)  # index 0 = the most recent token
+        self.position = nn.Embedding(self.max_len, C)  # index 0 = the most recent token
         # The user token: static attributes on their own pathway, plus a learned vector so that a
         # row with no attributes and no history still has something to attend to.
         self.user_token = nn.Parameter(torch.zeros(C))
@@ -271,7 +273,7 @@ class LumosModel(nn.Module):
         self.embedding_dropout = nn.Dropout(config.dropout)
         self.encoder = nn.ModuleList([EncoderBlock(config) for _ in range(config.encoder_layers)])
         # Not persistent: (S, S) lower triangle for causal attention, sliced to the batch's length.
-        S_max = config.max_len + 1
+        S_max = self.max_len + 1
         self.register_buffer("causal", torch.ones(S_max, S_max, dtype=torch.bool).tril(), persistent=False)
         self.encoder_ln = nn.LayerNorm(C)
         # No affine: no loss reaches the pooled embedding, so learned scale and shift would never
@@ -445,7 +447,7 @@ class LumosModel(nn.Module):
         return self.item_bias if ids is None else self.item_bias[ids]
 
     def _unrecommendable(self, device: torch.device) -> Tensor:
-        return torch.arange(self.features.item_vocab_size, device=device) < FIRST_ITEM_ID  # (V,)
+        return torch.arange(self.features.item_vocab_size, device=device) < FIRST_TOKEN_ID  # (V,)
 
     # -- losses ---------------------------------------------------------------------------------
 
@@ -462,7 +464,7 @@ class LumosModel(nn.Module):
         correction is the same constant for every item, so it cancels in the softmax and is omitted.
         A negative that equals a row's target is masked out for that row.
         """
-        has_target = target >= FIRST_ITEM_ID  # (B,)
+        has_target = target >= FIRST_TOKEN_ID  # (B,)
         if self.config.retrieval == "full":
             logits = query @ self.item_table.T + self._item_bias()  # (B, V)
             logits = logits.masked_fill(self._unrecommendable(logits.device), float("-inf"))
@@ -471,7 +473,7 @@ class LumosModel(nn.Module):
             labels = target
         else:
             V = self.features.item_vocab_size
-            negatives = torch.randint(FIRST_ITEM_ID, V, (self.config.negatives,), device=target.device)  # (N,)
+            negatives = torch.randint(FIRST_TOKEN_ID, V, (self.config.negatives,), device=target.device)  # (N,)
             positive = (query * self.item_table[target]).sum(-1) + self._item_bias(target)  # (B,)
             negative = query @ self.item_table[negatives].T + self._item_bias(negatives)  # (B, N)
             negative = negative.masked_fill(negatives[None, :] == target[:, None], float("-inf"))
@@ -512,7 +514,7 @@ class LumosModel(nn.Module):
         losses: dict[str, Tensor] = {}
         if self.config.position_targets:
             targets = self.position_targets(batch)  # (B, S)
-            keep = targets >= FIRST_ITEM_ID
+            keep = targets >= FIRST_TOKEN_ID
             slots = self.decode_positions(batch, output.memory, memory_mask_of(batch.mask))  # (B, S, C)
             seen = self.seen_items(batch)[keep] if self.config.exclude_seen_in_loss else None  # (N, T)
             losses["retrieval"] = self.retrieval_loss(self.item_projection(slots[keep]), targets[keep], seen)

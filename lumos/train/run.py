@@ -24,6 +24,19 @@ import torch
 from lumos.core.config import config_hash, to_plain, to_toml
 from lumos.core.errors import UsageError
 from lumos.core.lineage import LineageInput, LineageRecord
+from lumos.core.runs import (
+    CHECKPOINT_TAG,
+    CODE_VERSION_TAG,
+    CONFIG_HASH_TAG,
+    DATA_TAG,
+    DATA_VERSION_TAG,
+    RECIPE_HASH_TAG,
+    SEED_TAG,
+    STAGE_TAG,
+    STEP_TAG,
+    TRAIN_STAGE,
+    download_checkpoint,
+)
 from lumos.core.tables import TableRef, table_location
 from lumos.core.tracking import ensure_experiment, flatten_params, tracking_client
 from lumos.core.workspace import Workspace
@@ -36,7 +49,6 @@ from lumos.train.memory import estimate_memory, find_batch_size
 from lumos.train.model import LumosModel
 
 Report = Callable[[str], None]
-STAGE = "train"
 
 
 @dataclass(frozen=True)
@@ -175,30 +187,6 @@ def _check_batch_fits(config: TrainConfig, data: str, train_rows: int, micro_bat
         )
 
 
-def training_run(workspace: Workspace, run_id: str, flag: str):
-    """The MLflow run `run_id`, checked to be a Lumos training run with a checkpoint."""
-    import mlflow
-
-    try:
-        run = tracking_client(workspace).get_run(run_id)
-    except mlflow.exceptions.MlflowException:
-        raise UsageError(f"{flag} {run_id}: no such run in {workspace.mlflow_tracking_uri}") from None
-    if run.data.tags.get("lumos.stage") != STAGE or "lumos.checkpoint" not in run.data.tags:
-        raise UsageError(f"{flag} {run_id}: not a Lumos training run with a checkpoint")
-    return run
-
-
-def download_checkpoint(workspace: Workspace, run_id: str, flag: str) -> Path:
-    """A local copy of the run's latest checkpoint folder."""
-    import mlflow
-
-    latest = training_run(workspace, run_id, flag).data.tags["lumos.checkpoint"]
-    folder = mlflow.artifacts.download_artifacts(run_id=run_id, artifact_path=latest,
-                                                 dst_path=tempfile.mkdtemp(prefix="lumos-checkpoint-"),
-                                                 tracking_uri=workspace.mlflow_tracking_uri)
-    return Path(folder)
-
-
 def _resume_source(workspace: Workspace, run_id: str) -> tuple[TrainConfig, Path]:
     """The run's own config (the one given must not change the run) and its latest checkpoint."""
     folder = download_checkpoint(workspace, run_id, "--resume")
@@ -214,21 +202,23 @@ def _open_run(workspace: Workspace, config: TrainConfig, sequences, resume_run_i
     experiment_id = ensure_experiment(client, workspace, config.run.experiment)
     recipe = sequences.recipe
     lineage = LineageRecord(
-        stage=STAGE,
+        stage=TRAIN_STAGE,
         config=to_plain(config),
         config_hash=config_hash(config),
         inputs=[LineageInput("delta", table_location(workspace, sequences.ref), sequences.ref.version)],
-        stats={"parameters": summary.parameters, "batch_size": summary.batch_size, "world_size": summary.world_size},
+        # threads: CPU results are bit-for-bit repeatable only at the same thread count (reproduce uses it).
+        stats={"parameters": summary.parameters, "batch_size": summary.batch_size, "world_size": summary.world_size,
+               "threads": torch.get_num_threads(), "cuda": config.run.device != "cpu" and torch.cuda.is_available()},
         seed=config.run.seed,
     )
     tags = {
-        "lumos.stage": STAGE,
-        "lumos.data": str(sequences.ref),
-        "lumos.data.version": str(sequences.ref.version),
-        "lumos.config_hash": lineage.config_hash,
-        "lumos.recipe_hash": config_hash(recipe),
-        "lumos.code_version": lineage.code_version,
-        "lumos.seed": str(config.run.seed),
+        STAGE_TAG: TRAIN_STAGE,
+        DATA_TAG: str(sequences.ref),
+        DATA_VERSION_TAG: str(sequences.ref.version),
+        CONFIG_HASH_TAG: lineage.config_hash,
+        RECIPE_HASH_TAG: config_hash(recipe),
+        CODE_VERSION_TAG: lineage.code_version,
+        SEED_TAG: str(config.run.seed),
     }
     run = client.create_run(experiment_id, run_name=config.run.run_name, tags=tags)
     run_id = run.info.run_id
@@ -292,8 +282,8 @@ def _rank0_hooks(plan: FitPlan, report: Report) -> dict[str, Any]:
     def log_checkpoint(folder: Path, step: int) -> None:
         artifact_path = f"checkpoints/{Path(folder).name}"
         client.log_artifacts(plan.run_id, str(folder), artifact_path)
-        client.set_tag(plan.run_id, "lumos.checkpoint", artifact_path)
-        client.set_tag(plan.run_id, "lumos.step", str(step))
+        client.set_tag(plan.run_id, CHECKPOINT_TAG, artifact_path)
+        client.set_tag(plan.run_id, STEP_TAG, str(step))
 
     return {"log_metrics": log_metrics, "log_checkpoint": log_checkpoint, "report": report}
 

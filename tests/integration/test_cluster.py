@@ -24,8 +24,9 @@ from typer.testing import CliRunner
 
 from lumos.cli.app import app
 from lumos.core.spark import delta_maven_coordinates
-from lumos.core.tables import TableRef, read_table, version_lineage
+from lumos.core.tables import TableRef, read_table
 from lumos.core.workspace import open_workspace
+from lumos.data.table_metadata import version_lineage
 from lumos.quickstart import RECIPES
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
@@ -161,9 +162,9 @@ def rows(spark, project: Path, table: str) -> list[str]:
     return sorted(json.dumps(row.asDict(recursive=True), sort_keys=True, default=str) for row in frame.collect())
 
 
-def lineage(spark, project: Path, table: str) -> dict:
+def lineage(project: Path, table: str) -> dict:
     """The lineage of the table's latest version, less what differs between two runs of the same work."""
-    record = json.loads(version_lineage(spark, open_workspace(project), TableRef.parse(table)).to_json())
+    record = json.loads(version_lineage(open_workspace(project), TableRef.parse(table)).to_json())
     return {key: value for key, value in record.items() if key not in {"created_at", "record_id"}}
 
 
@@ -188,7 +189,7 @@ def test_ingest_on_the_cluster_writes_the_local_rows_and_lineage(spark, standalo
         assert any(name.startswith("io.delta_delta-spark_") for name in files), files
     for table in ("quickstart.sequences", "quickstart.vocab", "quickstart.rejects"):
         assert rows(spark, project, table) == rows(spark, local_project, table), table
-        assert lineage(spark, project, table) == lineage(spark, local_project, table), table
+        assert lineage(project, table) == lineage(local_project, table), table
 
 
 @pytest.fixture
@@ -222,7 +223,7 @@ def test_infer_on_the_cluster_with_delta_jars_dir_writes_the_local_predictions(
         assert row["top_items"] == local[user]["top_items"]
         assert row["user_embedding"] == pytest.approx(local[user]["user_embedding"], abs=1e-5)
         assert row["p_act_7d"] == pytest.approx(local[user]["p_act_7d"], abs=1e-5)
-    assert lineage(spark, project, "quickstart.predictions_cluster") == lineage(spark, local_project, "quickstart.predictions")
+    assert lineage(project, "quickstart.predictions_cluster") == lineage(local_project, "quickstart.predictions")
 
 
 # A Lumos command as a Spark application: spark-submit [options] job.py [lumos arguments].
@@ -274,7 +275,7 @@ def test_spark_submit_runs_a_lumos_job_on_the_cluster(spark, standalone_cluster,
     assert python["executors"] == [python["driver"]]
     for table in ("quickstart.sequences", "quickstart.vocab"):
         assert rows(spark, project, table) == rows(spark, local_project, table), table
-        assert lineage(spark, project, table) == lineage(spark, local_project, table), table
+        assert lineage(project, table) == lineage(local_project, table), table
 
 
 def test_spark_submit_without_delta_names_the_packages_to_pass(standalone_cluster, local_project, tmp_path):

@@ -12,11 +12,11 @@ from typer.testing import CliRunner
 
 from lumos.cli.app import app
 from lumos.compile.engine import load_compiled
-from lumos.compile.frontend import example_batch
+from lumos.core.runs import download_checkpoint
 from lumos.core.tracking import tracking_client
 from lumos.core.workspace import open_workspace
 from lumos.train.checkpoint import load_model
-from lumos.train.run import download_checkpoint
+from lumos.train.memory import synthetic_batch
 
 runner = CliRunner()
 
@@ -69,7 +69,7 @@ def test_compile_verifies_stores_and_serves_the_plan(project):
     # Served for inference: more rows than the plan (chunks) and a shorter history (padding).
     compiled = load_compiled(workspace, run_id, model)
     assert compiled is not None and (compiled.batch_size, compiled.seq_len) == (8, 12)
-    batch = example_batch(model.features, 11, 9, seed=7)
+    batch = synthetic_batch(model.features, 11, 9, seed=7)
     with torch.no_grad():
         expected = model(batch)
     got = compiled(batch)

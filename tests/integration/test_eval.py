@@ -142,3 +142,23 @@ def test_registered_model_is_evaluated_through_its_alias(project):
     board = json.loads(lumos(project, "eval", "leaderboard", "--task", "will_purchase_7d", "--json").stdout)
     assert f"quickstart_eval/{version.version}" in {entry["model"] for entry in board["entries"]}
     assert lumos(project, "eval", "--task", "next_item", "--model", "quickstart_eval@staging").exit_code == 2
+
+
+def test_generated_probe_tasks_score_in_one_pass_as_one_by_one(project, tmp_path):
+    labels = project / "examples" / "quickstart" / "data" / "labels.parquet"
+    generated = tmp_path / "generated"
+    made = lumos(project, "eval", "tasks", "generate", "--labels", str(labels), "--columns", "segment,churned",
+                 "--data", "quickstart.sequences", "--out", str(generated), "--prefix", "gen_")
+    assert made.exit_code == 0, made.output
+    run = run_id(project, "longer")
+
+    together = lumos(project, "eval", "--all", "--tasks", str(generated), "--run", run, "--json")
+    assert together.exit_code == 0, together.output
+    shared = {item["task"]: item["metrics"] for item in json.loads(together.stdout)["results"]}
+    assert set(shared) == {"gen_segment", "gen_churned"}
+    for name in shared:  # embeddings shared across tasks give exactly what a task scored alone gets
+        alone = lumos(project, "eval", "--task", name, "--tasks", str(generated), "--run", run, "--json")
+        assert json.loads(alone.stdout)["results"][0]["metrics"] == shared[name]
+    # The generated churn task is the hand-written churn_probe under another name.
+    hand_written = json.loads(lumos(project, "eval", "--task", "churn_probe", "--run", run, "--json").stdout)
+    assert hand_written["results"][0]["metrics"] == shared["gen_churned"]

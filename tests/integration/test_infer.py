@@ -15,7 +15,7 @@ import pytest
 from typer.testing import CliRunner
 
 from lumos.cli.app import app
-from lumos.core.tables import TableRef, read_table
+from lumos.core.tables import TableRef, read_table, table_history
 from lumos.core.workspace import open_workspace
 from lumos.infer.predictions import RunInProgress, partition_lock
 from lumos.infer.trace import trace_prediction
@@ -144,7 +144,7 @@ def test_infer_is_idempotent_per_date_and_leaves_other_dates(spark, promoted):
 def test_one_prediction_traces_back_to_run_config_and_data(spark, promoted):
     assert lumos(promoted, "infer", "--model", "quickstart@production", "--as-of", AS_OF).exit_code == 0
     user = predictions(spark, promoted)[0]["user_id"]
-    trace = trace_prediction(spark, open_workspace(promoted), TableRef.parse("quickstart.predictions"), user,
+    trace = trace_prediction(open_workspace(promoted), TableRef.parse("quickstart.predictions"), user,
                              datetime.date.fromisoformat(AS_OF))
     assert trace["model"]["version"] == "quickstart/1" and trace["run"]["id"] == run_id(promoted)
     assert trace["run"]["config"]["model"]["d_model"] == 8
@@ -256,3 +256,73 @@ def test_cron_script_writes_the_partition_and_passes_exit_codes_on(spark, promot
     unknown = subprocess.run(["bash", str(script)], env={**env, "LUMOS_MODEL": "missing@production"},
                              capture_output=True, text=True, timeout=600)
     assert unknown.returncode == 2 and "exited 2" in unknown.stderr
+
+
+# -- inference input: nothing dropped silently ------------------------------------------------------
+
+
+def _events_with(promoted: Path, path: Path, *, shift_days: int = 0, bogus: int = 0) -> int:
+    """Write the quickstart events, shifted by `shift_days`, plus `bogus` rows of an unknown event
+    type, to `path` (parquet); return the number of rows written."""
+    import pandas as pd
+
+    events = pq.read_table(promoted / "data" / "events").to_pandas()
+    events["ts"] = events["ts"] + pd.Timedelta(days=shift_days)
+    bad = events.head(bogus).copy()
+    bad["event_type"] = "bogus"
+    frame = pd.concat([events, bad])
+    frame.to_parquet(path, coerce_timestamps="us", allow_truncated_timestamps=True)  # Spark reads no nanoseconds
+    return len(frame)
+
+
+def _latest(spark, project: Path, table: str):
+    return table_history(spark, open_workspace(project), TableRef.parse(table), limit=1)[0]
+
+
+def test_infer_reads_events_after_the_training_window_and_counts_its_rejects(spark, promoted, tmp_path):
+    """The quickstart recipe's window ends 2027-01-01; a year later the same events, shifted, are
+    all scored (not dropped as out of range), and the three bad rows land in infer_rejects."""
+    source = tmp_path / "later.parquet"
+    rows_read = _events_with(promoted, source, shift_days=364, bogus=3)
+    as_of = "2027-09-13"  # AS_OF + 364 days
+    result = lumos(promoted, "infer", "--model", "quickstart@production", "--as-of", as_of, "--source", str(source),
+                   "--output", "quickstart.predictions_later")
+    assert result.exit_code == 0, result.output
+    workspace = open_workspace(promoted)
+    written = read_table(spark, workspace, TableRef.parse("quickstart.predictions_later")).count()
+    assert written > 100  # every user with history, none dropped as out of the training window
+    rejects = read_table(spark, workspace, TableRef.parse("quickstart.infer_rejects"))
+    rejects = rejects.where(rejects["as_of"] == datetime.date.fromisoformat(as_of)).collect()
+    assert [row["rule"] for row in rejects] == ["unknown_event_type"] * 3
+    assert all('"bogus"' in row["row"] for row in rejects)
+    stats = _latest(spark, promoted, "quickstart.predictions_later").lineage.stats
+    assert stats["rows_read"] == rows_read and stats["rows_rejected"] == 3
+    assert stats["rejected_by_rule"] == {"unknown_event_type": 3}
+    assert stats["rejects"].startswith("quickstart.infer_rejects@")
+
+
+def test_infer_source_is_relative_to_the_working_directory(spark, promoted, tmp_path, monkeypatch):
+    _events_with(promoted, tmp_path / "events.parquet")
+    monkeypatch.chdir(tmp_path)
+    result = lumos(promoted, "infer", "--model", "quickstart@production", "--as-of", AS_OF,
+                   "--source", "events.parquet", "--output", "quickstart.predictions_relative")
+    assert result.exit_code == 0, result.output
+    frame = read_table(spark, open_workspace(promoted), TableRef.parse("quickstart.predictions_relative"))
+    assert frame.count() > 100
+
+
+def test_infer_over_the_reject_budget_or_with_no_user_is_exit_2_and_writes_nothing(spark, promoted, tmp_path):
+    source = tmp_path / "bad.parquet"
+    rows = _events_with(promoted, source, bogus=8_000)  # about half the rows, above max_reject_fraction 0.05
+    over = lumos(promoted, "infer", "--model", "quickstart@production", "--as-of", AS_OF, "--source", str(source),
+                 "--output", "quickstart.never_written_rejects")
+    assert over.exit_code == 2 and "cleaning.max_reject_fraction" in over.output and f"of {rows} rows" in over.output
+    assert not (promoted / ".lumos" / "tables" / "quickstart" / "never_written_rejects").exists()
+
+    assert lumos(promoted, "infer", "--model", "quickstart@production", "--as-of", AS_OF).exit_code == 0
+    before = predictions(spark, promoted)
+    version = _latest(spark, promoted, "quickstart.predictions").version
+    early = lumos(promoted, "infer", "--model", "quickstart@production", "--as-of", "2020-01-01")
+    assert early.exit_code == 2 and "no user has a valid event before 2020-01-01" in early.output
+    assert _latest(spark, promoted, "quickstart.predictions").version == version  # no new commit
+    assert len(predictions(spark, promoted)) == len(before)

@@ -17,6 +17,7 @@ from pyspark.sql import functions as F
 from lumos.core.config import load_config
 from lumos.core.tables import TableRef
 from lumos.core.workspace import open_workspace
+from lumos.data.contract import Batch, FeatureSpec
 from lumos.data.delta_log import active_files, latest_version
 from lumos.data.ingest import run_ingest
 from lumos.data.loader import SequenceLoader
@@ -24,7 +25,6 @@ from lumos.data.recipe import IngestRecipe
 from lumos.data.sequences_version import feature_spec_for, open_sequences
 from lumos.data.synthetic import SyntheticSpec, generate_quickstart
 from lumos.quickstart import RECIPES
-from lumos.train.features import Batch, FeatureSpec
 
 RECIPE = RECIPES / "ingest.toml"
 SEQUENCES = TableRef("quickstart", "sequences", 0)

@@ -168,7 +168,9 @@ def test_early_stopping_settings_are_checked():
 # Every prefix a train row; the stated tie-break
 
 
-def test_every_train_target_and_tie_break_by_item_string(spark):
+def test_every_train_target_and_ties_by_the_seeded_hash(spark):
+    from pyspark.sql import functions as F
+
     recipe = load_config(IngestRecipe, MOVIELENS / "ingest.toml", ["tokens.max_len=2", "splits.train_targets=every"])
     rows = [("u", 100, "9", 5.0), ("u", 100, "10", 4.0), ("u", 200, "3", 1.0), ("u", 300, "7", 2.0),
             ("u", 300, "2", 3.0), ("v", 50, "3", 4.0)]  # fmt: skip
@@ -180,12 +182,15 @@ def test_every_train_target_and_tie_break_by_item_string(spark):
     vocab = build_vocab(events, None, recipe)
     ids = {row.token: row.id for row in vocab.where("feature = 'item'").collect()}
     sequences = {(row.split, row.next_item): row for row in build_sequences(events, vocab, None, None, recipe).collect()}
-    # u's order: "10" before "9" at t=100 (ids compare as strings), then 3, then "2" before "7" at t=300.
-    order = [ids[item] for item in ("10", "9", "3", "2", "7")]
+    # u's order: by time, ties (t=100 and t=300) by the hash of (tie_seed, user, item, ts).
+    key = F.xxhash64(F.lit(recipe.tokens.tie_seed), "user_id", "item_id", "ts")
+    in_order = events.where("user_id = 'u'").orderBy("ts", key).collect()
+    order = [ids[row.item_id] for row in in_order]
     assert sorted(sequences) == sorted([("test", order[4]), ("valid", order[3]), ("train", order[2]), ("train", order[1])])
     assert sequences["test", order[4]].item == order[2:4]  # max_len = 2: the two most recent
     assert sequences["train", order[1]].item == order[:1] and sequences["train", order[2]].item == order[:2]
-    assert sequences["train", order[1]].value == [4.0]  # the history token's rating, never the target's
+    assert sequences["train", order[1]].value == [in_order[0].value]  # the history token's rating, never the target's
+    assert in_order[0].value != in_order[1].value
 
 
 def test_windows_of_train_rows_tile_the_train_tokens(spark):

@@ -1,7 +1,8 @@
 """build_vocab and build_sequences on five hand-made users, checked row by row against hand-worked values.
 
 Day 0 is Monday 2026-03-02 (UTC). The users, in short:
-- u1: six events with two timestamp ties (view before purchase; item B before C), truncated to max_len.
+- u1: six events with two timestamp ties (view before purchase; B before C by the seeded hash of
+  tokens.tie_seed = 1, which these tests use), truncated to max_len.
 - u2: two events, too few for the valid and train leave-last-out rows.
 - u3: purchases exactly one and two days apart, so horizon windows end exactly on an event.
 - u4: missing from the users table; two events two minutes apart around midnight.
@@ -86,7 +87,9 @@ def recipe(**overrides) -> IngestRecipe:
         "vocab": {"min_count": 2},
         "targets": {"next_item": True, "horizons_days": [1, 2], "act_event_types": ["purchase"]},
     }  # fmt: skip
-    return from_dict(IngestRecipe, data | overrides)
+    # Seed 1 orders u1's 09:00 tie B before C; test_ties_follow_the_seeded_hash checks every seed.
+    tokens = {"tie_seed": 1} | overrides.pop("tokens", {})
+    return from_dict(IngestRecipe, data | {"tokens": tokens} | overrides)
 
 
 @pytest.fixture(scope="module")
@@ -327,3 +330,47 @@ def test_minimal_recipe_and_tied_history_events_outside_the_act_window(spark):
         (0, 1, 7.0),
     ]
     assert (rows["train"].value, rows["train"].age_days) == ([], [])
+
+
+# ---------------------------------------------------------------------------------------------
+# Ties: ordered by a seeded hash, never by the ids (an order the data does not have)
+
+
+def test_ties_follow_the_seeded_hash_not_the_item_id(frames):
+    from pyspark.sql import functions as F
+
+    events, users, calendar = frames
+    orders = set()
+    for seed in range(4):
+        config = recipe(tokens={"unit": "event", "max_len": 10, "tie_seed": seed})
+        rows = collect(build_sequences(events, build_vocab(events, users, config), users, calendar, config))
+        history = rows["u1", "test", at(3, 10, 30)]["item"]
+        tied = history[2:4]  # the 09:00 views of B and C
+        hashed = (
+            events.where((F.col("user_id") == "u1") & (F.col("ts") == at(0, 9)))
+            .select("item_id", F.xxhash64(F.lit(seed), "user_id", "item_id", "ts").alias("key"))
+            .orderBy("key").collect()
+        )  # fmt: skip
+        assert tied == [{"B": B, "C": C}[row.item_id] for row in hashed], seed
+        orders.add(tuple(tied))
+    assert orders == {(B, C), (C, B)}  # the seed, not the id, decides
+
+
+def test_the_id_order_of_ties_cannot_be_learned(spark):
+    """The trick a model could learn when ties go by id: the next item's id sorts after the last
+    one seen. With 3 tied events per user it would be right for every user; by the hash, half."""
+    import random
+
+    rng = random.Random(0)
+    items = [f"item{index:03d}" for index in range(60)]
+    rows = [(f"u{user}", at(0, 12), "view", item, None, "web", None)
+            for user in range(400) for item in rng.sample(items, 3)]  # fmt: skip
+    events = spark.createDataFrame(rows, EVENTS_SCHEMA)
+    config = recipe(tokens={"unit": "event", "max_len": 5, "tie_seed": 0}, users=None, calendar=None,
+                    targets={"next_item": True})  # fmt: skip
+    vocab = build_vocab(events, None, config)
+    token = {row.id: row.token for row in vocab.where("feature = 'item'").collect()}
+    test_rows = build_sequences(events, vocab, None, None, config).where("split = 'test'").collect()
+    assert len(test_rows) == 400
+    after = sum(token[row.next_item] > token[row.item[-1]] for row in test_rows) / len(test_rows)
+    assert 0.4 < after < 0.6, after

@@ -8,13 +8,12 @@ from lumos.core.errors import UsageError
 from lumos.core.lineage import LineageInput, LineageRecord
 from lumos.core.tables import (
     TableRef,
-    describe_table,
-    list_tables,
     read_table,
     table_history,
     write_table,
 )
 from lumos.core.workspace import open_workspace
+from lumos.data.table_metadata import describe_table, list_tables
 
 
 @pytest.fixture()
@@ -44,7 +43,7 @@ def test_versions_carry_lineage_and_time_travel(spark, workspace):
     assert history[1].lineage.stats == {"rows": 3} and history[1].lineage.seed == 7
     assert history[1].lineage.inputs == [LineageInput("files", "/data/in", "sha256:abc")]
 
-    details = describe_table(spark, workspace, ref.at(0))
+    details = describe_table(workspace, ref.at(0))
     assert details["rows"] == 3 and details["version"] == 0
     assert details["schema"] == [{"name": "id", "type": "bigint"}]
     assert details["lineage"]["config_hash"] == "sha256:3"
@@ -69,3 +68,18 @@ def test_table_names_are_validated(name):
 def test_table_refs_parse():
     assert TableRef.parse("qs.sequences@12") == TableRef("qs", "sequences", 12)
     assert str(TableRef.parse("qs.sequences")) == "qs.sequences"
+
+
+def test_the_delta_log_reader_reports_the_history_spark_reports(spark, workspace):
+    from lumos.data.table_metadata import table_history as logged_history
+
+    ref = TableRef.parse("demo.logged")
+    write_table(spark, workspace, ref, spark.range(2), lineage(2))
+    write_table(spark, workspace, ref, spark.range(4), lineage(4))
+    from_spark, from_log = table_history(spark, workspace, ref), logged_history(workspace, ref)
+    assert [(e.version, e.operation, e.lineage) for e in from_log] == [(e.version, e.operation, e.lineage) for e in from_spark]
+    assert describe_table(workspace, ref)["rows"] == 4 and describe_table(workspace, ref.at(0))["rows"] == 2
+    with pytest.raises(UsageError, match="latest version of demo.logged is 1"):
+        describe_table(workspace, ref.at(7))
+    with pytest.raises(UsageError, match="no table demo.absent"):
+        logged_history(workspace, TableRef.parse("demo.absent"))

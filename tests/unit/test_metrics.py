@@ -15,18 +15,20 @@ from lumos.eval.metrics import (
     auc_roc,
     binary_metrics,
     direction,
-    hit_rate_at_k,
     log_loss,
     mae,
     mape,
-    mrr,
-    ndcg_at_k,
-    popularity_scores,
     pr_auc,
     prior_rate_probabilities,
     regression_metrics,
-    retrieval_metrics,
     rmse,
+)
+from lumos.train.retrieval_metrics import (
+    hit_rate_at_k,
+    mrr,
+    ndcg_at_k,
+    popularity_scores,
+    retrieval_metrics,
     target_ranks,
 )
 

@@ -11,7 +11,7 @@ from safetensors.torch import load_file, save_file
 
 from lumos.core.config import from_dict
 from lumos.core.errors import ConfigError
-from lumos.train.features import Batch, FeatureSpec
+from lumos.data.contract import Batch, FeatureSpec
 from lumos.train.model import LumosModel, ModelConfig, memory_mask_of, signed_expm1, signed_log1p
 
 FEATURES = FeatureSpec(
@@ -353,6 +353,15 @@ def test_config_problems_are_reported_at_once_with_key_paths():
     assert from_dict(ModelConfig, {"heads": ["binary"], "retrieval": "sampled"}).heads == ("binary",)
     with pytest.raises(ConfigError, match="exclude_seen_in_loss"):
         from_dict(ModelConfig, {"retrieval": "sampled", "exclude_seen_in_loss": True})
+
+
+def test_the_model_takes_the_data_max_len_unless_set():
+    """model.max_len is declared once, by the data: left out, the positional table has the
+    feature spec's max_len (the ingest's tokens.max_len); set, it may be longer."""
+    assert ModelConfig().max_len is None and from_dict(ModelConfig, {}).max_len is None
+    model = make_model(dataclasses.replace(CONFIG, max_len=None))
+    assert model.max_len == FEATURES.max_len and model.position.num_embeddings == FEATURES.max_len
+    assert make_model(dataclasses.replace(CONFIG, max_len=40)).position.num_embeddings == 40
 
 
 def test_model_rejects_features_it_cannot_serve():

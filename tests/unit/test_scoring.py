@@ -5,10 +5,10 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from lumos.data.contract import FIRST_TOKEN_ID, FeatureSpec
 from lumos.infer.scoring import _recommendable, schema_for, score_batch
-from lumos.train.features import FeatureSpec
 from lumos.train.memory import synthetic_batch
-from lumos.train.model import FIRST_ITEM_ID, LumosModel, ModelConfig
+from lumos.train.model import LumosModel, ModelConfig
 
 FEATURES = FeatureSpec(token_categorical={"item": 9, "hour": 24}, token_numeric=("value",), horizons_days=(7,), max_len=8)
 
@@ -28,7 +28,7 @@ def test_columns_match_the_output_schema_and_history_is_left_out():
     for row, scores, history in zip(columns["top_ids"], columns["top_scores"], batch.tokens["item"], strict=True):
         recommended = row[np.isfinite(scores)]  # a history can leave fewer than k items; the rest are -inf
         assert len(recommended) and not set(recommended.tolist()) & set(history.tolist())
-        assert (recommended >= FIRST_ITEM_ID).all()
+        assert (recommended >= FIRST_TOKEN_ID).all()
     assert ((columns["p_act_7d"] >= 0) & (columns["p_act_7d"] <= 1)).all()
     kept = score_batch(lumos_model, None, batch, top_k=4, exclude_history=False)
     assert not np.array_equal(kept["top_ids"], columns["top_ids"]) or not batch.mask.any()

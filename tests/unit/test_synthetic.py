@@ -15,9 +15,11 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from typer.testing import CliRunner
 
+from lumos.cli.app import app
 from lumos.core.config import InvalidFields
-from lumos.data.synthetic import EVENTS_SCHEMA, SyntheticSpec, generate_quickstart, main
+from lumos.data.synthetic import EVENTS_SCHEMA, SyntheticSpec, generate_quickstart
 
 SMALL = SyntheticSpec(users=200, events=10_000, items=120, clusters=6, days=60)
 # Calendar and population effects need more days and users than SMALL to stand above noise.
@@ -303,16 +305,17 @@ def test_spec_reports_every_bad_field_at_once() -> None:
     assert fields == {"events", "churn_fraction", "days", "users_per_file"}
 
 
-def test_main_writes_and_prints_one_line(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
-    argv = ["--out", str(tmp_path), "--users", "40", "--events", "2000", "--seed", "5"]
-    assert main(argv + ["--start", "2026-01-05", "--days", "30"]) == 0
-    lines = capsys.readouterr().out.strip().splitlines()
+def test_data_synth_writes_and_prints_one_line(tmp_path: Path) -> None:
+    argv = ["data", "synth", "--out", str(tmp_path), "--users", "40", "--events", "2000", "--seed", "5"]
+    result = CliRunner().invoke(app, argv + ["--start", "2026-01-05", "--days", "30"])
+    assert result.exit_code == 0, result.output
+    lines = result.stdout.strip().splitlines()
     assert len(lines) == 1 and "2,000 events" in lines[0] and str(tmp_path) in lines[0]
     calendar = read_calendar(tmp_path)
     assert calendar.date.iloc[0] == pd.Timestamp(datetime.date(2026, 1, 5))
 
 
-def test_main_rejects_a_bad_spec_as_usage_error(tmp_path: Path) -> None:
-    with pytest.raises(SystemExit) as raised:
-        main(["--out", str(tmp_path), "--users", "10", "--events", "3"])
-    assert raised.value.code == 2
+def test_data_synth_rejects_a_bad_spec_as_usage_error(tmp_path: Path) -> None:
+    result = CliRunner().invoke(app, ["data", "synth", "--out", str(tmp_path), "--users", "10", "--events", "3"])
+    assert result.exit_code == 2 and "events" in result.output
+    assert not (tmp_path / "events").exists()  # nothing written

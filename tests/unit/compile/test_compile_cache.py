@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import ctypes
 import json
+from pathlib import Path
 
-from lumos.compile.cache import ENTRY, LIBRARY, KernelCache
+from lumos.compile.cache import ENTRY, LIBRARY, KernelCache, host_cpu
 
 SOURCE = "float lumos_answer(void) { return 42.0f; }\n"
 FLAGS = ("-O1",)
@@ -32,6 +33,22 @@ def test_key_covers_source_flags_and_target(tmp_path):
     assert key != cache.key(SOURCE + "\n", "gcc", FLAGS)
     assert key != cache.key(SOURCE, "gcc", ("-O2",))
     assert key != KernelCache(tmp_path, "cuda").key(SOURCE, "gcc", FLAGS)
+
+
+def test_key_covers_the_host_cpu(tmp_path):
+    # -march=native makes a library specific to the CPU that built it; another CPU sharing the
+    # workspace must get its own entry instead of loading it (SIGILL).
+    here = KernelCache(tmp_path, "cpu")
+    assert here.cpu == host_cpu() and host_cpu()
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.is_file() and "model name" in cpuinfo.read_text():
+        model = next(line for line in cpuinfo.read_text().splitlines() if line.startswith("model name"))
+        assert " ".join(model.partition(":")[2].split()) in host_cpu()
+    elsewhere = KernelCache(tmp_path, "cpu", cpu="another CPU; flags: sse2")
+    assert here.key(SOURCE, "gcc", FLAGS) != elsewhere.key(SOURCE, "gcc", FLAGS)
+    built = here.build(SOURCE, "gcc", FLAGS)
+    assert not elsewhere.build(SOURCE, "gcc", FLAGS).hit and here.build(SOURCE, "gcc", FLAGS).hit
+    assert json.loads((built.library.parent / ENTRY).read_text())["cpu"] == host_cpu()
 
 
 def test_corrupt_or_partial_entries_are_rebuilt(tmp_path):

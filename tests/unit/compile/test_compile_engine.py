@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import numpy as np
 import pytest
 import torch
 
+from lumos.compile.cache import ENTRY, KernelCache
 from lumos.compile.engine import (
     PLAN_FILE,
     VerificationError,
@@ -16,8 +18,9 @@ from lumos.compile.engine import (
     verify,
     write_plan,
 )
-from lumos.compile.frontend import example_batch
-from lumos.train.features import FeatureSpec
+from lumos.core.settings import CompileSettings
+from lumos.data.contract import FeatureSpec
+from lumos.train.memory import synthetic_batch
 from lumos.train.model import LumosModel, ModelConfig
 
 FEATURES = FeatureSpec(
@@ -47,7 +50,7 @@ def compiled(model, kernel_cache):
 
 @pytest.mark.parametrize(("rows", "length"), [(1, 10), (3, 4), (4, 10), (9, 7), (0, 5)])
 def test_any_batch_and_shorter_histories_match_eager(compiled, model, rows, length):
-    batch = example_batch(FEATURES, rows, length, seed=rows + length) if rows else example_batch(FEATURES, 1, length)
+    batch = synthetic_batch(FEATURES, rows, length, seed=rows + length) if rows else synthetic_batch(FEATURES, 1, length)
     if not rows:
         batch = type(batch)(**{f.name: _head(getattr(batch, f.name), 0) for f in dataclasses.fields(batch)})
     with torch.no_grad():
@@ -75,17 +78,17 @@ def test_matmuls_run_row_wise_with_fused_producers(compiled):
 
 def test_longer_history_than_the_plan_is_refused(compiled):
     with pytest.raises(ValueError, match="exceeds the plan"):
-        compiled.compiled(example_batch(FEATURES, 2, 11))
+        compiled.compiled(synthetic_batch(FEATURES, 2, 11))
 
 
 def test_plan_round_trip_binds_the_models_weights(compiled, model, tmp_path, kernel_cache):
     folder = write_plan(tmp_path / "plan", compiled)
     assert any(entry["name"].endswith("#T") for entry in compiled.plan["tensors"])  # transposed at bind time
     loaded = program_from_plan(folder, model, kernel_cache)
-    batch = example_batch(FEATURES, 5, 8, seed=11)
+    batch = synthetic_batch(FEATURES, 5, 8, seed=11)
     np.testing.assert_array_equal(loaded(batch).user_embedding.numpy(), compiled.compiled(batch).user_embedding.numpy())
 
-    longer = example_batch(FEATURES, 2, 10, seed=3)  # the plan was built at 10: served in PyTorch beyond
+    longer = synthetic_batch(FEATURES, 2, 10, seed=3)  # the plan was built at 10: served in PyTorch beyond
     short_plan = compile_model(model, 2, 6, kernel_cache)
     write_plan(tmp_path / "short", short_plan)
     with pytest.warns(UserWarning, match="running this batch in PyTorch"):
@@ -104,6 +107,23 @@ def test_plan_round_trip_binds_the_models_weights(compiled, model, tmp_path, ker
     (folder / PLAN_FILE).write_text((folder / PLAN_FILE).read_text().replace('"source_sha256": "', '"source_sha256": "0'))
     with pytest.raises(Exception, match="does not match"):
         program_from_plan(folder, model, kernel_cache)
+
+
+def test_a_plan_is_built_with_local_compiler_settings_not_its_own(compiled, model, tmp_path):
+    folder = write_plan(tmp_path / "plan", compiled)
+    plan = json.loads((folder / PLAN_FILE).read_text())
+    # A plan from elsewhere naming a compiler and flags that would fail (or do harm) here.
+    plan["cc"], plan["cflags"] = "/nonexistent/evil-cc", ["-DNOT_FROM_THIS_HOST", "--no-such-flag"]
+    (folder / PLAN_FILE).write_text(json.dumps(plan))
+    local = CompileSettings(cc="gcc", cflags=("-O1",))
+    cache = KernelCache(tmp_path / "kernels")
+    loaded = program_from_plan(folder, model, cache, local)
+    batch = synthetic_batch(FEATURES, 3, 8, seed=5)
+    np.testing.assert_allclose(loaded(batch).user_embedding.numpy(), compiled.compiled(batch).user_embedding.numpy(),
+                               atol=1e-5, rtol=1e-5)
+    [entry] = cache.entries()
+    built = json.loads((entry / ENTRY).read_text())
+    assert (built["cc"], built["flags"]) == ("gcc", ["-O1"])
 
 
 def test_verification_refuses_a_wrong_program(compiled, model):

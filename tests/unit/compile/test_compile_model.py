@@ -6,10 +6,11 @@ import numpy as np
 import pytest
 import torch
 
-from lumos.compile.frontend import batch_tensors, example_batch, lower_model, output_names
+from lumos.compile.frontend import batch_tensors, lower_model, output_names
 from lumos.compile.interpret import interpret
 from lumos.compile.program import compile_graph, load_program
-from lumos.train.features import FeatureSpec
+from lumos.data.contract import FeatureSpec
+from lumos.train.memory import synthetic_batch
 from lumos.train.model import LumosModel, ModelConfig
 
 FEATURES = FeatureSpec(
@@ -61,7 +62,7 @@ def test_interpreter_and_c_match_eager(features, config, rows, length, kernel_ca
     torch.manual_seed(0)
     model = trained_looking(LumosModel(config, features))
     graph = lower_model(model, rows, length)
-    batch = example_batch(features, rows, length, seed=5)
+    batch = synthetic_batch(features, rows, length, seed=5)
     inputs = {name: value.float().numpy() for name, value in batch_tensors(batch, features).items()}
     inputs = {name: inputs[name] for name in graph.inputs}
     compare(model, interpret(graph, inputs), batch)
@@ -78,6 +79,6 @@ def test_heads_subset_and_no_numeric_features(kernel_cache):
     model = trained_looking(LumosModel(config, features))
     graph = lower_model(model, 2, 6)
     assert set(graph.outputs) == {"user_embedding", "item_query", "act_logits"}
-    batch = example_batch(features, 2, 6, seed=1)
+    batch = synthetic_batch(features, 2, 6, seed=1)
     inputs = {name: value.float().numpy() for name, value in batch_tensors(batch, features).items()}
     compare(model, interpret(graph, {name: inputs[name] for name in graph.inputs}), batch)

@@ -14,7 +14,7 @@ from lumos.compile.program import Options, compile_graph, load_program
 from lumos.compile.render_c import KernelRenderer
 from lumos.compile.schedule import KernelSchedule
 from lumos.compile.search_cache import SearchCache
-from lumos.train.features import FeatureSpec
+from lumos.data.contract import FeatureSpec
 from lumos.train.model import LumosModel, ModelConfig
 
 

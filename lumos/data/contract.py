@@ -1,9 +1,12 @@
-"""The contract between a sequences table, the loader and the model.
+"""The data contract: what a sequences table holds, what the loader yields and the model consumes.
 
 `FeatureSpec` says which columns of `<dataset>.sequences` feed which part of the model and how
 large each vocabulary is; it is derived from the table's schema and its vocab table, saved beside
 every checkpoint, and enough (with the model config) to rebuild the model. `Batch` is what the
-loader yields and the model consumes: padded tensors, one per role.
+loader yields and the model consumes: padded tensors, one per role. The id constants and the
+time features are the numbers ingest writes and every reader relies on. It lives in data/, the
+lowest layer that writes these tables, so that data, train, eval, compile and infer import it
+downward.
 """
 
 from __future__ import annotations
@@ -12,9 +15,16 @@ from dataclasses import dataclass, field, fields
 
 import torch
 
+from lumos.data.recipe import TokenSpec
+
 # Time features the ingest writes for every token, with their fixed vocabulary sizes.
 TIME_FEATURES = {"hour": 24, "weekday": 7, "gap_bucket": 16}
+
+# Vocabulary ids: 0 pads a history, 1 is out of vocabulary; real tokens count from 2, so ids below
+# FIRST_TOKEN_ID are never a vocab row and never recommended.
 PADDING_ID = 0
+OOV_ID = 1
+FIRST_TOKEN_ID = 2
 
 
 @dataclass(frozen=True)
@@ -38,8 +48,8 @@ class FeatureSpec:
     """Whether rows carry a next_item target (retrieval over the item vocabulary)."""
     item_feature: str = "item"
     """The token feature whose embedding table the retrieval head scores against (tied)."""
-    max_len: int = 200
-    """The longest history the table holds (the recipe's tokens.max_len)."""
+    max_len: int = TokenSpec.max_len
+    """The longest history the table holds (the recipe's tokens.max_len, whose default this is)."""
 
     def __post_init__(self) -> None:
         if self.next_item and self.item_feature not in self.token_categorical:

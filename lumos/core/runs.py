@@ -1,0 +1,105 @@
+"""Lumos runs in MLflow: the tag names every stage agrees on, the "is this a training run" check,
+the run behind `--run RUN_ID` or `--model NAME@alias`, and the run's checkpoint as a local folder.
+
+Train writes these tags; eval, promote, infer, trace and compile read them. Keeping their names
+here means a reader finds every place that depends on a tag by searching for its constant.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from lumos.core.errors import UsageError
+from lumos.core.registry import ModelVersionInfo, resolve_model
+from lumos.core.tracking import tracking_client
+from lumos.core.workspace import Workspace
+
+TRAIN_STAGE = "train"
+
+# Tags on a training run: its stage and lineage (what data, recipe, config, code and seed made it).
+STAGE_TAG = "lumos.stage"
+DATA_TAG = "lumos.data"
+"""The sequences table version trained on, e.g. quickstart.sequences@0."""
+DATA_VERSION_TAG = "lumos.data.version"
+CONFIG_HASH_TAG = "lumos.config_hash"
+RECIPE_HASH_TAG = "lumos.recipe_hash"
+CODE_VERSION_TAG = "lumos.code_version"
+SEED_TAG = "lumos.seed"
+CHECKPOINT_TAG = "lumos.checkpoint"
+"""The artifact path of the run's latest checkpoint; set only once one is saved."""
+STEP_TAG = "lumos.step"
+"""The step of that checkpoint."""
+COMPILE_TAG_PREFIX = "lumos.compile."
+"""lumos.compile.<target>: a verified compiled plan is stored on the run for that target."""
+
+# Tags on a model version: the training run's lineage (copied) and the run it was made from.
+LINEAGE_TAGS = (DATA_TAG, DATA_VERSION_TAG, CONFIG_HASH_TAG, RECIPE_HASH_TAG, CODE_VERSION_TAG, SEED_TAG, CHECKPOINT_TAG)
+RUN_TAG = "lumos.run"
+
+# Tags on leaderboard entries (lumos.eval.task, .subject, .primary_metric, ...) and, on a model
+# version, its eval scores (lumos.eval.<task>.<metric>).
+EVAL_TAG_PREFIX = "lumos.eval."
+
+
+def training_run_problem(run, finished: bool = False) -> str | None:
+    """Why `run` is not a Lumos training run with a checkpoint (and, with `finished`, one that
+    finished), or None when it is one."""
+    tags = run.data.tags
+    if tags.get(STAGE_TAG) != TRAIN_STAGE or CHECKPOINT_TAG not in tags:
+        return "not a Lumos training run with a checkpoint"
+    if finished and run.info.status != "FINISHED":
+        return f"{run.info.status}, not FINISHED"
+    return None
+
+
+def get_run(workspace: Workspace, run_id: str, flag: str):
+    """The MLflow run `run_id`; exit 2 naming `flag` when the store has none."""
+    import mlflow
+
+    try:
+        return tracking_client(workspace).get_run(run_id)
+    except mlflow.exceptions.MlflowException:
+        raise UsageError(f"{flag} {run_id}: no such run in {workspace.mlflow_tracking_uri}") from None
+
+
+def training_run(workspace: Workspace, run_id: str, flag: str):
+    """The MLflow run `run_id`, checked to be a Lumos training run with a checkpoint."""
+    run = get_run(workspace, run_id, flag)
+    problem = training_run_problem(run)
+    if problem:
+        raise UsageError(f"{flag} {run_id}: {problem}")
+    return run
+
+
+@dataclass(frozen=True)
+class RunSubject:
+    """What a verb was asked to work on: a training run, named directly or through a model version."""
+
+    run: object
+    """The MLflow run, checked to be a Lumos training run with a checkpoint."""
+    version: ModelVersionInfo | None = None
+    """The registered model version, when one was named."""
+
+
+def resolve_run(workspace: Workspace, run_id: str | None, model: str | None) -> RunSubject:
+    """The training run behind --run RUN_ID or --model NAME@alias (or NAME/VERSION)."""
+    version = None
+    if model is not None:
+        version = resolve_model(workspace, model, "--model")
+        run_id = version.run_id
+    if run_id is None:
+        raise UsageError("name a training run: --run RUN_ID or --model NAME@alias")
+    return RunSubject(run=training_run(workspace, run_id, "--run"), version=version)
+
+
+def download_checkpoint(workspace: Workspace, run_id: str, flag: str) -> Path:
+    """A local copy of the run's latest checkpoint folder."""
+    import mlflow
+
+    latest = training_run(workspace, run_id, flag).data.tags[CHECKPOINT_TAG]
+    folder = mlflow.artifacts.download_artifacts(run_id=run_id, artifact_path=latest,
+                                                 dst_path=tempfile.mkdtemp(prefix="lumos-checkpoint-"),
+                                                 tracking_uri=workspace.mlflow_tracking_uri)
+    return Path(folder)

@@ -1,0 +1,358 @@
+"""Input that must never poison or vanish: every bad row lands in rejects with its own rule.
+
+Each test reads real files through the real Spark reader and the recipe's validation, as an
+ingest does; the fault-injection cases (marked `faults`) also kill real `lumos ingest` processes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from lumos.core.config import from_dict
+from lumos.core.errors import UsageError
+from lumos.core.faults import FAULT_POINT
+from lumos.core.workspace import open_workspace
+from lumos.data.ingest import run_ingest
+from lumos.data.recipe import IngestRecipe, SourceSpec
+from lumos.data.sources import read_source
+from lumos.data.validation import check_events, rejected_rows, valid_events
+
+
+def shop_recipe(**cleaning) -> IngestRecipe:
+    return from_dict(IngestRecipe, {
+        "dataset": "shop",
+        "source": {"path": "events.csv"},
+        "columns": {"user_id": "user", "timestamp": "time", "event_type": "kind", "item_id": "item",
+                    "value": "amount", "numeric": ["price"]},
+        "cleaning": {"event_types": ["view", "purchase"], "max_reject_fraction": 1.0, **cleaning},
+        "splits": {"mode": "leave_last_out", "min_history": 0},
+    })
+
+
+def check_file(spark, folder: Path, name: str, text: str, recipe: IngestRecipe):
+    """(accepted rows as dicts, {rule: [raw row]}) for `text` written to folder/name and read as an ingest reads it."""
+    (folder / name).write_text(text)
+    raw, _ = read_source(spark, open_workspace(folder), name, "auto", folder, "source.path")
+    checked = check_events(raw, recipe)
+    accepted = [row.asDict() for row in valid_events(checked).collect()]
+    rejected: dict[str, list[str]] = {}
+    for row in rejected_rows(checked).collect():
+        rejected.setdefault(row["rule"], []).append(row["row"])
+    return accepted, rejected
+
+
+HEADER = "user,time,kind,item,amount,price\n"
+
+
+def test_non_finite_numbers_are_rejected_in_every_numeric_column(spark, tmp_path):
+    lines = [
+        "u1,2026-06-01 10:00:00,view,a,1.5,2.0",
+        "u2,2026-06-01 10:00:00,view,a,NaN,2.0",
+        "u3,2026-06-01 10:00:00,view,a,Infinity,2.0",
+        "u4,2026-06-01 10:00:00,view,a,-Infinity,2.0",
+        "u5,2026-06-01 10:00:00,view,a,1e999,2.0",
+        "u6,2026-06-01 10:00:00,view,a,1.0,nan",
+        "u7,2026-06-01 10:00:00,view,a,1.0,-inf",
+    ]
+    # No non_negative rule: a non-finite number is refused on its own, not as a negative one.
+    accepted, rejected = check_file(spark, tmp_path, "events.csv", HEADER + "\n".join(lines) + "\n", shop_recipe())
+    assert [row["user_id"] for row in accepted] == ["u1"]
+    assert set(rejected) == {"non_finite"}
+    assert sorted(json.loads(row)["user"] for row in rejected["non_finite"]) == ["u2", "u3", "u4", "u5", "u6", "u7"]
+
+
+def test_malformed_csv_and_json_lines_are_rejected_with_their_raw_text(spark, tmp_path):
+    good = "u1,2026-06-01 10:00:00,view,a,1.5,2.0"
+    unterminated = 'u2,2026-06-01 10:00:00,view,"a,1.5,2.0'
+    short = "u3,2026-06-01 10:00:00,view,a"
+    long = "u4,2026-06-01 10:00:00,view,a,1.5,2.0,surplus"
+    text = HEADER + "\n".join([good, unterminated, short, long]) + "\n"
+    accepted, rejected = check_file(spark, tmp_path, "events.csv", text, shop_recipe())
+    assert [(row["user_id"], row["item_id"]) for row in accepted] == [("u1", "a")]
+    assert set(rejected) == {"malformed_line"}
+    assert sorted(rejected["malformed_line"]) == sorted([unterminated, short, long])
+
+    good_json = json.dumps({"user": "u1", "time": "2026-06-01 10:00:00", "kind": "view", "item": "a", "amount": 1.5, "price": 2.0})
+    broken = '{"user": "u2", "time": "2026-06-01 10:00:00", "kind": "view", "item": "a'
+    not_an_object = '["u3", "2026-06-01 10:00:00", "view"]'
+    accepted, rejected = check_file(spark, tmp_path, "events.jsonl", "\n".join([good_json, broken, not_an_object]) + "\n",
+                                    shop_recipe())
+    assert [row["user_id"] for row in accepted] == ["u1"]
+    assert sorted(rejected["malformed_line"]) == sorted([broken, not_an_object]) and set(rejected) == {"malformed_line"}
+
+
+def test_parquet_with_nanosecond_timestamps_from_pandas_is_read(spark, tmp_path):
+    import pandas as pd
+
+    frame = pd.DataFrame({
+        "user": ["u1", "u2"], "kind": ["view", "purchase"], "item": ["a", "b"], "amount": [1.0, 2.0], "price": [3.0, 4.0],
+        # pandas writes datetime64[ns] as Parquet INT64 TIMESTAMP(NANOS), which Spark refuses by default.
+        "time": pd.to_datetime(["2026-06-01 10:00:00.123456789", "2026-06-02 11:30:00"], format="ISO8601"),
+        "seen_at": pd.to_datetime(["2026-06-01 10:00:01", "2026-06-02 11:30:01"]).tz_localize("UTC"),
+    })
+    frame.to_parquet(tmp_path / "events.parquet")
+    raw, _ = read_source(spark, open_workspace(tmp_path), "events.parquet", "auto", tmp_path, "source.path")
+    checked = check_events(raw, shop_recipe())
+    assert rejected_rows(checked).count() == 0
+    times = [row["ts"].isoformat(sep=" ") for row in valid_events(checked).orderBy("user_id").collect()]
+    assert times == ["2026-06-01 10:00:00.123456", "2026-06-02 11:30:00"]
+    assert raw.schema["seen_at"].dataType.typeName() == "timestamp"
+
+
+WHITESPACE_IDS = ["\t", "\u00a0", "\u2003", " \u3000 ", "\u00a0\t"]
+
+
+def test_whitespace_only_ids_are_missing_and_ids_are_stripped_of_unicode_whitespace(spark, tmp_path):
+    def event(user, item="a"):
+        return json.dumps({"user": user, "time": "2026-06-01 10:00:00", "kind": "view", "item": item, "amount": 1.0,
+                           "price": 1.0})
+
+    lines = [event("u1"), event("\tu1\u00a0", item="\u2002b\t")] + [event(blank) for blank in WHITESPACE_IDS]
+    accepted, rejected = check_file(spark, tmp_path, "events.jsonl", "\n".join(lines) + "\n", shop_recipe())
+    assert sorted((row["user_id"], row["item_id"]) for row in accepted) == [("u1", "a"), ("u1", "b")]
+    assert set(rejected) == {"missing_user_id"}
+    assert sorted(json.loads(row)["user"] for row in rejected["missing_user_id"]) == sorted(WHITESPACE_IDS)
+
+
+def table_properties(spark, location: str) -> dict[str, str]:
+    from delta.tables import DeltaTable
+
+    return DeltaTable.forPath(spark, location).detail().first()["properties"]
+
+
+def test_every_table_lumos_writes_keeps_its_commit_log(spark, tmp_path):
+    from lumos.core.lineage import LineageRecord
+    from lumos.core.tables import LOG_RETENTION, TableRef, table_history, table_location, write_table
+    from lumos.infer.predictions import write_partition
+
+    workspace = open_workspace(tmp_path)
+
+    def lineage():
+        return LineageRecord(stage="test", config={}, config_hash="h", inputs=[])
+
+    fresh = TableRef("shop", "sequences")
+    write_table(spark, workspace, fresh, spark.range(3), lineage())
+    write_table(spark, workspace, fresh, spark.range(4), lineage())
+    assert LOG_RETENTION.items() <= table_properties(spark, table_location(workspace, fresh)).items()
+    assert [entry.version for entry in table_history(spark, workspace, fresh)] == [1, 0]
+
+    # A table made before Lumos set the properties gets them at its next write.
+    older = TableRef("shop", "vocab")
+    spark.range(2).write.format("delta").save(table_location(workspace, older))
+    written = write_table(spark, workspace, older, spark.range(5), lineage())
+    assert LOG_RETENTION.items() <= table_properties(spark, table_location(workspace, older)).items()
+    assert spark.read.format("delta").load(table_location(workspace, written)).count() == 5
+
+    predictions = TableRef("shop", "predictions")
+    rows = spark.range(2).selectExpr("id", "DATE'2026-06-01' AS as_of")
+    write_partition(spark, workspace, predictions, rows, datetime.date(2026, 6, 1), lineage())
+    assert LOG_RETENTION.items() <= table_properties(spark, table_location(workspace, predictions)).items()
+
+
+def good_events(users: int, per_user: int) -> str:
+    lines = [f"u{user},2026-06-{day + 1:02d} 10:00:00,view,i{(user + day) % 5},1.0,2.0"
+             for user in range(users) for day in range(per_user)]
+    return HEADER + "\n".join(lines) + "\n"
+
+
+def test_sources_given_as_uris_get_a_version_from_their_listing(spark, tmp_path):
+    folder = tmp_path / "events"
+    folder.mkdir()
+    (folder / "part-0.csv").write_text(good_events(2, 3))
+    (folder / "_SUCCESS").write_text("")
+    uri = folder.as_uri()  # file:///…
+    workspace = open_workspace(tmp_path)
+
+    def version() -> str:
+        return read_source(spark, workspace, uri, "csv", tmp_path, "source.path")[1].version
+
+    first = version()
+    assert first and first.startswith("listing:sha256:") and version() == first
+    (folder / "part-1.csv").write_text(good_events(1, 2))  # new data arrives
+    second = version()
+    assert second != first
+    (folder / ".part-1.csv.crc").write_text("x")  # not data: no new version
+    assert version() == second
+    with pytest.raises(UsageError, match="cannot be listed"):
+        read_source(spark, workspace, (tmp_path / "absent").as_uri(), "csv", tmp_path, "source.path")
+
+
+def test_the_same_recipe_over_changed_input_writes_a_new_version(spark, tmp_path):
+    events = tmp_path / "events.csv"
+    events.write_text(good_events(3, 4))
+    workspace = open_workspace(tmp_path)
+    for dataset, location in (("by_path", str(events)), ("by_uri", events.as_uri())):
+        recipe = dataclasses.replace(shop_recipe(), dataset=dataset, source=SourceSpec(path=location, format="csv"))
+        first = run_ingest(spark, workspace, recipe, tmp_path)
+        again = run_ingest(spark, workspace, recipe, tmp_path)
+        assert again.reused and again.tables == first.tables
+        events.write_text(good_events(4, 4))  # the same file, now with a fourth user
+        changed = run_ingest(spark, workspace, recipe, tmp_path)
+        assert not changed.reused and changed.stats["users"] == 4
+        assert changed.tables["sequences"].endswith("sequences@1"), (location, changed.tables)
+        events.write_text(good_events(3, 4))
+
+
+# Fault injection. Each bad row carries a marker in its item column, so the test can tell which
+# rule each one was rejected for; the expected rule is the marker's prefix.
+BAD_ROWS = [
+    "u9,2026-06-01 10:00:00,view,non_finite_nan,NaN,1.0",
+    "u9,2026-06-01 10:00:00,view,non_finite_inf,1.0,Infinity",
+    "u9,2026-06-01 10:00:00,view,non_finite_overflow,1e999,1.0",
+    'u9,2026-06-01 10:00:00,view,"malformed_line_quote,1.0,1.0',
+    "u9,2026-06-01 10:00:00,view,malformed_line_short",
+    "u9,2026-06-01 10:00:00,view,malformed_line_long,1.0,1.0,surplus",
+    "\t,2026-06-01 10:00:00,view,missing_user_id_tab,1.0,1.0",
+    "\u00a0,2026-06-01 10:00:00,view,missing_user_id_nbsp,1.0,1.0",
+    ",2026-06-01 10:00:00,view,missing_user_id_empty,1.0,1.0",
+    "u9,yesterday,view,bad_timestamp_word,1.0,1.0",
+    "u9,2026-13-45 99:00:00,view,bad_timestamp_date,1.0,1.0",
+    "u9,2026-06-01 10:00:00,teleport,unknown_event_type_x,1.0,1.0",
+    "u9,2026-06-01 10:00:00,view,bad_number_word,abc,1.0",
+    "u9,2026-06-01 10:00:00,view,negative_value_x,-3,1.0",
+    "u9,1999-01-01 00:00:00,view,timestamp_out_of_range_x,1.0,1.0",
+]
+
+
+def messy_events() -> tuple[str, list[str], list[str]]:
+    """(file text, good rows, bad rows): good rows of four users, one with Unicode-padded ids, and
+    every bad class, including an exact copy of a good row."""
+    good = [f"u{user},2026-06-{day + 1:02d} 10:00:00,{'purchase' if day % 2 else 'view'},i{user}{day},{day}.5,1.0"
+            for user in range(1, 4) for day in range(4)]
+    good += ["\u00a0u4\t,2026-06-05 10:00:00,view,i40,1.0,1.0", "u4,2026-06-06 10:00:00,view,i41,1.0,1.0"]
+    duplicate = good[0]
+    bad = [*BAD_ROWS, duplicate]
+    return HEADER + "\n".join([*good[:5], *bad, *good[5:]]) + "\n", good, bad
+
+
+def rule_of(marker_row: str) -> str:
+    """The rule a bad row's marker names (the duplicate carries a good row's item)."""
+    for rule in ("non_finite", "malformed_line", "missing_user_id", "bad_timestamp", "unknown_event_type",
+                 "bad_number", "negative_value", "timestamp_out_of_range"):
+        if rule in marker_row:
+            return rule
+    return "duplicate"
+
+
+@pytest.mark.faults
+def test_every_bad_class_is_rejected_with_its_rule_and_every_good_row_kept(spark, tmp_path):
+    from lumos.core.tables import TableRef, read_table
+
+    text, good, bad = messy_events()
+    (tmp_path / "events.csv").write_text(text)
+    recipe = dataclasses.replace(shop_recipe(), cleaning=dataclasses.replace(
+        shop_recipe().cleaning, non_negative=("value",), min_timestamp=datetime.datetime(2020, 1, 1)))
+    workspace = open_workspace(tmp_path)
+    result = run_ingest(spark, workspace, recipe, tmp_path)
+
+    stats = result.stats
+    assert stats["rows_read"] == len(good) + len(bad) == stats["events"] + stats["rows_rejected"]
+    assert stats["events"] == len(good) and stats["users"] == 4
+    expected = {}
+    for row in bad:
+        expected[rule_of(row)] = expected.get(rule_of(row), 0) + 1
+    assert stats["rejected_by_rule"] == expected
+    rejects = read_table(spark, workspace, TableRef.parse(result.tables["rejects"])).collect()
+    by_marker = {}
+    for reject in rejects:
+        marker = reject["row"] if reject["rule"] == "malformed_line" else json.loads(reject["row"]).get("item", "")
+        by_marker[marker] = reject["rule"]
+    assert len(rejects) == len(bad)
+    for row in bad:
+        marker = row if rule_of(row) == "malformed_line" else row.split(",")[3]
+        assert by_marker[marker] == rule_of(row), row
+    vocab = read_table(spark, workspace, TableRef.parse(result.tables["vocab"]))
+    items = {row["token"] for row in vocab.where("feature = 'item'").collect()}
+    assert {row.split(",")[3] for row in good} <= items
+    users = read_table(spark, workspace, TableRef.parse(result.tables["sequences"])).select("user_id").distinct()
+    assert sorted(row["user_id"] for row in users.collect()) == ["u1", "u2", "u3", "u4"]
+
+
+KILL_RECIPE = """
+dataset = "shop"
+[source]
+path = "events.csv"
+[columns]
+user_id = "user"
+timestamp = "time"
+event_type = "kind"
+item_id = "item"
+value = "amount"
+numeric = ["price"]
+[cleaning]
+event_types = ["view", "purchase"]
+max_reject_fraction = 0.5
+[splits]
+mode = "leave_last_out"
+min_history = 0
+"""
+
+
+def lumos_ingest(project: Path, fault_point: str | None) -> subprocess.CompletedProcess:
+    """`lumos ingest` in its own process (and JVM), killed at `fault_point` by the test hook."""
+    environment = {key: value for key, value in os.environ.items() if key != FAULT_POINT}
+    if fault_point:
+        environment[FAULT_POINT] = fault_point
+    command = [sys.executable, "-m", "lumos", "--workspace", str(project), "ingest",
+               "--recipe", str(project / "ingest.toml"), "--json"]
+    return subprocess.run(command, env=environment, capture_output=True, text=True, timeout=600)
+
+
+def ingest_versions(spark, workspace) -> dict[str, list[int]]:
+    from lumos.core.tables import TableRef, table_exists, table_history, table_location
+
+    versions = {}
+    for role in ("rejects", "vocab", "sequences"):
+        ref = TableRef("shop", role)
+        exists = table_exists(spark, table_location(workspace, ref))
+        versions[role] = [entry.version for entry in table_history(spark, workspace, ref)] if exists else []
+    return versions
+
+
+def assert_every_sequences_version_has_its_vocab(spark, workspace) -> None:
+    from lumos.core.tables import TableRef, read_table, table_history
+
+    for entry in table_history(spark, workspace, TableRef("shop", "sequences")):
+        vocab = TableRef.parse(entry.lineage.stats["tables"]["vocab"])
+        assert read_table(spark, workspace, vocab).count() > 0, (entry.version, vocab)
+
+
+@pytest.mark.faults
+@pytest.mark.slow
+def test_an_ingest_killed_at_any_point_leaves_no_sequences_without_vocab_and_reruns(spark, tmp_path):
+    (tmp_path / "ingest.toml").write_text(KILL_RECIPE)
+    (tmp_path / "lumos.toml").write_text('[spark]\nmaster = "local[1]"\nshuffle_partitions = 2\ndriver_memory = "1g"\n')
+    text, _, _ = messy_events()
+    (tmp_path / "events.csv").write_text(text)
+    workspace = open_workspace(tmp_path)
+    vocab_folder = tmp_path / ".lumos" / "tables" / "shop" / "vocab"
+
+    killed = lumos_ingest(tmp_path, "after_rejects")
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
+    assert ingest_versions(spark, workspace) == {"rejects": [0], "vocab": [], "sequences": []}
+
+    killed = lumos_ingest(tmp_path, "mid_vocab")
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
+    # Killed with the vocab's data files down and no commit: Delta shows no version of it.
+    assert [path for path in vocab_folder.rglob("*.parquet") if "_delta_log" not in path.parts]
+    assert ingest_versions(spark, workspace) == {"rejects": [1, 0], "vocab": [], "sequences": []}
+
+    killed = lumos_ingest(tmp_path, "before_sequences")
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
+    assert ingest_versions(spark, workspace) == {"rejects": [2, 1, 0], "vocab": [0], "sequences": []}
+
+    rerun = lumos_ingest(tmp_path, None)
+    assert rerun.returncode == 0, rerun.stderr[-2000:]
+    summary = json.loads(rerun.stdout)
+    assert summary["reused"] is False and summary["tables"] == {
+        "sequences": "shop.sequences@0", "vocab": "shop.vocab@1", "rejects": "shop.rejects@3"}
+    assert_every_sequences_version_has_its_vocab(spark, workspace)

@@ -1,0 +1,108 @@
+"""`lumos sweep` on a real ingest and SQLite MLflow: a 2×2×2 sweep of tiny runs, nested under one
+parent, resumed without retraining, the best point scored over its seeds, and the leaderboard
+grouped by config."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from lumos.cli.app import app
+from lumos.core.tracking import tracking_client
+from lumos.core.workspace import open_workspace
+from lumos.quickstart import RECIPES
+
+runner = CliRunner()
+TRAIN_TOML = """
+[data]
+loader_workers = 1
+
+[model]
+d_model = 8
+n_heads = 2
+encoder_layers = 1
+decoder_layers = 1
+d_ff = 16
+max_len = 12
+
+[run]
+batch_size = 32
+max_steps = 3
+eval_every = 3
+eval_batches = 2
+log_every = 3
+checkpoint_every = 3
+experiment = "test-sweep"
+"""
+SWEEP = ["sweep", "--config", "train.toml", "--grid", "optim.lr=1e-3,5e-3", "--grid", "model.dropout=0.0,0.2",
+         "--seeds", "0", "1", "--json"]
+
+
+@pytest.fixture(scope="module")
+def project(trained_quickstart, tmp_path_factory) -> Path:
+    folder = tmp_path_factory.mktemp("sweep")
+    (folder / "tasks").mkdir()
+    shutil.copy(RECIPES / "tasks" / "will_purchase_7d.toml", folder / "tasks")
+    trained_quickstart(folder, seed=6, max_len=12, steps=1, experiment="test-sweep-ingest")
+    (folder / "train.toml").write_text(TRAIN_TOML)
+    return folder
+
+
+def lumos(project: Path, *args: str):
+    return runner.invoke(app, ["--workspace", str(project), *args])
+
+
+def test_sweep_nests_resumes_and_groups_by_config(project, monkeypatch):
+    monkeypatch.chdir(project)  # --config train.toml is relative, as a user would type it
+    result = lumos(project, *SWEEP)
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.stdout)
+    assert (summary["trained"], summary["skipped"], summary["failed"]) == (8, 0, [])
+    assert summary["metric"] == "valid/loss" and summary["direction"] == "min"
+    points = summary["points"]
+    assert len(points) == 4 and all(len(point["values"]) == 2 for point in points)
+    means = [point["mean"] for point in points]
+    assert means == sorted(means)  # best (lowest valid loss) first
+    first = points[0]
+    assert first["std"] == pytest.approx(abs(first["values"]["0"] - first["values"]["1"]) / 2**0.5)
+
+    client = tracking_client(open_workspace(project))
+    children = {run_id for point in points for run_id in point["runs"].values()}
+    assert len(children) == 8
+    for run_id in children:
+        assert client.get_run(run_id).data.tags["mlflow.parentRunId"] == summary["parent_run_id"]
+
+    # Resume: the same command finds its parent and keeps every finished child.
+    again = lumos(project, *SWEEP, "--eval")
+    assert again.exit_code == 0, again.output
+    resumed = json.loads(again.stdout)
+    assert resumed["parent_run_id"] == summary["parent_run_id"]
+    assert (resumed["trained"], resumed["skipped"]) == (0, 8)
+    assert [point["mean"] for point in resumed["points"]] == means
+    auc = resumed["evaluation"]["will_purchase_7d"]["auc_roc"]
+    assert 0.0 <= auc["mean"] <= 1.0 and auc["std"] >= 0.0
+
+    board = json.loads(lumos(project, "eval", "leaderboard", "--task", "will_purchase_7d", "--group-by", "config",
+                             "--json").stdout)
+    best = [group for group in board["groups"] if set(group["runs"]) == set(resumed["points"][0]["runs"].values())]
+    assert len(best) == 1 and best[0]["n"] == 2
+    assert best[0]["metrics"]["auc_roc"]["mean"] == pytest.approx(auc["mean"])
+    assert best[0]["metrics"]["auc_roc"]["std"] == pytest.approx(auc["std"])
+    assert {group["label"] for group in board["groups"]} >= {"baseline: prior_rate"}
+
+
+def test_parallel_children_train_in_their_own_processes(project, monkeypatch):
+    monkeypatch.chdir(project)
+    result = lumos(project, "sweep", "--config", "train.toml", "--grid", "optim.lr=3e-3", "--seeds", "7,8",
+                   "--parallel", "2", "--json")
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.stdout)
+    assert (summary["trained"], summary["failed"]) == (2, [])
+    client = tracking_client(open_workspace(project))
+    runs = summary["points"][0]["runs"]
+    assert {client.get_run(run_id).data.tags["lumos.seed"] for run_id in runs.values()} == {"7", "8"}
+    assert all(client.get_run(run_id).info.status == "FINISHED" for run_id in runs.values())
