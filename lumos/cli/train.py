@@ -21,6 +21,18 @@ def train(
         str | None, typer.Option("--data", help="Sequences table, dataset.sequences[@VERSION]; overrides data.table.")
     ] = None,
     nproc: Annotated[int | None, typer.Option("--nproc", help="Ranks on this machine (DDP: gloo on CPU, nccl on GPU).")] = None,
+    nnodes: Annotated[
+        int | None, typer.Option("--nnodes", help="Machines in the run, each running this command with the same --nproc.")
+    ] = None,
+    node_rank: Annotated[
+        int | None, typer.Option("--node-rank", help="This machine's place, 0 … nnodes-1; node 0 logs the MLflow run.")
+    ] = None,
+    master_addr: Annotated[
+        str | None, typer.Option("--master-addr", help="Address of node 0, where the ranks meet (with --nnodes > 1).")
+    ] = None,
+    master_port: Annotated[
+        int | None, typer.Option("--master-port", help="A free port on node 0 for the ranks to meet (with --nnodes > 1).")
+    ] = None,
     overrides: SetOption = None,
     dry_run: Annotated[
         bool, typer.Option("--dry-run", help="Print the memory estimate and batch size, then stop without training.")
@@ -39,15 +51,18 @@ def train(
     """
     from lumos.train.config import TrainConfig
     from lumos.train.loop import FitResult
+    from lumos.train.run import Nodes
     from lumos.train.run import train as run_training
 
     overrides = list(overrides or [])
     if data is not None:
         overrides.append(f"data.table={data}")
     config = load_config(TrainConfig, config_file, overrides)
+    nodes = Nodes(**given(count=nnodes, rank=node_rank, master_addr=master_addr, master_port=master_port))
     workspace = open_workspace(state(ctx).workspace_dir)
     with progress("training") as report:
-        summary = run_training(config, workspace, resume_run_id=resume, dry_run=dry_run, report=report, **given(nproc=nproc))
+        summary = run_training(config, workspace, resume_run_id=resume, dry_run=dry_run, report=report, nodes=nodes,
+                               **given(nproc=nproc))
     result = summary.result
     if json_output:
         # The fit result's fields sit beside the summary's (a dry run has none: zero values).
@@ -67,7 +82,10 @@ def train(
     losses = ", ".join(f"{task} {value:.4f}" for task, value in (result.valid_losses or result.train_losses).items())
     verb = "interrupted at" if result.interrupted else "trained"
     echo(f"{verb} step {result.step}: {losses}")
-    echo(f"run {summary.run_id} in experiment {summary.experiment}; resume with --resume {summary.run_id}")
-    echo(f"see it: mlflow ui --backend-store-uri {workspace.mlflow_tracking_uri}")
+    if summary.run_id is None:
+        echo(f"node {nodes.rank} of {nodes.count}: node 0 logs the run")
+    else:
+        echo(f"run {summary.run_id} in experiment {summary.experiment}; resume with --resume {summary.run_id}")
+        echo(f"see it: mlflow ui --backend-store-uri {workspace.mlflow_tracking_uri}")
     if result.interrupted:
         raise typer.Exit(130)

@@ -2,7 +2,8 @@
 
 Delta's jars come from Spark's package mechanism (Maven coordinates that match the installed
 pyspark and delta-spark) or, on air-gapped clusters, from a local folder of jars named in config.
-Under `spark-submit` or in a process that already has a session, that session is reused.
+In a process that already has a session, that session is reused; under `spark-submit`, the master
+and jars it was given stand, and the other settings apply to the session Lumos starts.
 """
 
 from __future__ import annotations
@@ -75,8 +76,17 @@ def get_spark(settings: SparkSettings, log_file: Path | None = None):
     active = SparkSession.getActiveSession()
     if active is not None:
         return active
-    builder = SparkSession.builder.master(settings.master).appName(settings.app_name)
-    for key, value in spark_conf(settings).items():
+    conf = spark_conf(settings)
+    builder = SparkSession.builder.appName(settings.app_name)
+    if launched_by_spark_submit():
+        # spark-submit started the JVM with its own --master, --packages and --jars; setting them
+        # again here would move the job off the cluster, and jars can no longer reach the driver.
+        for key in ("spark.master", "spark.jars", "spark.jars.packages"):
+            conf.pop(key, None)
+        _require_delta_classes()
+    else:
+        builder = builder.master(settings.master)
+    for key, value in conf.items():
         builder = builder.config(key, value)
     try:
         with _stderr_to(log_file):
@@ -85,6 +95,23 @@ def get_spark(settings: SparkSettings, log_file: Path | None = None):
         raise LumosError(_start_failure_message(error, log_file)) from error
     session.sparkContext.setLogLevel(settings.log_level.upper())
     return session
+
+
+def launched_by_spark_submit() -> bool:
+    """True in a driver that spark-submit (or another JVM launcher) started: its gateway is given."""
+    return "PYSPARK_GATEWAY_PORT" in os.environ
+
+
+def _require_delta_classes() -> None:
+    from py4j.java_gateway import JavaClass
+    from pyspark import SparkContext
+
+    SparkContext._ensure_initialized()
+    if not isinstance(SparkContext._jvm.io.delta.sql.DeltaSparkSessionExtension, JavaClass):
+        raise UsageError(
+            "Delta Lake is not on this spark-submit's classpath: pass "
+            f"--packages {delta_maven_coordinates()} (or --jars with the delta-spark and delta-storage jars)"
+        )
 
 
 @contextlib.contextmanager

@@ -3,7 +3,8 @@
 The parent process pins the data version, rebuilds the model to size it, picks the batch size
 (fixed or "auto"), opens the MLflow run with params, lineage tags and artifacts, then runs
 `fit` itself (one rank) or spawns N ranks with torch.multiprocessing (gloo on CPU, nccl on GPU).
-Under torchrun (WORLD_SIZE set) every process is a rank and rank 0 does the parent's MLflow work.
+On several machines (`Nodes`), each runs one such process for its ranks; node 0's does the MLflow
+work. Under torchrun (WORLD_SIZE set) every process is a rank and rank 0 does the parent's MLflow work.
 """
 
 from __future__ import annotations
@@ -52,6 +53,33 @@ from lumos.train.model import LumosModel
 Report = Callable[[str], None]
 
 
+@dataclass(frozen=True)
+class Nodes:
+    """The machines a run spans, in torchrun's terms: each runs `lumos train` with the same
+    `--nproc`, and global rank = node_rank × nproc + local rank."""
+
+    count: int = 1
+    """How many machines (--nnodes)."""
+    rank: int = 0
+    """This machine's place among them, 0 … count-1 (--node-rank); node 0 owns the MLflow run."""
+    master_addr: str | None = None
+    """Address of node 0, where rank 0 listens for the others (--master-addr)."""
+    master_port: int | None = None
+    """Port on node 0 for that rendezvous (--master-port); on one machine, a free one by default."""
+
+    def __post_init__(self) -> None:
+        if self.count < 1:
+            raise UsageError(f"--nnodes {self.count}: must be at least 1")
+        if not 0 <= self.rank < self.count:
+            raise UsageError(f"--node-rank {self.rank}: must be between 0 and --nnodes - 1 = {self.count - 1}")
+        if self.count > 1 and (self.master_addr is None or self.master_port is None):
+            raise UsageError(f"--nnodes {self.count} needs --master-addr and --master-port: node 0's address "
+                             "and a free port there, the same on every node")
+
+
+ONE_NODE = Nodes()
+
+
 @dataclass
 class TrainSummary:
     run_id: str | None
@@ -73,10 +101,13 @@ def train(
     resume_run_id: str | None = None,
     dry_run: bool = False,
     report: Report = lambda _: None,
+    nodes: Nodes = ONE_NODE,
 ) -> TrainSummary:
-    world_size = int(os.environ.get("WORLD_SIZE", nproc))
-    if world_size < 1:
+    if nproc < 1:
         raise UsageError("--nproc must be at least 1")
+    if nodes.count > 1 and "WORLD_SIZE" in os.environ:
+        raise UsageError("under torchrun, give --nnodes and --node-rank to torchrun, not to lumos train")
+    world_size = int(os.environ.get("WORLD_SIZE", nproc * nodes.count))
     resume_dir = None
     if resume_run_id:
         config, resume_dir = _resume_source(workspace, resume_run_id)
@@ -99,11 +130,12 @@ def train(
     if dry_run:
         return summary
 
-    if int(os.environ.get("RANK", "0")) != 0:
-        # A torchrun rank other than 0: it computes; rank 0 owns the MLflow run and checkpoints.
+    if int(os.environ.get("RANK", "0")) != 0 or nodes.rank != 0:
+        # A torchrun rank other than 0, or a node other than 0: it computes; rank 0 owns the MLflow
+        # run and checkpoints.
         plan = FitPlan(config=config, workspace=workspace, data=data, micro_batch=micro_batch, run_id=None,
                        checkpoint_dir=tempfile.mkdtemp(prefix="lumos-rank-"), resume_from=str(resume_dir) if resume_dir else None)
-        summary.result = fit(plan)
+        summary.result = launch(plan, world_size, report, nodes)
         return summary
     client, run_id = _open_run(workspace, config, sequences, resume_run_id, summary)
     summary.run_id = run_id
@@ -112,7 +144,7 @@ def train(
                    checkpoint_dir=checkpoint_dir, resume_from=str(resume_dir) if resume_dir else None)
     status = "FAILED"
     try:
-        result = launch(plan, world_size, report)
+        result = launch(plan, world_size, report, nodes)
         summary.result = result
         if result.failure is not None:
             kept = f"the last good checkpoint is {result.checkpoint}" if result.checkpoint else "no checkpoint was written"
@@ -210,17 +242,20 @@ def _open_run(workspace: Workspace, config: TrainConfig, sequences, resume_run_i
 # Launch
 
 
-def launch(plan: FitPlan, world_size: int, report: Report) -> FitResult:
-    """Run `fit` here (one rank, or a torchrun rank) or spawn `world_size` local ranks."""
+def launch(plan: FitPlan, world_size: int, report: Report, nodes: Nodes = ONE_NODE) -> FitResult:
+    """Run `fit` here (one rank, or a torchrun rank) or spawn this node's share of `world_size` ranks."""
     if world_size == 1 or "WORLD_SIZE" in os.environ:
         return fit(plan, **_rank0_hooks(plan, report))
     import torch.multiprocessing as mp
 
+    local_ranks = world_size // nodes.count
     with tempfile.TemporaryDirectory(prefix="lumos-ranks-") as scratch:
         result_file = Path(scratch) / "result.json"
-        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-        os.environ.setdefault("MASTER_PORT", str(_free_port()))
-        ranks = mp.spawn(_rank_main, args=(world_size, plan, str(result_file)), nprocs=world_size, join=False)
+        # Node 0's rendezvous from the flags; on one machine, from the environment or a free port.
+        os.environ["MASTER_ADDR"] = nodes.master_addr or os.environ.get("MASTER_ADDR", "127.0.0.1")
+        os.environ["MASTER_PORT"] = str(nodes.master_port or os.environ.get("MASTER_PORT") or _free_port())
+        ranks = mp.spawn(_rank_main, args=(nodes.rank * local_ranks, local_ranks, world_size, plan, str(result_file)),
+                         nprocs=local_ranks, join=False)
         with _forward_signals([process.pid for process in ranks.processes]):
             while not ranks.join():
                 pass
@@ -249,12 +284,15 @@ def _forward_signals(pids: list[int]):
             signal.signal(number, handler)
 
 
-def _rank_main(rank: int, world_size: int, plan: FitPlan, result_file: str) -> None:
-    os.environ.update({"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world_size)})
-    # Ranks share the machine's cores; oversubscribed threads slow every rank down.
-    torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size))
-    result = fit(plan, **_rank0_hooks(plan, _print_line))
-    if rank == 0:
+def _rank_main(
+    local_rank: int, first_rank: int, local_ranks: int, world_size: int, plan: FitPlan, result_file: str
+) -> None:
+    rank = first_rank + local_rank
+    os.environ.update({"RANK": str(rank), "LOCAL_RANK": str(local_rank), "WORLD_SIZE": str(world_size)})
+    # A node's ranks share its cores; oversubscribed threads slow every rank down.
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // local_ranks))
+    result = fit(plan, **(_rank0_hooks(plan, _print_line) if rank == 0 else {}))
+    if local_rank == 0:  # this node's result: rank 0's on node 0
         Path(result_file).write_text(json.dumps(result.__dict__))
 
 

@@ -1,0 +1,288 @@
+"""Lumos on a real Spark standalone cluster: a master and two one-core workers on 127.0.0.1, started
+from pyspark's own distribution. `lumos ingest`, `lumos infer` and a spark-submit job run there as a
+user runs them (subprocesses: the test process holds a local session, which Lumos would reuse) and
+must write the same rows and lineage as the local session does.
+
+Selected with `pytest -m cluster`; slow (several Spark applications start), so not in the default run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pyspark
+import pytest
+from typer.testing import CliRunner
+
+from lumos.cli.app import app
+from lumos.core.spark import delta_maven_coordinates
+from lumos.core.tables import TableRef, read_table
+from lumos.core.workspace import open_workspace
+from lumos.data.table_metadata import version_lineage
+from lumos.quickstart import RECIPES
+
+pytestmark = [pytest.mark.cluster, pytest.mark.slow]
+
+SPARK_HOME = Path(pyspark.__file__).parent
+IVY_JARS = Path.home() / ".ivy2.5.2" / "jars"
+AS_OF = "2026-09-14"
+MAX_LEN = 20
+WORKERS = 2
+# Executors run the driver's Python (PySpark sends PYSPARK_PYTHON with every task) and inherit the
+# workers' environment, PYTHONPATH included, so they import the same Lumos as the driver.
+SPARK_ENV = {
+    **os.environ,
+    "SPARK_HOME": str(SPARK_HOME),
+    "PYSPARK_PYTHON": sys.executable,
+    "SPARK_LOCAL_IP": "127.0.0.1",
+    "SPARK_MASTER_OPTS": "-Dspark.master.rest.enabled=false",  # no fixed REST port 6066 to collide on
+}
+
+
+# -- the cluster ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class StandaloneCluster:
+    url: str
+    worker_dirs: list[Path]
+
+    def applications(self) -> set[str]:
+        return {app.name for folder in self.worker_dirs for app in folder.glob("app-*")}
+
+    def executor_files(self, application: str) -> list[set[str]]:
+        """The files in each worker's executor folder of `application`: the jars it fetched."""
+        return [{path.name for path in folder.glob(f"{application}/*/*")} for folder in self.worker_dirs]
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def spark_class(main_class: str, args: list[str], log: Path) -> subprocess.Popen:
+    # spark-class ends in `exec java …`, so the process's PID is the daemon's own.
+    with open(log, "wb") as out:
+        return subprocess.Popen([str(SPARK_HOME / "bin" / "spark-class"), main_class, *args], stdout=out,
+                                stderr=subprocess.STDOUT, env=SPARK_ENV, start_new_session=True)
+
+
+def wait_for_workers(master_log: Path, daemons: list[subprocess.Popen], timeout_s: float = 300) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if master_log.read_text(errors="replace").count("Registering worker") >= WORKERS:
+            return
+        if any(daemon.poll() is not None for daemon in daemons):
+            break
+        time.sleep(1)
+    raise RuntimeError(f"{WORKERS} workers did not register with the master; see {master_log.parent}/*.log")
+
+
+def stop(daemon: subprocess.Popen) -> None:
+    daemon.terminate()
+    try:
+        daemon.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        daemon.kill()
+        daemon.wait()
+
+
+@pytest.fixture(scope="session")
+def standalone_cluster(tmp_path_factory) -> StandaloneCluster:
+    folder = tmp_path_factory.mktemp("standalone")
+    port = free_port()
+    url = f"spark://127.0.0.1:{port}"
+    daemons: list[subprocess.Popen] = []
+    try:
+        daemons.append(spark_class("org.apache.spark.deploy.master.Master",
+                                   ["--host", "127.0.0.1", "--port", str(port), "--webui-port", "0"], folder / "master.log"))
+        worker_dirs = []
+        for number in range(1, WORKERS + 1):
+            worker_dirs.append(folder / f"worker-{number}")
+            worker_dirs[-1].mkdir()
+            daemons.append(spark_class("org.apache.spark.deploy.worker.Worker",
+                                       ["--host", "127.0.0.1", "--cores", "1", "--memory", "1g", "--webui-port", "0",
+                                        "--work-dir", str(worker_dirs[-1]), url], folder / f"worker-{number}.log"))
+        wait_for_workers(folder / "master.log", daemons)
+        yield StandaloneCluster(url=url, worker_dirs=worker_dirs)
+    finally:
+        for daemon in reversed(daemons):
+            stop(daemon)
+
+
+# -- the same project, local and on the cluster -------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def local_project(trained_quickstart, tmp_path_factory) -> Path:
+    """Ingested, trained, promoted and scored for AS_OF in this process, on the local session."""
+    folder = tmp_path_factory.mktemp("local")
+    run = trained_quickstart(folder, seed=7, max_len=MAX_LEN, steps=10, experiment="test-cluster")
+    for args in (["promote", run, "--model", "quickstart"],
+                 ["infer", "--model", "quickstart@production", "--as-of", AS_OF]):
+        result = CliRunner().invoke(app, ["--workspace", str(folder), *args])
+        assert result.exit_code == 0, result.output
+    return folder
+
+
+def cluster_project(folder: Path, master: str, root: Path, delta_jars_dir: Path | None = None) -> Path:
+    """A project folder whose lumos.toml points Spark at `master` and the workspace at `root`."""
+    folder.mkdir(parents=True, exist_ok=True)
+    jars = f'delta_jars_dir = "{delta_jars_dir}"\n' if delta_jars_dir else ""
+    (folder / "lumos.toml").write_text(
+        f'[workspace]\nroot = "{root}"\n\n[spark]\nmaster = "{master}"\ndriver_memory = "1g"\n'
+        f"shuffle_partitions = 4\n{jars}"
+    )
+    return folder
+
+
+def ingest_args(data: Path) -> list[str]:
+    """The recipe and overrides the trained_quickstart fixture ingests with."""
+    return ["ingest", "--recipe", str(RECIPES / "ingest.toml"), "--set", f"source.path={data / 'events'}",
+            "--set", f"users.path={data / 'users.parquet'}", "--set", f"calendar.path={data / 'calendar.csv'}",
+            "--set", f"tokens.max_len={MAX_LEN}"]
+
+
+def run_lumos(project: Path, *args: str) -> subprocess.CompletedProcess:
+    command = [sys.executable, "-m", "lumos", "--workspace", str(project), *args]
+    return subprocess.run(command, env=SPARK_ENV, capture_output=True, text=True, timeout=900)
+
+
+def rows(spark, project: Path, table: str) -> list[str]:
+    frame = read_table(spark, open_workspace(project), TableRef.parse(table))
+    return sorted(json.dumps(row.asDict(recursive=True), sort_keys=True, default=str) for row in frame.collect())
+
+
+def lineage(project: Path, table: str) -> dict:
+    """The lineage of the table's latest version, less what differs between two runs of the same work."""
+    record = json.loads(version_lineage(open_workspace(project), TableRef.parse(table)).to_json())
+    return {key: value for key, value in record.items() if key not in {"created_at", "record_id"}}
+
+
+def new_application(cluster: StandaloneCluster, before: set[str]) -> str:
+    started = cluster.applications() - before
+    assert len(started) == 1, f"expected one new application on the workers, found {sorted(started)}"
+    return started.pop()
+
+
+# -- the tests ----------------------------------------------------------------------------------------
+
+
+def test_ingest_on_the_cluster_writes_the_local_rows_and_lineage(spark, standalone_cluster, local_project, tmp_path):
+    project = cluster_project(tmp_path / "project", standalone_cluster.url, tmp_path / "workspace")
+    before = standalone_cluster.applications()
+    result = run_lumos(project, *ingest_args(local_project / "data"), "--json")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert json.loads(result.stdout)["tables"]["sequences"] == "quickstart.sequences@0"
+
+    # Both workers ran an executor, and each fetched Delta's jars from the driver's Ivy resolution.
+    for files in standalone_cluster.executor_files(new_application(standalone_cluster, before)):
+        assert any(name.startswith("io.delta_delta-spark_") for name in files), files
+    for table in ("quickstart.sequences", "quickstart.vocab", "quickstart.rejects"):
+        assert rows(spark, project, table) == rows(spark, local_project, table), table
+        assert lineage(project, table) == lineage(local_project, table), table
+
+
+@pytest.fixture
+def delta_jars_dir(tmp_path) -> Path:
+    """Delta's own jars copied out of the Ivy cache, as an air-gapped cluster would hold them."""
+    folder = tmp_path / "delta-jars"
+    folder.mkdir()
+    jars = [*IVY_JARS.glob("io.delta_delta-spark_*.jar"), *IVY_JARS.glob("io.delta_delta-storage-*.jar")]
+    assert len(jars) == 2, f"Delta's jars are not in {IVY_JARS}; any Lumos command with Spark resolves them"
+    for jar in jars:
+        shutil.copy(jar, folder / jar.name.removeprefix("io.delta_"))
+    return folder
+
+
+def test_infer_on_the_cluster_with_delta_jars_dir_writes_the_local_predictions(
+    spark, standalone_cluster, local_project, delta_jars_dir, tmp_path
+):
+    # The same workspace, seen through a lumos.toml that sends Spark to the cluster.
+    project = cluster_project(tmp_path / "project", standalone_cluster.url, local_project / ".lumos", delta_jars_dir)
+    before = standalone_cluster.applications()
+    result = run_lumos(project, "infer", "--model", "quickstart@production", "--as-of", AS_OF,
+                       "--output", "quickstart.predictions_cluster", "--json")
+    assert result.returncode == 0, result.stderr[-3000:]
+
+    for files in standalone_cluster.executor_files(new_application(standalone_cluster, before)):
+        assert {path.name for path in delta_jars_dir.iterdir()} <= files
+    local = {row["user_id"]: row for row in map(json.loads, rows(spark, local_project, "quickstart.predictions"))}
+    remote = {row["user_id"]: row for row in map(json.loads, rows(spark, project, "quickstart.predictions_cluster"))}
+    assert remote.keys() == local.keys() and len(remote) == json.loads(result.stdout)["rows"] > 100
+    for user, row in remote.items():
+        assert row["top_items"] == local[user]["top_items"]
+        assert row["user_embedding"] == pytest.approx(local[user]["user_embedding"], abs=1e-5)
+        assert row["p_act_7d"] == pytest.approx(local[user]["p_act_7d"], abs=1e-5)
+    assert lineage(project, "quickstart.predictions_cluster") == lineage(local_project, "quickstart.predictions")
+
+
+# A Lumos command as a Spark application: spark-submit [options] job.py [lumos arguments].
+SUBMITTED_JOB = """
+import sys
+from lumos.cli.app import app
+
+try:
+    app(sys.argv[1:], prog_name="lumos")
+except SystemExit as end:
+    exit_code = end.code or 0
+"""
+# Test only: where the executors' Python and Lumos come from, beside the driver's.
+EXECUTOR_PROBE = """
+import json, os, lumos
+from pyspark.sql import SparkSession
+
+spark = SparkSession.getActiveSession()
+probe = lambda _: (sys.executable, __import__("lumos").__file__)
+executors = sorted(set(spark.sparkContext.parallelize(range(4), 4).map(probe).collect()))
+with open(os.environ["LUMOS_TEST_PROBE"], "w") as out:
+    json.dump({"driver": [sys.executable, lumos.__file__], "executors": executors}, out)
+sys.exit(exit_code)
+"""
+
+
+def spark_submit(cluster: StandaloneCluster, job: Path, *args: str, packages: bool = True,
+                 env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    submit = [str(SPARK_HOME / "bin" / "spark-submit"), "--master", cluster.url, "--driver-memory", "1g"]
+    if packages:
+        submit += ["--packages", delta_maven_coordinates()]
+    return subprocess.run([*submit, str(job), *args], env={**SPARK_ENV, **(env or {})}, capture_output=True,
+                          text=True, timeout=900)
+
+
+def test_spark_submit_runs_a_lumos_job_on_the_cluster(spark, standalone_cluster, local_project, tmp_path):
+    job = tmp_path / "job.py"
+    job.write_text(SUBMITTED_JOB + EXECUTOR_PROBE)
+    # The project's own lumos.toml names a local master: under spark-submit, --master wins.
+    project = cluster_project(tmp_path / "project", "local[1]", tmp_path / "workspace")
+    before = standalone_cluster.applications()
+    probe = tmp_path / "python.json"
+    result = spark_submit(standalone_cluster, job, "--workspace", str(project), *ingest_args(local_project / "data"),
+                          env={"LUMOS_TEST_PROBE": str(probe)})
+    assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
+
+    assert all(files for files in standalone_cluster.executor_files(new_application(standalone_cluster, before)))
+    python = json.loads(probe.read_text())
+    assert python["executors"] == [python["driver"]]
+    for table in ("quickstart.sequences", "quickstart.vocab"):
+        assert rows(spark, project, table) == rows(spark, local_project, table), table
+        assert lineage(project, table) == lineage(local_project, table), table
+
+
+def test_spark_submit_without_delta_names_the_packages_to_pass(standalone_cluster, local_project, tmp_path):
+    job = tmp_path / "job.py"
+    job.write_text(SUBMITTED_JOB + "\nsys.exit(exit_code)\n")
+    project = cluster_project(tmp_path / "project", "local[1]", tmp_path / "workspace")
+    result = spark_submit(standalone_cluster, job, "--workspace", str(project), *ingest_args(local_project / "data"),
+                          packages=False)
+    assert result.returncode == 2, (result.stdout + result.stderr)[-3000:]
+    assert f"--packages {delta_maven_coordinates()}" in result.stdout + result.stderr
