@@ -43,7 +43,7 @@ REPO = Path(__file__).resolve().parents[2]
 runner = CliRunner()
 
 TINY = {
-    "data": {"table": "quickstart.sequences", "loader_workers": 0},
+    "data": {"table": "quickstart.sequences@0", "loader_workers": 0},  # @1 is the poisoned version
     "model": {"d_model": 8, "n_heads": 2, "encoder_layers": 1, "decoder_layers": 1, "d_ff": 16,
               "dropout": 0.0, "max_len": 20},
     "run": {"batch_size": 32, "max_steps": 12, "eval_every": 1000, "log_every": 1,
