@@ -45,7 +45,8 @@ def ensure_experiment(client, workspace: Workspace, name: str, description: str 
             client.set_experiment_tag(experiment.experiment_id, NOTE_TAG, description)
         return experiment.experiment_id
     safe = "".join(char if char.isalnum() or char in "-_" else "_" for char in name)
-    tags = {NOTE_TAG: description} if description else None
+    # Tells MLflow's UI these are model-training experiments (its runs table), not GenAI (traces).
+    tags = {EXPERIMENT_KIND_TAG: "custom_model_development"} | ({NOTE_TAG: description} if description else {})
     return client.create_experiment(name, artifact_location=f"{workspace.mlflow_artifact_root}/{safe}", tags=tags)
 
 
@@ -55,6 +56,7 @@ SOURCE_TYPE_TAG = "mlflow.source.type"
 GIT_COMMIT_TAG = "mlflow.source.git.commit"
 USER_TAG = "mlflow.user"
 NOTE_TAG = "mlflow.note.content"
+EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
 
 
 def source_tags(command: str, code_version: str) -> dict[str, str]:

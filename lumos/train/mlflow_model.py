@@ -65,6 +65,7 @@ def log_checkpoint_model(run_id: str, checkpoint: Path, example: pd.DataFrame, t
 
     from mlflow.models import infer_signature
 
+    example = _widened(example)
     with tempfile.TemporaryDirectory(prefix="lumos-mlflow-model-") as scratch:
         files = Path(scratch) / "checkpoint"
         files.mkdir()
@@ -79,6 +80,30 @@ def log_checkpoint_model(run_id: str, checkpoint: Path, example: pd.DataFrame, t
                                            artifacts={"checkpoint": str(files)}, signature=signature,
                                            input_example=example, pip_requirements=[])
     return info.model_uri
+
+
+def _widened(frame: pd.DataFrame) -> pd.DataFrame:
+    """Integers as int64, floats as float64, in scalar and array columns: JSON (how MLflow stores
+    the input example and serving requests send rows) has one integer and one float type, so a
+    signature that says int32 would refuse the model's own example when it is read back."""
+    def widen(value):
+        if isinstance(value, np.ndarray) and value.dtype.kind in "iu":
+            return value.astype(np.int64)
+        if isinstance(value, np.ndarray) and value.dtype.kind == "f":
+            return value.astype(np.float64)
+        return value
+
+    widened = {}
+    for name, column in frame.items():
+        if column.dtype == object:
+            widened[name] = column.map(widen)
+        elif column.dtype.kind in "iu":
+            widened[name] = column.astype(np.int64)
+        elif column.dtype.kind == "f":
+            widened[name] = column.astype(np.float64)
+        else:
+            widened[name] = column
+    return pd.DataFrame(widened)
 
 
 class _Context:

@@ -12,6 +12,7 @@ Opt-in (`pytest -m browser`): the store, the server and the browser take a few m
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import shutil
@@ -22,6 +23,7 @@ import tempfile
 import time
 import urllib.request
 from pathlib import Path
+from urllib.parse import urlencode, urlparse
 
 import pytest
 
@@ -38,9 +40,10 @@ pytestmark = pytest.mark.browser
 
 CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                   "--disable-background-networking", "--disable-component-update", "--disable-sync"]
-# The UI is a React app that fetches after load: give it virtual time to render.
-RENDER_BUDGET_MS = 20_000
-SERVER_START_S = 300
+# The UI is a React app that fetches after load; a loaded machine needs a while to render it.
+RENDER_TIMEOUT_S = 240
+SERVER_START_S = 600
+API_TIMEOUT_S = 120
 
 
 def chromium() -> str:
@@ -73,9 +76,7 @@ def server(store):
     """`mlflow server` on the store, on a free port of 127.0.0.1; yields its base URL."""
     folder, _ = store
     workspace = open_workspace(folder)
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()
     log = open(folder / "mlflow-server.log", "wb")
     process = subprocess.Popen(
         [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", workspace.mlflow_tracking_uri,
@@ -96,37 +97,151 @@ def server(store):
                 time.sleep(1)
         yield url
     finally:
-        process.terminate()
-        process.wait(timeout=30)
+        stop(process)
         log.close()
 
 
-def api(url: str, path: str, **query) -> dict:
-    from urllib.parse import urlencode
+def stop(process: subprocess.Popen) -> None:
+    process.terminate()
+    try:
+        process.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
 
-    with urllib.request.urlopen(f"{url}/api/2.0/mlflow/{path}?{urlencode(query)}", timeout=30) as response:
+
+def api(url: str, path: str, **query) -> dict:
+    with urllib.request.urlopen(f"{url}/api/2.0/mlflow/{path}?{urlencode(query)}", timeout=API_TIMEOUT_S) as response:
         return json.loads(response.read())
 
 
 def api_post(url: str, path: str, body: dict) -> dict:
     request = urllib.request.Request(f"{url}/api/2.0/mlflow/{path}", data=json.dumps(body).encode(),
                                      headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(request, timeout=30) as response:
+    with urllib.request.urlopen(request, timeout=API_TIMEOUT_S) as response:
         return json.loads(response.read())
 
 
-def render(page: str, screenshot: Path) -> str:
-    """The DOM of `page` once rendered, and a screenshot of it."""
+def render(page: str, screenshot: Path, expected: list[str]) -> str:
+    """The text `page` shows once every `expected` string is on it (or RENDER_TIMEOUT_S passed);
+    a screenshot of it is saved to `screenshot`. Chromium is driven over the DevTools protocol, so
+    the test waits for what the React app fetches instead of guessing a fixed delay."""
     browser = chromium()
+    port = free_port()
     with tempfile.TemporaryDirectory(prefix="lumos-chromium-") as profile:
-        flags = [*CHROMIUM_FLAGS, f"--user-data-dir={profile}", f"--virtual-time-budget={RENDER_BUDGET_MS}",
-                 "--window-size=1400,900"]
-        subprocess.run([browser, *flags, f"--screenshot={screenshot}", page], capture_output=True, timeout=180)
-    with tempfile.TemporaryDirectory(prefix="lumos-chromium-") as profile:
-        flags = [*CHROMIUM_FLAGS, f"--user-data-dir={profile}", f"--virtual-time-budget={RENDER_BUDGET_MS}"]
-        dom = subprocess.run([browser, *flags, "--dump-dom", page], capture_output=True, text=True, timeout=180).stdout
-    assert screenshot.is_file() and screenshot.stat().st_size > 10_000, f"no screenshot of {page}"
-    return dom
+        process = subprocess.Popen(
+            [browser, *CHROMIUM_FLAGS, f"--user-data-dir={profile}", f"--remote-debugging-port={port}",
+             "--window-size=1400,900", page],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )
+        try:
+            devtools = DevTools(page_websocket(port))
+            deadline = time.monotonic() + RENDER_TIMEOUT_S
+            text = ""
+            while time.monotonic() < deadline:
+                text = devtools.evaluate("document.body ? document.body.innerText : ''")
+                if all(item in text for item in expected):
+                    break
+                time.sleep(2)
+            time.sleep(3)  # the last fetched values paint
+            text = devtools.evaluate("document.body.innerText")
+            png = devtools.call("Page.captureScreenshot", format="png")["data"]
+            screenshot.write_bytes(base64.b64decode(png))
+            devtools.close()
+        finally:
+            stop(process)
+    return text
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def page_websocket(port: int) -> str:
+    """The DevTools WebSocket URL of chromium's first tab, once chromium listens."""
+    deadline = time.monotonic() + RENDER_TIMEOUT_S
+    while True:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/json/list", timeout=10) as response:
+                pages = [target for target in json.loads(response.read()) if target["type"] == "page"]
+            if pages:
+                return pages[0]["webSocketDebuggerUrl"]
+        except OSError:
+            pass
+        if time.monotonic() > deadline:
+            raise AssertionError("chromium's DevTools endpoint did not come up")
+        time.sleep(1)
+
+
+class DevTools:
+    """The least of a WebSocket client (RFC 6455) that the DevTools protocol needs: text frames,
+    masked from the client, unmasked from chromium; one request answered at a time."""
+
+    def __init__(self, url: str):
+        parsed = urlparse(url)
+        self.sock = socket.create_connection((parsed.hostname, parsed.port), timeout=RENDER_TIMEOUT_S)
+        key = base64.b64encode(os.urandom(16)).decode()
+        self.sock.sendall((f"GET {parsed.path} HTTP/1.1\r\nHost: {parsed.netloc}\r\nUpgrade: websocket\r\n"
+                           f"Connection: Upgrade\r\nSec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\n\r\n").encode())
+        self.buffer = b""
+        while b"\r\n\r\n" not in self.buffer:
+            self.buffer += self.sock.recv(4096)
+        head, self.buffer = self.buffer.split(b"\r\n\r\n", 1)
+        assert b" 101 " in head.split(b"\r\n")[0], head
+        self.last_id = 0
+
+    def call(self, method: str, **params) -> dict:
+        self.last_id += 1
+        self._send(json.dumps({"id": self.last_id, "method": method, "params": params}).encode())
+        while True:
+            message = json.loads(self._receive())
+            if message.get("id") == self.last_id:
+                assert "error" not in message, message["error"]
+                return message["result"]
+
+    def evaluate(self, expression: str) -> str:
+        return self.call("Runtime.evaluate", expression=expression, returnByValue=True)["result"].get("value", "")
+
+    def close(self) -> None:
+        self.sock.close()
+
+    def _send(self, payload: bytes) -> None:
+        header = bytearray([0x81])  # FIN, text frame
+        if len(payload) < 126:
+            header.append(0x80 | len(payload))
+        elif len(payload) < 2**16:
+            header += bytes([0x80 | 126]) + len(payload).to_bytes(2, "big")
+        else:
+            header += bytes([0x80 | 127]) + len(payload).to_bytes(8, "big")
+        mask = os.urandom(4)
+        self.sock.sendall(bytes(header) + mask + bytes(byte ^ mask[index % 4] for index, byte in enumerate(payload)))
+
+    def _read(self, size: int) -> bytes:
+        while len(self.buffer) < size:
+            chunk = self.sock.recv(1 << 16)
+            if not chunk:
+                raise ConnectionError("chromium closed the DevTools connection")
+            self.buffer += chunk
+        data, self.buffer = self.buffer[:size], self.buffer[size:]
+        return data
+
+    def _receive(self) -> bytes:
+        message = b""
+        while True:
+            first, second = self._read(2)
+            size = second & 0x7F
+            if size == 126:
+                size = int.from_bytes(self._read(2), "big")
+            elif size == 127:
+                size = int.from_bytes(self._read(8), "big")
+            payload = self._read(size)
+            if first & 0x0F in (0x9, 0xA):  # ping, pong
+                continue
+            message += payload
+            if first & 0x80:
+                return message
 
 
 @pytest.fixture(scope="module")
@@ -150,11 +265,13 @@ def test_training_run_page_shows_dataset_source_and_logged_model(store, server, 
     assert {"train/loss", "train/retrieval"} <= metrics and any(key.startswith("system/") for key in metrics)
     model_id = tags[MODEL_URI_TAG].removeprefix("models:/")
 
-    dom = render(f"{server}/#/experiments/{run['info']['experiment_id']}/runs/{run_id}", screenshots / "mlflow-training-run.png")
-    assert run["info"]["run_name"] in dom
-    assert "quickstart.sequences" in dom, "the Datasets box names the training data"
-    assert "lumos train" in dom, "Source shows the command"
-    assert model_id in dom or "model" in dom.split("Logged models")[-1], "the logged model is listed"
+    shown = render(f"{server}/#/experiments/{run['info']['experiment_id']}/runs/{run_id}",
+                   screenshots / "mlflow-training-run.png", [run["info"]["run_name"], "quickstart.sequences", "lumos train"])
+    assert run["info"]["run_name"] in shown
+    assert "quickstart.sequences" in shown, "the Datasets box names the training data"
+    assert "lumos train" in shown, "Source shows the command"
+    assert "Logged models" in shown and "model" in shown.split("Logged models", 1)[1][:200], "the logged model is listed"
+    assert model_id
 
 
 def test_leaderboard_page_shows_model_and_baseline_with_primary_metric(store, server, screenshots):
@@ -170,9 +287,10 @@ def test_leaderboard_page_shows_model_and_baseline_with_primary_metric(store, se
     description = {tag["key"]: tag["value"] for tag in experiment["tags"]}["mlflow.note.content"]
     assert "ndcg_at_10" in description and "quickstart/1" in description and "baseline: popularity" in description
 
-    dom = render(f"{server}/#/experiments/{experiment['experiment_id']}", screenshots / "mlflow-leaderboard.png")
-    assert "model/quickstart-v1" in dom and "baseline/popularity" in dom
-    assert "ndcg_at_10" in dom, "the primary metric is on the page"
+    shown = render(f"{server}/#/experiments/{experiment['experiment_id']}?workflowType=machine_learning",
+                   screenshots / "mlflow-leaderboard.png", ["model/quickstart-v1", "baseline/popularity", "ndcg_at_10"])
+    assert "model/quickstart-v1" in shown and "baseline/popularity" in shown
+    assert "ndcg_at_10" in shown, "the primary metric is on the page"
 
 
 def test_model_version_page_shows_alias_signature_and_lineage(store, server, screenshots):
@@ -196,7 +314,8 @@ def test_model_version_page_shows_alias_signature_and_lineage(store, server, scr
     assert len(predictions) == len(example) and len(predictions["top_item_ids"][0]) == 10
     assert not list(Path(local).rglob("*.pkl")), "the logged model holds no pickle"
 
-    dom = render(f"{server}/#/models/quickstart/versions/1", screenshots / "mlflow-model-version.png")
-    assert "production" in dom, "the alias is shown"
-    assert "item" in dom and "user_embedding" in dom, "the signature's inputs and outputs are shown"
-    assert "quickstart.sequences@0" in dom, "the lineage is shown"
+    shown = render(f"{server}/#/models/quickstart/versions/1", screenshots / "mlflow-model-version.png",
+                   ["production", "user_embedding", "quickstart.sequences@0"])
+    assert "production" in shown, "the alias is shown"
+    assert "user_embedding" in shown and "top_item_ids" in shown, "the signature's outputs are shown"
+    assert "quickstart.sequences@0" in shown and "config_hash" in shown, "the lineage is shown"
