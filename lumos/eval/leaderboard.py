@@ -110,8 +110,13 @@ def experiment_description(spec: TaskSpec, entries: list[Entry]) -> str:
     """The leaderboard experiment's Markdown description: the task, and its top entries by the
     primary metric (MLflow's runs table shows no metric column until one is picked)."""
     key = mlflow_key(spec.primary_metric)
+    # The first line is what MLflow shows while the description is folded: the standings.
+    standings = ", ".join(f"{entry.label} {entry.metrics[spec.primary_metric]:.4f}" for entry in entries
+                          if entry.metrics.get(spec.primary_metric) is not None)
     lines = [
-        f"Leaderboard of task **{spec.name}** ({spec.kind}): {spec.description or 'see tasks/' + spec.name + '.toml'}",
+        f"Leaderboard of **{spec.name}** by `{key}`: {standings or 'no entries yet'}",
+        "",
+        f"Task ({spec.kind}): {spec.description or 'see tasks/' + spec.name + '.toml'}",
         "",
         f"Primary metric: `{key}` ({'higher' if spec.primary_direction == 'max' else 'lower'} is better); one run per "
         "evaluated model (or baseline) and data version, from `lumos eval`.",

