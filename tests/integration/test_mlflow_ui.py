@@ -287,11 +287,11 @@ def test_leaderboard_page_shows_model_and_baseline_with_primary_metric(store, se
     description = {tag["key"]: tag["value"] for tag in experiment["tags"]}["mlflow.note.content"]
     assert "ndcg_at_10" in description and "quickstart/1" in description and "baseline: popularity" in description
 
-    shown = render(f"{server}/#/experiments/{experiment['experiment_id']}?workflowType=machine_learning"
-                   "&orderByKey=metrics.%60ndcg_at_10%60&orderByAsc=false",
+    shown = render(f"{server}/#/experiments/{experiment['experiment_id']}?workflowType=machine_learning",
                    screenshots / "mlflow-leaderboard.png", ["model/quickstart-v1", "baseline/popularity", "ndcg_at_10"])
     assert "model/quickstart-v1" in shown and "baseline/popularity" in shown
-    assert "Leaderboard of next_item by ndcg_at_10: quickstart/1 0." in shown, "the standings are on the page"
+    standings = shown.split("Leaderboard of next_item by ndcg_at_10:", 1)[1].split("\n", 1)[0]
+    assert "quickstart/1 0." in standings and "baseline: popularity 0." in standings, "the standings are on the page"
 
 
 def test_model_version_page_shows_alias_signature_and_lineage(store, server, screenshots):
