@@ -78,7 +78,10 @@ def version_for_run(workspace: Workspace, name: str, run_id: str) -> ModelVersio
     return matches[-1] if matches else None
 
 
-def register_version(workspace: Workspace, name: str, run_id: str, source: str, tags: dict[str, str]) -> ModelVersionInfo:
+def register_version(workspace: Workspace, name: str, run_id: str, source: str, tags: dict[str, str],
+                     description: str | None = None) -> ModelVersionInfo:
+    """A new version of `name` from `source`: a logged model (models:/<model id>, whose signature
+    the registry shows) or an artifact folder of the run."""
     import mlflow
 
     client = tracking_client(workspace)
@@ -86,7 +89,9 @@ def register_version(workspace: Workspace, name: str, run_id: str, source: str, 
         client.get_registered_model(name)
     except mlflow.exceptions.MlflowException:
         client.create_registered_model(name, description="Lumos model; versions are training runs, see their lumos.* tags")
-    version = client.create_model_version(name, source=source, run_id=run_id, tags=tags)
+    model_id = source.removeprefix("models:/") if source.startswith("models:/") else None
+    version = client.create_model_version(name, source=source, run_id=run_id, tags=tags, description=description,
+                                          model_id=model_id)
     return _info(client.get_model_version(name, version.version))
 
 

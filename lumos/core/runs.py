@@ -31,6 +31,8 @@ CHECKPOINT_TAG = "lumos.checkpoint"
 """The artifact path of the run's latest checkpoint; set only once one is saved."""
 STEP_TAG = "lumos.step"
 """The step of that checkpoint."""
+MODEL_URI_TAG = "lumos.model_uri"
+"""models:/<model id>: the final checkpoint logged as an MLflow model (what promote registers)."""
 COMPILE_TAG_PREFIX = "lumos.compile."
 """lumos.compile.<target>: a verified compiled plan is stored on the run for that target."""
 
@@ -92,6 +94,22 @@ def resolve_run(workspace: Workspace, run_id: str | None, model: str | None) -> 
     if run_id is None:
         raise UsageError("name a training run: --run RUN_ID or --model NAME@alias")
     return RunSubject(run=training_run(workspace, run_id, "--run"), version=version)
+
+
+def delta_dataset_input(table, location: str, context: str):
+    """An MLflow dataset input for Delta table version `table` (a TableRef with its version) at
+    `location`, used in `context` (train, eval): MLflow's UI lists it under the run's Datasets,
+    with the Delta version as its digest."""
+    from mlflow.data.delta_dataset_source import DeltaDatasetSource
+    from mlflow.data.meta_dataset import MetaDataset
+    from mlflow.entities import DatasetInput, InputTag
+
+    source = DeltaDatasetSource(path=location, delta_table_version=table.version)
+    dataset = MetaDataset(source, name=table.name, digest=str(table.version))
+    return DatasetInput(dataset._to_mlflow_entity(), tags=[InputTag(DATASET_CONTEXT_TAG, context)])
+
+
+DATASET_CONTEXT_TAG = "mlflow.data.context"
 
 
 def download_checkpoint(workspace: Workspace, run_id: str, flag: str) -> Path:

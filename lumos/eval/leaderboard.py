@@ -13,8 +13,11 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from lumos.core.lineage import code_version
 from lumos.core.runs import EVAL_TAG_PREFIX as TAG
-from lumos.core.tracking import ensure_experiment, tracking_client
+from lumos.core.runs import delta_dataset_input
+from lumos.core.tables import TableRef, table_location
+from lumos.core.tracking import NOTE_TAG, ensure_experiment, source_tags, tracking_client
 from lumos.core.workspace import Workspace
 from lumos.eval.tasks import TaskSpec
 
@@ -51,6 +54,8 @@ def experiment_name(task: str) -> str:
 
 def record(workspace: Workspace, spec: TaskSpec, subject: Subject, data: str, metrics: dict[str, float], rows: int) -> str:
     """Log one leaderboard entry (replacing an earlier one for the same subject and data)."""
+    from mlflow.entities import Param
+
     client = tracking_client(workspace)
     experiment_id = ensure_experiment(client, workspace, experiment_name(spec.name))
     for old in client.search_runs(
@@ -59,23 +64,31 @@ def record(workspace: Workspace, spec: TaskSpec, subject: Subject, data: str, me
     ):
         client.delete_run(old.info.run_id)
     tags = {
+        **source_tags("eval", code_version()),
+        NOTE_TAG: f"Leaderboard entry: **{subject.label}** on `{data}` split `{spec.split}`, task `{spec.name}`.",
         f"{TAG}task": spec.name,
         f"{TAG}kind": spec.kind,
         f"{TAG}subject": subject.key,
         f"{TAG}label": subject.label,
         f"{TAG}data": data,
-        f"{TAG}primary_metric": spec.primary_metric,
+        f"{TAG}primary_metric": mlflow_key(spec.primary_metric),  # the metric key, as logged
         f"{TAG}rows": str(rows),
     }
     if subject.run_id:
         tags[f"{TAG}run"] = subject.run_id
     if subject.model:
         tags[f"{TAG}model"] = subject.model
-    run = client.create_run(experiment_id, run_name=f"{spec.name}:{subject.label}", tags=tags)
+    run = client.create_run(experiment_id, run_name=entry_run_name(subject), tags=tags)
+    params = {"task": spec.name, "kind": spec.kind, "subject": subject.key, "data": data, "split": spec.split,
+              "primary_metric": mlflow_key(spec.primary_metric), "rows": str(rows)}
     # One batch per run, not one call per metric: a 150-task eval makes hundreds fewer store round
     # trips. NaN is logged as NaN (MLflow stores it): a skipped metric would read as "not measured".
-    client.log_batch(run.info.run_id, metrics=_metrics(metrics, ""))
+    client.log_batch(run.info.run_id, params=[Param(key, value) for key, value in params.items()],
+                     metrics=_metrics(metrics, ""))
+    table = TableRef.parse(data)
+    client.log_inputs(run.info.run_id, [delta_dataset_input(table, table_location(workspace, table), "eval")])
     client.set_terminated(run.info.run_id, "FINISHED")
+    client.set_experiment_tag(experiment_id, NOTE_TAG, experiment_description(spec, leaderboard(workspace, spec, top=10)))
     if subject.run_id:
         # The training run carries its scores too, so a run's page shows how it evaluated.
         client.log_batch(subject.run_id, metrics=_metrics(metrics, f"eval/{spec.name}/"))
@@ -88,6 +101,41 @@ def _metrics(metrics: dict[str, float], prefix: str) -> list:
     stamp = int(time.time() * 1000)
     return [Metric(key=prefix + mlflow_key(name), value=value, timestamp=stamp, step=0)
             for name, value in metrics.items()]
+
+
+def entry_run_name(subject: Subject) -> str:
+    """model/quickstart-v1, baseline/popularity or run/<training run name>: what the entry is."""
+    kind, _, name = subject.key.partition(":")
+    if subject.model:
+        model, _, version = subject.model.partition("/")
+        return f"model/{model}-v{version}"
+    if kind == "run":
+        return f"run/{subject.label}"
+    return f"{kind}/{name}"
+
+
+def experiment_description(spec: TaskSpec, entries: list[Entry]) -> str:
+    """The leaderboard experiment's Markdown description: the task, and its top entries by the
+    primary metric (MLflow's runs table shows no metric column until one is picked)."""
+    key = mlflow_key(spec.primary_metric)
+    # The first line is what MLflow shows while the description is folded: the standings.
+    standings = ", ".join(f"{entry.label} {entry.metrics[spec.primary_metric]:.4f}" for entry in entries
+                          if entry.metrics.get(spec.primary_metric) is not None)
+    lines = [
+        f"Leaderboard of **{spec.name}** by `{key}`: {standings or 'no entries yet'}",
+        "",
+        f"Task ({spec.kind}): {spec.description or 'see tasks/' + spec.name + '.toml'}",
+        "",
+        f"Primary metric: `{key}` ({'higher' if spec.primary_direction == 'max' else 'lower'} is better); one run per "
+        "evaluated model (or baseline) and data version, from `lumos eval`.",
+        "",
+        f"| rank | entry | data | {key} |",
+        "|---|---|---|---|",
+    ]
+    for entry in entries:
+        value = entry.metrics.get(spec.primary_metric)
+        lines.append(f"| {entry.rank} | {entry.label} | `{entry.data}` | {'' if value is None else f'{value:.4f}'} |")
+    return "\n".join(lines)
 
 
 def leaderboard(workspace: Workspace, spec: TaskSpec, top: int | None = None) -> list[Entry]:

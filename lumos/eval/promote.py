@@ -20,7 +20,15 @@ from lumos.core.registry import (
     set_alias,
     version_for_run,
 )
-from lumos.core.runs import CHECKPOINT_TAG, EVAL_TAG_PREFIX, LINEAGE_TAGS, RUN_TAG, get_run, training_run_problem
+from lumos.core.runs import (
+    CHECKPOINT_TAG,
+    EVAL_TAG_PREFIX,
+    LINEAGE_TAGS,
+    MODEL_URI_TAG,
+    RUN_TAG,
+    get_run,
+    training_run_problem,
+)
 from lumos.core.workspace import Workspace
 from lumos.eval.leaderboard import metric_name, mlflow_key
 
@@ -132,8 +140,9 @@ def promote(
         for task, metrics in results.items():
             for metric, value in metrics.items():
                 tags[f"{EVAL_TAG_PREFIX}{task}.{mlflow_key(metric)}"] = f"{value:.6g}"
-        source = f"runs:/{run_id}/{run.data.tags[CHECKPOINT_TAG]}"
-        existing = register_version(workspace, name, run_id, source, tags)
+        # The logged MLflow model (signature, no pickle) when the run has one; else the checkpoint folder.
+        source = run.data.tags.get(MODEL_URI_TAG) or f"runs:/{run_id}/{run.data.tags[CHECKPOINT_TAG]}"
+        existing = register_version(workspace, name, run_id, source, tags, _version_description(run, results))
         result.version = existing.version
     set_alias(workspace, name, alias, result.version)
     return result
@@ -146,6 +155,19 @@ def _finished_training_run(workspace: Workspace, run_id: str):
     if problem:
         raise GateError(f"run {run_id} is {problem}; only a finished Lumos training run with a checkpoint can be promoted")
     return run
+
+
+def _version_description(run, results: dict[str, dict[str, float]]) -> str:
+    """Markdown shown at the top of the model version page: lineage first, then the eval scores
+    (the version's tags carry the same facts, but MLflow lists them alphabetically)."""
+    tags = run.data.tags
+    lines = [f"From training run `{run.info.run_name}` (`{run.info.run_id}`).", "", "| lineage | |", "|---|---|"]
+    lines += [f"| {key.removeprefix('lumos.')} | `{tags[key]}` |" for key in LINEAGE_TAGS if key in tags]
+    if results:
+        lines += ["", "| eval | metric | value |", "|---|---|---|"]
+        lines += [f"| {task} | {metric} | {value:.4f} |" for task, metrics in sorted(results.items())
+                  for metric, value in sorted(metrics.items())]
+    return "\n".join(lines)
 
 
 def _alias_target(workspace: Workspace, name: str, alias: str) -> int | None:

@@ -250,6 +250,7 @@ def fit(plan: FitPlan, log_metrics=None, log_checkpoint=None, report=None) -> Fi
 
             if done % config.run.log_every == 0 or done == config.run.max_steps:
                 metrics = {f"train/{task}": value for task, value in result.train_losses.items()}
+                metrics["train/loss"] = sum(result.train_losses.values())  # the total, as valid/loss
                 metrics.update(window.metrics(ranks, optimizer))
                 result.history.append({"step": done, "loss": sum(result.train_losses.values()), "lr": optimizer.param_groups[0]["lr"]})
                 result.samples_per_second, result.data_wait_fraction = metrics["samples_per_second"], metrics["data_wait_fraction"]

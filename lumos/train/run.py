@@ -32,15 +32,17 @@ from lumos.core.runs import (
     CONFIG_HASH_TAG,
     DATA_TAG,
     DATA_VERSION_TAG,
+    MODEL_URI_TAG,
     RECIPE_HASH_TAG,
     SEED_TAG,
     STAGE_TAG,
     STEP_TAG,
     TRAIN_STAGE,
+    delta_dataset_input,
     download_checkpoint,
 )
 from lumos.core.tables import TableRef, table_location
-from lumos.core.tracking import ensure_experiment, flatten_params, tracking_client
+from lumos.core.tracking import NOTE_TAG, ensure_experiment, flatten_params, source_tags, tracking_client
 from lumos.core.workspace import Workspace
 from lumos.data.loader import SequenceLoader
 from lumos.data.sequences_version import open_sequences
@@ -51,6 +53,7 @@ from lumos.train.memory import estimate_memory, find_batch_size
 from lumos.train.model import LumosModel
 
 Report = Callable[[str], None]
+SYSTEM_METRICS_INTERVAL_S = 5
 
 
 @dataclass(frozen=True)
@@ -121,7 +124,8 @@ def train(
 
     summary = TrainSummary(run_id=resume_run_id, experiment=config.run.experiment, data=data, batch_size=0,
                            parameters=model.num_parameters(), world_size=world_size, dry_run=dry_run)
-    train_rows = SequenceLoader(sequences.snapshot, sequences.spec, 1, split=config.data.train_split, num_workers=0).rows
+    train_loader = SequenceLoader(sequences.snapshot, sequences.spec, 1, split=config.data.train_split, num_workers=0)
+    train_rows = train_loader.rows
     global_batch, micro_batch = _batch_sizes(config, model, world_size, train_rows, summary, report)
     summary.batch_size = global_batch
     summary.memory_estimate = estimate_memory(model, micro_batch).rows()
@@ -143,6 +147,7 @@ def train(
     plan = FitPlan(config=config, workspace=workspace, data=data, micro_batch=micro_batch, run_id=run_id,
                    checkpoint_dir=checkpoint_dir, resume_from=str(resume_dir) if resume_dir else None)
     status = "FAILED"
+    monitor = _system_metrics(workspace, run_id)
     try:
         result = launch(plan, world_size, report, nodes)
         summary.result = result
@@ -150,9 +155,13 @@ def train(
             kept = f"the last good checkpoint is {result.checkpoint}" if result.checkpoint else "no checkpoint was written"
             raise LumosError(f"training stopped at {result.failure}; run {run_id} is FAILED and {kept}. "
                              "Look for NaN or infinite values in the data, or lower optim.lr")
+        if not result.interrupted and result.checkpoint:
+            report("logging the checkpoint as an MLflow model")
+            _log_model(workspace, run_id, Path(result.checkpoint), sequences, train_loader.columns)
         status = "KILLED" if result.interrupted else "FINISHED"
         return summary
     finally:
+        monitor.finish()
         client.set_terminated(run_id, status)
 
 
@@ -218,6 +227,8 @@ def _open_run(workspace: Workspace, config: TrainConfig, sequences, resume_run_i
         seed=config.run.seed,
     )
     tags = {
+        **source_tags(TRAIN_STAGE, lineage.code_version),
+        NOTE_TAG: _description(sequences, lineage, config_hash(recipe), table_location(workspace, sequences.ref)),
         STAGE_TAG: TRAIN_STAGE,
         DATA_TAG: str(sequences.ref),
         DATA_VERSION_TAG: str(sequences.ref.version),
@@ -226,8 +237,9 @@ def _open_run(workspace: Workspace, config: TrainConfig, sequences, resume_run_i
         CODE_VERSION_TAG: lineage.code_version,
         SEED_TAG: str(config.run.seed),
     }
-    run = client.create_run(experiment_id, run_name=config.run.run_name, tags=tags)
+    run = client.create_run(experiment_id, run_name=config.run.run_name or _run_name(config, lineage.config_hash), tags=tags)
     run_id = run.info.run_id
+    client.log_inputs(run_id, [delta_dataset_input(sequences.ref, table_location(workspace, sequences.ref), "train")])
     for key, value in flatten_params(to_plain(config)).items():
         client.log_param(run_id, key, value)
     client.log_param(run_id, "batch_size.resolved", str(summary.batch_size))
@@ -236,6 +248,51 @@ def _open_run(workspace: Workspace, config: TrainConfig, sequences, resume_run_i
     client.log_text(run_id, json.dumps(recipe, indent=2, sort_keys=True), "recipe.json")
     client.log_text(run_id, json.dumps(json.loads(lineage.to_json()), indent=2, sort_keys=True), "lineage.json")
     return client, run_id
+
+
+def _run_name(config: TrainConfig, config_hash_text: str) -> str:
+    """train-d64-L2-s0-1a2b3c4d: width, encoder depth, seed and the config hash's first 8 hex digits."""
+    model = config.model
+    return f"train-d{model.d_model}-L{model.encoder_layers}-s{config.run.seed}-{config_hash_text.removeprefix('sha256:')[:8]}"
+
+
+def _description(sequences, lineage: LineageRecord, recipe_hash: str, location: str) -> str:
+    """The run's Markdown description (MLflow shows it at the top of the run page)."""
+    return "\n".join([
+        f"Lumos training run on **{sequences.ref}**.",
+        "",
+        "| lineage | |",
+        "|---|---|",
+        f"| data | `{sequences.ref}` (Delta table `{location}`, version {sequences.ref.version}) |",
+        f"| recipe hash | `{recipe_hash}` |",
+        f"| config hash | `{lineage.config_hash}` |",
+        f"| commit | `{lineage.code_version}` |",
+        f"| seed | {lineage.seed} |",
+        "",
+        "Artifacts: `config.toml` (the resolved config), `recipe.json` (the ingest recipe), `lineage.json`, "
+        "`checkpoints/`. Scores from `lumos eval` appear under metrics `eval/<task>/…` and in the "
+        "`lumos-eval/<task>` leaderboards.",
+    ])
+
+
+def _system_metrics(workspace: Workspace, run_id: str):
+    """CPU, memory, disk, network (and GPU) samples logged to the run while it trains."""
+    from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
+
+    monitor = SystemMetricsMonitor(run_id, sampling_interval=SYSTEM_METRICS_INTERVAL_S, tracking_uri=workspace.mlflow_tracking_uri)
+    monitor.start()
+    return monitor
+
+
+def _log_model(workspace: Workspace, run_id: str, checkpoint: Path, sequences, columns: list[str]) -> None:
+    """The final checkpoint as MLflow model `model` of the run, its input example three training rows."""
+    import pyarrow.parquet as pq
+
+    from lumos.train.mlflow_model import log_checkpoint_model
+
+    example = pq.read_table(sequences.snapshot.files[0].path, columns=columns).slice(0, 3).to_pandas()
+    model_uri = log_checkpoint_model(run_id, checkpoint, example, workspace.mlflow_tracking_uri)
+    tracking_client(workspace).set_tag(run_id, MODEL_URI_TAG, model_uri)
 
 
 # ---------------------------------------------------------------------------------------------
