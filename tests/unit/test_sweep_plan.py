@@ -31,6 +31,6 @@ def test_bad_grids_and_seeds_are_refused_before_training():
         parse_grid(["optim.lr=1", "optim.lr=2"])
     with pytest.raises(ConfigError) as raised:
         plan_configs(RECIPE, parse_grid(["optim.lrr=1e-3", "optim.lr=-1,1e-3"]), [0])
-    assert "optim.lrr" in str(raised.value) and "optim.lr: must be positive" in str(raised.value)
+    assert "optim.lrr" in str(raised.value) and "optim.lr: must be a finite positive number" in str(raised.value)
     with pytest.raises(UsageError, match="twice"):
         plan_configs(RECIPE, [], [1, 1])
