@@ -104,7 +104,7 @@ def infer(workspace: Workspace, model_ref: str, options: InferOptions, report: R
         rows, inputs = features.rows, features.inputs
         rejects = _write_rejects(spark, workspace, output, version.label, options.as_of, features, report)
         job = ScoringJob(
-            model_key=version.label, checkpoint=checkpoint_files,
+            model_key=version.label, run_id=run.info.run_id, checkpoint=checkpoint_files,
             item_tokens=_item_tokens(spark, workspace, data.vocab, model.features),
             as_of=options.as_of, top_k=options.top_k, exclude_history=options.exclude_history,
             batch_size=options.batch_size, torch_threads=options.torch_threads,

@@ -29,7 +29,10 @@ class ScoringJob:
     """Everything an executor needs to score, shipped once per job as a Spark broadcast."""
 
     model_key: str
-    """Identifies the model (name/version): workers cache one loaded model per key."""
+    """The model version (name/version), written to every row."""
+    run_id: str
+    """The training run behind it: workers cache one loaded model per run. Not the version label,
+    which two workspaces scored in one Spark application (or a re-created registry) can share."""
     checkpoint: dict[str, bytes]
     """File name → bytes of the checkpoint's model.safetensors, config.toml and features.json."""
     item_tokens: tuple[str, ...]
@@ -72,13 +75,13 @@ def schema_for(model: LumosModel) -> pa.Schema:
     return output_schema(model.features, "retrieval" in heads, "binary" in heads, "regression" in heads)
 
 
-# The loaded model of a Python worker (Spark reuses workers across tasks), keyed by the model
-# version and the engine, so a compiled job never reuses a torch-only load or the other way round.
+# The loaded model of a Python worker (Spark reuses workers across tasks), keyed by the training
+# run and the engine, so a compiled job never reuses a torch-only load or the other way round.
 _LOADED: dict[tuple[str, bool], tuple[LumosModel, object | None]] = {}
 
 
 def _load(job: ScoringJob) -> tuple[LumosModel, object | None]:
-    key = (job.model_key, job.compiled is not None)
+    key = (job.run_id, job.compiled is not None)
     if key not in _LOADED:
         with tempfile.TemporaryDirectory(prefix="lumos-infer-") as folder:
             for name, content in job.checkpoint.items():
