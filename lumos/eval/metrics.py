@@ -34,14 +34,11 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Sequence
 from typing import Literal
 
 import numpy as np
-import torch
-from torch import Tensor
 
-ArrayLike = np.ndarray | Tensor | Sequence[float]
+from lumos.train.retrieval_metrics import ArrayLike, as_float_array, mean_or_nan
 
 # -- binary ---------------------------------------------------------------------------------------
 
@@ -92,13 +89,13 @@ def log_loss(y: ArrayLike, p: ArrayLike, eps: float = 1e-7) -> float:
     """Mean binary cross-entropy, with p clipped to [eps, 1 - eps] so a confident miss costs -log(eps)."""
     y, p = _binary_inputs(y, p)
     p = np.clip(p, eps, 1.0 - eps)
-    return _mean(-(y * np.log(p) + (1.0 - y) * np.log1p(-p)))
+    return mean_or_nan(-(y * np.log(p) + (1.0 - y) * np.log1p(-p)))
 
 
 def accuracy(y: ArrayLike, p: ArrayLike, threshold: float = 0.5) -> float:
     """Share of rows where (p ≥ threshold) equals the label."""
     y, p = _binary_inputs(y, p)
-    return _mean((p >= threshold) == (y == 1))
+    return mean_or_nan((p >= threshold) == (y == 1))
 
 
 def binary_metrics(y: ArrayLike, p: ArrayLike, threshold: float = 0.5) -> dict[str, float]:
@@ -135,13 +132,13 @@ def _binary_inputs(y: ArrayLike, p: ArrayLike) -> tuple[np.ndarray, np.ndarray]:
 def rmse(y: ArrayLike, yhat: ArrayLike) -> float:
     """Root mean squared error."""
     y, yhat = _paired(y, yhat)
-    return math.sqrt(_mean((y - yhat) ** 2))
+    return math.sqrt(mean_or_nan((y - yhat) ** 2))
 
 
 def mae(y: ArrayLike, yhat: ArrayLike) -> float:
     """Mean absolute error."""
     y, yhat = _paired(y, yhat)
-    return _mean(np.abs(y - yhat))
+    return mean_or_nan(np.abs(y - yhat))
 
 
 def mape(y: ArrayLike, yhat: ArrayLike, eps: float = 1e-8) -> float:
@@ -153,7 +150,7 @@ def mape(y: ArrayLike, yhat: ArrayLike, eps: float = 1e-8) -> float:
     """
     y, yhat = _paired(y, yhat)
     keep = np.abs(y) >= eps
-    return _mean(np.abs(y[keep] - yhat[keep]) / np.abs(y[keep]))
+    return mean_or_nan(np.abs(y[keep] - yhat[keep]) / np.abs(y[keep]))
 
 
 def regression_metrics(y: ArrayLike, yhat: ArrayLike, eps: float = 1e-8) -> dict[str, float]:
@@ -171,22 +168,11 @@ def regression_metrics(y: ArrayLike, yhat: ArrayLike, eps: float = 1e-8) -> dict
 # -- shared helpers -------------------------------------------------------------------------------
 
 
-def _as_float_array(values: ArrayLike) -> np.ndarray:
-    if isinstance(values, Tensor):
-        values = values.detach().to("cpu", torch.float64).numpy()
-    return np.asarray(values, dtype=np.float64).reshape(-1)
-
-
 def _paired(a: ArrayLike, b: ArrayLike) -> tuple[np.ndarray, np.ndarray]:
-    a, b = _as_float_array(a), _as_float_array(b)
+    a, b = as_float_array(a), as_float_array(b)
     if a.shape != b.shape:
         raise ValueError(f"targets and predictions differ in length: {a.size} vs {b.size}")
     return a, b
-
-
-def _mean(values: np.ndarray) -> float:
-    """Mean as a Python float; NaN (without numpy's empty-slice warning) when there are no values."""
-    return float(values.mean()) if values.size else math.nan
 
 
 # -- directions -----------------------------------------------------------------------------------

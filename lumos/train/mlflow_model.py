@@ -62,6 +62,7 @@ def log_checkpoint_model(run_id: str, checkpoint: Path, example: pd.DataFrame, t
     logged model's URI (models:/<model id>), which promote registers."""
     import shutil
     import tempfile
+    import warnings
 
     from mlflow.models import infer_signature
 
@@ -73,9 +74,11 @@ def log_checkpoint_model(run_id: str, checkpoint: Path, example: pd.DataFrame, t
             shutil.copy2(Path(checkpoint) / name, files / name)
         python_model = LumosPyfunc()
         python_model.load_context(_Context({"checkpoint": str(files)}))
-        signature = infer_signature(example, python_model.predict(None, example), params={"top_k": TOP_K})
         mlflow.set_tracking_uri(tracking_uri)
-        with mlflow.start_run(run_id=run_id, log_system_metrics=False):
+        with warnings.catch_warnings(), mlflow.start_run(run_id=run_id, log_system_metrics=False):
+            # MLflow hints that integer columns cannot hold missing values: ids and counts never are.
+            warnings.filterwarnings("ignore", message=".*integer column", category=UserWarning)
+            signature = infer_signature(example, python_model.predict(None, example), params={"top_k": TOP_K})
             info = mlflow.pyfunc.log_model(name=MODEL_NAME, python_model=str(CODE_FILE),
                                            artifacts={"checkpoint": str(files)}, signature=signature,
                                            input_example=example, pip_requirements=[])

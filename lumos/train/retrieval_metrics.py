@@ -81,23 +81,23 @@ def _check_ids(ids: Tensor, V: int, name: str) -> None:
 def hit_rate_at_k(ranks: ArrayLike, k: int) -> float:
     """Share of scored rows whose target ranks within the top k (k may exceed the corpus: then 1)."""
     ranks = _scored_ranks(ranks, k)
-    return _mean(ranks <= k)
+    return mean_or_nan(ranks <= k)
 
 
 def ndcg_at_k(ranks: ArrayLike, k: int) -> float:
     """Mean NDCG@k with one relevant item: 1 / log2(rank + 1) if rank ≤ k, else 0 (ideal DCG is 1)."""
     ranks = _scored_ranks(ranks, k)
-    return _mean(np.where(ranks <= k, 1.0 / np.log2(ranks + 1.0), 0.0))
+    return mean_or_nan(np.where(ranks <= k, 1.0 / np.log2(ranks + 1.0), 0.0))
 
 
 def mrr(ranks: ArrayLike) -> float:
     """Mean reciprocal rank over scored rows (no cut-off)."""
-    return _mean(1.0 / _scored_ranks(ranks))
+    return mean_or_nan(1.0 / _scored_ranks(ranks))
 
 
 def retrieval_metrics(ranks: ArrayLike, ks: Sequence[int] = (10, 50)) -> dict[str, float]:
     """hr@k and ndcg@k for each k, mrr, and the row counts: rows (all) and scored_rows (non-NaN ranks)."""
-    all_ranks = _as_float_array(ranks)
+    all_ranks = as_float_array(ranks)
     metrics: dict[str, float] = {}
     for k in ks:
         metrics[f"hr@{k}"] = hit_rate_at_k(all_ranks, k)
@@ -125,16 +125,16 @@ def popularity_scores(train_item_counts: np.ndarray, batch: int, device: torch.d
 def _scored_ranks(ranks: ArrayLike, k: int | None = None) -> np.ndarray:
     if k is not None and k < 1:
         raise ValueError(f"k must be ≥ 1, got {k}")
-    ranks = _as_float_array(ranks)
+    ranks = as_float_array(ranks)
     return ranks[~np.isnan(ranks)]
 
 
-def _as_float_array(values: ArrayLike) -> np.ndarray:
+def as_float_array(values: ArrayLike) -> np.ndarray:
     if isinstance(values, Tensor):
         values = values.detach().to("cpu", torch.float64).numpy()
     return np.asarray(values, dtype=np.float64).reshape(-1)
 
 
-def _mean(values: np.ndarray) -> float:
+def mean_or_nan(values: np.ndarray) -> float:
     """Mean as a Python float; NaN (without numpy's empty-slice warning) when there are no values."""
     return float(values.mean()) if values.size else math.nan
