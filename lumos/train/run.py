@@ -161,7 +161,7 @@ def train(
         status = "KILLED" if result.interrupted else "FINISHED"
         return summary
     finally:
-        monitor.finish()
+        _stop_system_metrics(monitor)
         client.set_terminated(run_id, status)
 
 
@@ -282,6 +282,15 @@ def _system_metrics(workspace: Workspace, run_id: str):
     monitor = SystemMetricsMonitor(run_id, sampling_interval=SYSTEM_METRICS_INTERVAL_S, tracking_uri=workspace.mlflow_tracking_uri)
     monitor.start()
     return monitor
+
+
+def _stop_system_metrics(monitor) -> None:
+    """Stop sampling and log one last sample: MLflow publishes only after a whole interval, so a run
+    shorter than one would have no system metrics at all."""
+    monitor.finish()
+    monitor.collect_metrics()
+    monitor.publish_metrics(monitor.aggregate_metrics())
+    monitor.mlflow_logger.flush()
 
 
 def _log_model(workspace: Workspace, run_id: str, checkpoint: Path, sequences, columns: list[str]) -> None:
