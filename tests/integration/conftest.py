@@ -19,19 +19,30 @@ from lumos.train.run import train
 
 
 @pytest.fixture(scope="session")
+def ingest_quickstart(spark) -> Callable[..., None]:
+    """`ingest(folder, spec, max_len)`: synthetic quickstart data in folder/data and one ingest of
+    the quickstart recipe over it, with histories of max_len, into the workspace at folder."""
+    return lambda folder, spec, max_len: _ingest_quickstart(spark, folder, spec, max_len)
+
+
+def _ingest_quickstart(spark, folder: Path, spec: SyntheticSpec, max_len: int) -> None:
+    data = folder / "data"
+    generate_quickstart(data, spec)
+    recipe = load_config(IngestRecipe, RECIPES / "ingest.toml", [
+        f"source.path={data / 'events'}", f"users.path={data / 'users.parquet'}",
+        f"calendar.path={data / 'calendar.csv'}", f"tokens.max_len={max_len}",
+    ])
+    run_ingest(spark, open_workspace(folder), recipe, RECIPES)
+
+
+@pytest.fixture(scope="session")
 def trained_quickstart(spark) -> Callable[..., str]:
     """`make(folder, seed=, max_len=, steps=, experiment=)`: synthetic quickstart data in
     folder/data (200 users, 8,000 events), one ingest with histories of max_len, and one run of a
     d=8 model trained for `steps`; returns the run id."""
 
     def make(folder: Path, *, seed: int, max_len: int, steps: int, experiment: str) -> str:
-        data = folder / "data"
-        generate_quickstart(data, SyntheticSpec(users=200, events=8_000, seed=seed))
-        recipe = load_config(IngestRecipe, RECIPES / "ingest.toml", [
-            f"source.path={data / 'events'}", f"users.path={data / 'users.parquet'}",
-            f"calendar.path={data / 'calendar.csv'}", f"tokens.max_len={max_len}",
-        ])
-        run_ingest(spark, open_workspace(folder), recipe, RECIPES)
+        _ingest_quickstart(spark, folder, SyntheticSpec(users=200, events=8_000, seed=seed), max_len)
         config = from_dict(TrainConfig, {
             "data": {"loader_workers": 1},
             "model": {"d_model": 8, "n_heads": 2, "encoder_layers": 1, "decoder_layers": 1, "d_ff": 16,

@@ -29,9 +29,7 @@ from lumos.core.tables import TableRef, table_location
 from lumos.core.tracking import tracking_client
 from lumos.core.workspace import open_workspace
 from lumos.data.delta_log import commit_info
-from lumos.data.ingest import run_ingest
-from lumos.data.recipe import IngestRecipe
-from lumos.data.synthetic import SyntheticSpec, generate_quickstart
+from lumos.data.synthetic import SyntheticSpec
 from lumos.infer.predictions import RunInProgress, partition_lock
 from lumos.quickstart import RECIPES
 from lumos.train.checkpoint import MODEL_FILE, load_model, load_training_state
@@ -52,15 +50,10 @@ TINY = {
 
 
 @pytest.fixture(scope="module")
-def project(spark, tmp_path_factory) -> Path:
+def project(ingest_quickstart, tmp_path_factory) -> Path:
     """A workspace holding a small quickstart ingest (histories of at most 20 tokens)."""
     folder = tmp_path_factory.mktemp("faults")
-    generate_quickstart(folder / "data", SyntheticSpec(users=200, events=8_000, seed=3))
-    recipe = load_config(IngestRecipe, RECIPES / "ingest.toml", [
-        f"source.path={folder / 'data' / 'events'}", f"users.path={folder / 'data' / 'users.parquet'}",
-        f"calendar.path={folder / 'data' / 'calendar.csv'}", "tokens.max_len=20",
-    ])
-    run_ingest(spark, open_workspace(folder), recipe, RECIPES)
+    ingest_quickstart(folder, SyntheticSpec(users=200, events=8_000, seed=3), max_len=20)
     return folder
 
 

@@ -17,9 +17,7 @@ from lumos.cli.app import app
 from lumos.core.config import from_dict, load_config
 from lumos.core.tracking import tracking_client
 from lumos.core.workspace import open_workspace
-from lumos.data.ingest import run_ingest
-from lumos.data.recipe import IngestRecipe
-from lumos.data.synthetic import SyntheticSpec, generate_quickstart
+from lumos.data.synthetic import SyntheticSpec
 from lumos.quickstart import RECIPES
 from lumos.train.checkpoint import load_model
 from lumos.train.config import TrainConfig
@@ -45,15 +43,10 @@ def tiny_config(**run) -> TrainConfig:
 
 
 @pytest.fixture(scope="module")
-def project(spark, tmp_path_factory) -> Path:
+def project(ingest_quickstart, tmp_path_factory) -> Path:
     """A workspace holding a small quickstart ingest (histories of at most 20 tokens)."""
     folder = tmp_path_factory.mktemp("train")
-    generate_quickstart(folder / "data", SyntheticSpec(users=300, events=15_000, seed=1))
-    recipe = load_config(IngestRecipe, QUICKSTART / "ingest.toml", [
-        f"source.path={folder / 'data' / 'events'}", f"users.path={folder / 'data' / 'users.parquet'}",
-        f"calendar.path={folder / 'data' / 'calendar.csv'}", "tokens.max_len=20",
-    ])
-    run_ingest(spark, open_workspace(folder), recipe, QUICKSTART)
+    ingest_quickstart(folder, SyntheticSpec(users=300, events=15_000, seed=1), max_len=20)
     return folder
 
 
