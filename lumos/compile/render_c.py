@@ -10,12 +10,13 @@ before the next.
 
 from __future__ import annotations
 
-import math
 import re
 from dataclasses import dataclass, field
 
 from lumos.compile.ir import Graph, Node, Op, View, contiguous_strides, prod
+from lumos.compile.kernel_ir import Compare, KernelIR, Loop, lower_kernel
 from lumos.compile.plan import BufferPlan
+from lumos.compile.render_cstyle import BINARY_C, C, UNARY_C, block_lines, literal
 from lumos.compile.schedule import Kernel, KernelSchedule, is_buffer
 
 HEADER = """\
@@ -56,32 +57,6 @@ typedef float lumos_f8 __attribute__((vector_size(32)));
 static inline lumos_f8 lumos_load8(const float* p) { lumos_f8 v; memcpy(&v, p, sizeof v); return v; }
 static inline void lumos_store8(float* p, lumos_f8 v) { memcpy(p, &v, sizeof v); }
 """
-
-UNARY_C = {
-    Op.EXP2: "lumos_exp2f({})",
-    Op.LOG2: "log2f({})",
-    Op.SIN: "sinf({})",
-    Op.RECIP: "(1.0f / {})",
-    Op.SQRT: "sqrtf({})",
-}
-BINARY_C = {
-    Op.ADD: "({} + {})",
-    Op.MUL: "({} * {})",
-    Op.MOD: "fmodf({}, {})",
-    Op.LESS_THAN: "({} < {} ? 1.0f : 0.0f)",
-}
-
-
-def literal(value: float) -> str:
-    if math.isnan(value):
-        return "NAN"
-    if math.isinf(value):
-        return "INFINITY" if value > 0 else "(-INFINITY)"
-    text = repr(float(value))
-    if not any(c in text for c in ".e"):
-        text += ".0"
-    return f"{text}f" if value >= 0 else f"({text}f)"
-
 
 def _sum(constant: int, terms: list[tuple[int, str]]) -> str:
     """`constant + coef * index + …` with the trivial parts left out."""
@@ -197,17 +172,6 @@ def _split_row_locals(lines: list[str], last: str) -> tuple[list[str], list[str]
     return hoisted, inner
 
 
-def _invariant_guard(body: list[str], outer: list[str]) -> str | None:
-    """The padding condition (e.g. `i1 >= 1`) that occurs most often in the element loop's `body`
-    while naming only the `outer` loop indices, if any."""
-    counts: dict[str, int] = {}
-    text = "\n".join(body)
-    for atom in set(re.findall(r"\b(i\d+ (?:<|>=) -?\d+)\b", text)):
-        if atom.split()[0] in outer:
-            counts[atom] = text.count(atom)
-    return max(sorted(counts), key=counts.get) if counts else None
-
-
 def _and(*conditions: str | None) -> str | None:
     """C conjunction of conditions, each once."""
     parts: list[str] = []
@@ -303,6 +267,8 @@ class KernelRenderer:
         return self.shared[key]
 
     def expression(self, node: Node, idx: list[str], guard: str | None = None) -> str:
+        if node.op in (Op.SUM, Op.MAX):
+            return self.reduce(node, idx, guard)
         if node.op in UNARY_C:
             return UNARY_C[node.op].format(self.operand(node, 0, idx, guard))
         if node.op in BINARY_C:
@@ -381,59 +347,38 @@ class KernelRenderer:
             self.lines.append(f"const float {acc} = {value};")
         return acc
 
-    def render(self, barrier: bool = True) -> str:
-        """The kernel function; without `barrier`, threads go on to the next kernel at once."""
+    def render(self, barrier: bool = True) -> str | None:
+        """The kernel function in one of the row-wise layouts (register-blocked matmul, or the
+        reduction loop outside the last output loop); None when neither applies (the kernel IR
+        is then printed as it is, `render_kernel`). Without `barrier`, threads go on to the next
+        kernel at once."""
         if self.kernel.attention is not None:
             return self.render_attention(barrier)
         node = self.kernel.node
-        wait = "" if barrier else " nowait"
         loops = [(f"i{d}", size) for d, size in enumerate(node.shape) if size > 1]
         idx = [f"i{d}" if size > 1 else "0" for d, size in enumerate(node.shape)]
         value = self.expression(node, idx)
         out = f"out[{_sum(0, [(stride, i) for stride, i in zip(contiguous_strides(node.shape), idx, strict=True)])}]"
         body = [*self.lines, f"{out} = {value};"]
         blocked = self.register_block(loops, body)
-        interchanged = blocked[1] if blocked is not None else self.interchange(loops, body)
         if blocked is not None:
             loops, body = blocked
-        elif interchanged is not None:
-            loops, body = loops[:-1], interchanged
-        params = ["const int n", "float* restrict out"] + [f"const float* restrict {self.params[src]}"
-                                                           for src in self.kernel.reads]
-        origin = node.origin.replace("*/", "* /")
-        lines = [f"/* {self.kernel.name}: %{node.id} {node.op.name}{list(node.shape)}, {len(set(map(id, self.kernel.fused)))} ops; {origin} */",
-                 f"static void {self.kernel.name}({', '.join(params)}) {{"]
-        if not loops:
-            lines += [f"#pragma omp single{wait}", "{", *("  " + line for line in body), "}", "}"]
-            return "\n".join(lines)
-        outer = loops[:-1] if len(loops) > 1 else loops
-        if self.schedule.collapse:
-            outer = outer[:self.schedule.collapse]
-        collapse = f" collapse({len(outer)})" if len(outer) > 1 else ""
-        lines.append(f"#pragma omp for{collapse} schedule(static){wait}")
-        straight = all(line.startswith("const float ") for line in body[:-1])
-        innermost = len(loops) > len(outer)
-        bounds = {var: "n" if node.batched and var == "i0" else size for var, size in loops}  # the batch: as many rows as given
-        for depth, (var, _) in enumerate(loops[:-1] if innermost else loops):
-            lines.append("  " * depth + f"for (int {var} = 0; {var} < {bounds[var]}; {var}++) {{")
-        depth = len(loops) - 1 if innermost else len(loops)
-        if innermost:
-            var = loops[-1][0]
-            inner_loop = ["#pragma omp simd"] if self.schedule.simd and interchanged is None and straight else []
-            inner_loop += [f"for (int {var} = 0; {var} < {bounds[var]}; {var}++) {{", *("  " + line for line in body), "}"]
-            guard = _invariant_guard(body, [var for var, _ in loops[:-1]]) if interchanged is None else None
-            if guard is not None:
-                # Loop versioning: inside each copy gcc knows the guard's value, folds it away and
-                # vectorizes; loads behind a guard that the element loop does not change stop it.
-                inner_loop = [f"if ({guard}) {{", *("  " + line for line in inner_loop), "} else {",
-                              *("  " + line for line in inner_loop), "}"]
-            lines += ["  " * depth + line for line in inner_loop]
         else:
-            lines += ["  " * depth + line for line in body]
-        lines += ["  " * d + "}" for d in range(depth - 1, -1, -1)]
-        lines.append("}")
-        return "\n".join(lines)
+            interchanged = self.interchange(loops, body)
+            if interchanged is None:
+                return None
+            loops, body = loops[:-1], interchanged
+        lines = [f"/* {self.kernel.name}: %{node.id} {node.op.name}{list(node.shape)}, "
+                 f"{len(set(map(id, self.kernel.fused)))} ops; {node.origin.replace('*/', '* /')} */",
+                 f"static void {self.kernel.name}({', '.join(self._params())}) {{"]
+        frame = [Loop(var, size, batch=node.batched and var == "i0") for var, size in loops]
+        outer = frame[:-1] if len(frame) > 1 else frame
+        outer = outer[:self.schedule.collapse] if self.schedule.collapse else outer
+        return "\n".join(lines + _omp_loops(frame, len(outer), body, barrier))
 
+    def _params(self) -> list[str]:
+        return ["const int n", "float* restrict out"] + [f"const float* restrict {self.params[src]}"
+                                                         for src in self.kernel.reads]
 
     def render_attention(self, barrier: bool = True) -> str:
         """sum_j softmax(x)_j · v_j in one pass over j (online softmax, egraph/attention.py): a
@@ -894,7 +839,48 @@ def render_kernel(kernel: Kernel, materialized: set[Node], params: dict[Node, st
     uses: dict[Node, int] = {}
     for node in kernel.fused:  # a node reached by several paths is computed once, into a local
         uses[node] = uses.get(node, 0) + 1
-    return KernelRenderer(kernel, materialized, params, uses, schedule).render(barrier)
+    rowwise = KernelRenderer(kernel, materialized, params, uses, schedule).render(barrier)
+    if rowwise is not None:
+        return rowwise
+    return print_kernel(lower_kernel(kernel, materialized, params, schedule), barrier)
+
+
+def print_kernel(ir: KernelIR, barrier: bool = True) -> str:
+    """A kernel IR in its plain layout: OpenMP shares out the parallel loops, the innermost loop
+    runs the body per element (vectorized or versioned on an invariant guard as annotated)."""
+    params = ["const int n", "float* restrict out"] + [f"const float* restrict {name}" for name in ir.params]
+    lines = [f"/* {ir.comment} */", f"static void {ir.name}({', '.join(params)}) {{"]
+    body = block_lines(ir.body, C)
+    if not ir.loops:
+        return "\n".join(lines + [f"#pragma omp single{'' if barrier else ' nowait'}", "{", *("  " + line for line in body), "}", "}"])
+    parallel = sum(loop.parallel for loop in ir.loops)
+    return "\n".join(lines + _omp_loops(ir.loops, parallel, body, barrier, ir.version_on))
+
+
+def _omp_loops(loops: list[Loop], parallel: int, body: list[str], barrier: bool,
+               version_on: Compare | None = None) -> list[str]:
+    """`body` inside `loops`, the first `parallel` of them shared out by one `omp for`; the
+    innermost loop of several is vectorized when annotated, and emitted twice when versioned:
+    inside each copy gcc knows the guard's value, folds it away and vectorizes (loads behind a
+    guard that the element loop does not change stop it)."""
+    collapse = f" collapse({parallel})" if parallel > 1 else ""
+    lines = [f"#pragma omp for{collapse} schedule(static){'' if barrier else ' nowait'}"]
+    innermost = len(loops) > 1 and not loops[-1].parallel
+    bound = {loop.var: "n" if loop.batch else loop.extent for loop in loops}  # the batch: as many rows as given
+    for depth, loop in enumerate(loops[:-1] if innermost else loops):
+        lines.append("  " * depth + f"for (int {loop.var} = 0; {loop.var} < {bound[loop.var]}; {loop.var}++) {{")
+    depth = len(loops) - 1 if innermost else len(loops)
+    if innermost:
+        last = loops[-1]
+        inner = ["#pragma omp simd"] if last.vector else []
+        inner += [f"for (int {last.var} = 0; {last.var} < {bound[last.var]}; {last.var}++) {{", *("  " + line for line in body), "}"]
+        if version_on is not None:
+            inner = [f"if ({version_on}) {{", *("  " + line for line in inner), "} else {", *("  " + line for line in inner), "}"]
+        lines += ["  " * depth + line for line in inner]
+    else:
+        lines += ["  " * depth + line for line in body]
+    lines += ["  " * d + "}" for d in range(depth - 1, -1, -1)]
+    return lines + ["}"]
 
 
 def canonical_kernel_source(kernel: Kernel, materialized: set[Node], schedule: KernelSchedule | None = None) -> str:

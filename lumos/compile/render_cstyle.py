@@ -1,0 +1,110 @@
+"""Printing the kernel IR as C-style code: what the C and CUDA renderers share.
+
+Expressions and statements print the same in C and CUDA C; a `Dialect` holds the few things
+that differ (the restrict qualifier, loop pragmas). Each renderer adds its own kernel frame: the
+C one OpenMP loops, the CUDA one thread indices (render_c.py, render_cuda.py).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from lumos.compile.ir import Op
+from lumos.compile.kernel_ir import Binary, Cond, Expr, Let, Load, Masked, Num, Reduce, Ref, Stmt, Store, Unary, cond_text
+
+UNARY_C = {
+    Op.EXP2: "lumos_exp2f({})",
+    Op.LOG2: "log2f({})",
+    Op.SIN: "sinf({})",
+    Op.RECIP: "(1.0f / {})",
+    Op.SQRT: "sqrtf({})",
+}
+BINARY_C = {
+    Op.ADD: "({} + {})",
+    Op.MUL: "({} * {})",
+    Op.MOD: "fmodf({}, {})",
+    Op.LESS_THAN: "({} < {} ? 1.0f : 0.0f)",
+    Op.SUM: "({} + {})",  # two terms of a written-out reduction
+    Op.MAX: "lumos_max({}, {})",  # NaN wins, as in torch (each header defines it)
+}
+
+
+def literal(value: float) -> str:
+    if math.isnan(value):
+        return "NAN"
+    if math.isinf(value):
+        return "INFINITY" if value > 0 else "(-INFINITY)"
+    text = repr(float(value))
+    if not any(c in text for c in ".e"):
+        text += ".0"
+    return f"{text}f" if value >= 0 else f"({text}f)"
+
+
+def initial(value: float) -> str:
+    """An accumulator's first value."""
+    return "-INFINITY" if value == -math.inf else literal(value)
+
+
+@dataclass(frozen=True)
+class Dialect:
+    restrict: str
+    unroll: str
+    """The pragma that unrolls the next loop ({} = the factor)."""
+    vector_reduce: str | None
+    """The pragma that vectorizes a reduction loop ({op}, {acc}); None: none."""
+
+
+C = Dialect(restrict="restrict", unroll="#pragma GCC unroll {}", vector_reduce="#pragma omp simd reduction({op}:{acc})")
+
+
+def expr(e: Expr) -> str:
+    if isinstance(e, Num):
+        return literal(e.value)
+    if isinstance(e, Ref):
+        return e.name
+    if isinstance(e, Load):
+        return f"{e.buffer}[{e.offset}]"
+    if isinstance(e, Unary):
+        return UNARY_C[e.op].format(expr(e.x))
+    if isinstance(e, Binary):
+        return BINARY_C[e.op].format(expr(e.a), expr(e.b))
+    if isinstance(e, Masked):
+        return f"(({cond(e.cond)}) ? {expr(e.x)} : 0.0f)"
+    raise TypeError(f"not an expression: {e!r}")
+
+
+def cond(c: Cond) -> str:
+    return cond_text(c)
+
+
+def update(op: Op, acc: str, value: str) -> str:
+    return f"{acc} += {value};" if op is Op.SUM else f"{acc} = lumos_max({acc}, {value});"
+
+
+def stmt_lines(s: Stmt, dialect: Dialect) -> list[str]:
+    if isinstance(s, Let):
+        if s.guard:
+            return [f"float {s.name} = {initial(s.init)};", f"if ({cond(s.guard)}) {s.name} = {expr(s.value)};"]
+        return [f"const float {s.name} = {expr(s.value)};"]
+    if isinstance(s, Store):
+        return [f"{s.buffer}[{s.offset}] = {expr(s.value)};"]
+    if isinstance(s, Reduce):
+        lines = [f"float {s.acc} = {initial(s.init)};"]
+        if s.guard:
+            lines.append(f"if ({cond(s.guard)})")
+        lines.append("{")
+        if s.unroll:
+            lines.append(dialect.unroll.format(s.unroll))
+        elif s.vector and dialect.vector_reduce:
+            lines.append(dialect.vector_reduce.format(op="+" if s.op is Op.SUM else "max", acc=s.acc))
+        lines.append(f"for (int {s.var} = 0; {s.var} < {s.length}; {s.var}++) {{")
+        lines += ["  " + line for inner in s.body for line in stmt_lines(inner, dialect)]
+        lines.append("  " + update(s.op, s.acc, expr(s.value)))
+        lines += ["}", "}"]
+        return lines
+    raise TypeError(f"not a statement: {s!r}")
+
+
+def block_lines(stmts: list[Stmt], dialect: Dialect) -> list[str]:
+    return [line for s in stmts for line in stmt_lines(s, dialect)]
