@@ -1,7 +1,8 @@
 """The kernel cache: built libraries, content-addressed on disk.
 
 The key is the hash of (source, compiler and its version, flags, target, host CPU), so any change
-to what would be built is a different entry. The CPU is in it because the default flags hold
+to what would be built is a different entry; for the CUDA target, of (source, NVRTC version, GPU
+architecture, flags), the entry holding `kernels.ptx` and `kernels.cu`. The CPU is in it because the default flags hold
 `-march=native`: a workspace shared by hosts with different CPUs must not hand one host a library
 built for another's instruction set (SIGILL). An entry is a folder `<root>/<target>/<key[:2]>/<key>/` with
 `library.so`, `library.c` and `entry.json` (the key and the library's sha256). It is built in a
@@ -29,6 +30,8 @@ from lumos.core.workspace import Workspace
 
 LIBRARY = "library.so"
 SOURCE = "library.c"
+PTX = "kernels.ptx"
+CUDA_SOURCE = "kernels.cu"
 ENTRY = "entry.json"
 
 
@@ -107,15 +110,15 @@ class KernelCache:
     def entry(self, key: str) -> Path:
         return self.root / key[:2] / key
 
-    def lookup(self, key: str) -> Path | None:
-        """The entry's library when it is whole; a broken entry is removed (and so rebuilt)."""
+    def lookup(self, key: str, product: str = LIBRARY) -> Path | None:
+        """The entry's library (or PTX) when it is whole; a broken entry is removed (and so rebuilt)."""
         folder = self.entry(key)
         if not folder.exists():
             return None
         try:
             recorded = json.loads((folder / ENTRY).read_text())
-            if recorded["key"] == key and recorded["sha256"] == _sha256_file(folder / LIBRARY):
-                return folder / LIBRARY
+            if recorded["key"] == key and recorded["sha256"] == _sha256_file(folder / product):
+                return folder / product
         except (OSError, ValueError, KeyError, TypeError):
             pass
         shutil.rmtree(folder, ignore_errors=True)
@@ -127,30 +130,63 @@ class KernelCache:
         found = self.lookup(key)
         if found is not None:
             return Build(found, key, True, time.perf_counter() - started)
-        self.root.mkdir(parents=True, exist_ok=True)
-        staging = Path(tempfile.mkdtemp(prefix=f".build-{key[:12]}-", dir=self.root))
-        try:
+
+        def make(staging: Path) -> None:
             (staging / SOURCE).write_text(source)
             command = [cc, *flags, "-shared", "-fPIC", "-o", str(staging / LIBRARY), str(staging / SOURCE), "-lm"]
             result = subprocess.run(command, capture_output=True, text=True)
             if result.returncode != 0:
                 raise BuildError(f"{' '.join(command)} failed:\n{result.stderr[-4000:]}")
-            (staging / ENTRY).write_text(json.dumps({"key": key, "sha256": _sha256_file(staging / LIBRARY),
-                                                     "cc": cc, "flags": list(flags), "target": self.target,
-                                                     "cpu": self.cpu}))
+
+        self._store(key, LIBRARY, make, {"cc": cc, "flags": list(flags), "cpu": self.cpu})
+        return Build(self.entry(key) / LIBRARY, key, False, time.perf_counter() - started)
+
+    def cuda_key(self, source: str, arch: str, flags: tuple[str, ...]) -> str:
+        """A CUDA build's key: the source, NVRTC's version, the GPU architecture and the flags."""
+        from lumos.compile.nvrtc import nvrtc_version
+
+        material = json.dumps({"source": source, "nvrtc": nvrtc_version(), "arch": arch, "flags": list(flags),
+                               "target": self.target}, sort_keys=True)
+        return hashlib.sha256(material.encode()).hexdigest()
+
+    def build_cuda(self, source: str, arch: str, flags: tuple[str, ...] | None = None) -> Build:
+        """PTX for `arch` built by NVRTC (nvrtc.py), through the cache: `Build.library` is the .ptx file."""
+        from lumos.compile.nvrtc import FLAGS, compile_cuda, nvrtc_version
+
+        flags = FLAGS if flags is None else flags
+        started = time.perf_counter()
+        key = self.cuda_key(source, arch, flags)
+        found = self.lookup(key, PTX)
+        if found is not None:
+            return Build(found, key, True, time.perf_counter() - started)
+
+        def make(staging: Path) -> None:
+            (staging / CUDA_SOURCE).write_text(source)
+            (staging / PTX).write_bytes(compile_cuda(source, arch, flags).code)
+
+        self._store(key, PTX, make, {"nvrtc": nvrtc_version(), "arch": arch, "flags": list(flags)})
+        return Build(self.entry(key) / PTX, key, False, time.perf_counter() - started)
+
+    def _store(self, key: str, product: str, make, described: dict) -> None:
+        """Build an entry in a temporary folder (`make` writes its files) and rename it into place."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=f".build-{key[:12]}-", dir=self.root))
+        try:
+            make(staging)
+            (staging / ENTRY).write_text(json.dumps({"key": key, "sha256": _sha256_file(staging / product),
+                                                     "target": self.target, **described}))
             folder = self.entry(key)
             folder.parent.mkdir(parents=True, exist_ok=True)
             try:
                 os.replace(staging, folder)
             except OSError:
                 # Another process put a whole entry there first; use it if it is whole.
-                if self.lookup(key) is None:
+                if self.lookup(key, product) is None:
                     moved = folder.with_name(f".{key}-{uuid.uuid4().hex[:8]}")
                     os.replace(staging, moved)
                     os.replace(moved, folder)
         finally:
             shutil.rmtree(staging, ignore_errors=True)
-        return Build(self.entry(key) / LIBRARY, key, False, time.perf_counter() - started)
 
     def entries(self) -> list[Path]:
         return sorted(path for path in self.root.glob("*/*") if path.is_dir())

@@ -206,14 +206,27 @@ def expr_vars(expr: Expr) -> set[str]:
 
 
 def expr_refs(expr: Expr) -> set[str]:
+    """The locals an expression reads (a gathered row's id may be one)."""
     if isinstance(expr, Ref):
         return {expr.name}
+    if isinstance(expr, Load):
+        return index_refs(expr.offset)
     if isinstance(expr, Unary):
         return expr_refs(expr.x)
     if isinstance(expr, Binary):
         return expr_refs(expr.a) | expr_refs(expr.b)
     if isinstance(expr, Masked):
-        return expr_refs(expr.x)
+        return expr_refs(expr.x).union(*(index_refs(c.index) for c in expr.cond))
+    return set()
+
+
+def index_refs(index: Index) -> set[str]:
+    if isinstance(index, RowOf):
+        return expr_refs(index.value)
+    if isinstance(index, Affine):
+        return set().union(*(index_refs(i) for _, i in index.terms))
+    if isinstance(index, Digit):
+        return index_refs(index.flat)
     return set()
 
 
@@ -393,10 +406,14 @@ class Lowering:
     once per block into a local; an inlined reduction becomes a Reduce before the expression."""
 
     def __init__(self, kernel: Kernel, materialized: set[Node], params: dict[Node, str],
-                 schedule: KernelSchedule | None = None, vector_reductions: bool = True):
+                 schedule: KernelSchedule | None = None, vector_reductions: bool = True,
+                 check_gathers: bool = False):
         self.kernel, self.materialized, self.params = kernel, materialized, params
         self.schedule = schedule or KernelSchedule()
         self.vector_reductions = vector_reductions
+        self.check_gathers = check_gathers
+        """Read a gathered row only when its id is inside the table (else 0): a GPU has no
+        exception to raise, and a read past the table would fault or return garbage."""
         self.uses: dict[Node, int] = {}
         for node in kernel.fused:  # a node reached by several paths is computed once, into a local
             self.uses[node] = self.uses.get(node, 0) + 1
@@ -456,7 +473,8 @@ class Lowering:
             table = node.srcs[0]
             row = RowOf(self.operand(node, 1, idx[:-1], guard), table.shape[0])
             at = [row, idx[-1]]
-            return Load(self.params[table], view_offset(node.views[0], at), node.views[0], tuple(at))
+            load = Load(self.params[table], view_offset(node.views[0], at), node.views[0], tuple(at))
+            return Masked((Compare(row, ">=", 0), Compare(row, "<", row.rows)), load) if self.check_gathers else load
         if node.op in (Op.SUM, Op.MAX):
             return self.reduce(node, idx, guard)
         raise NotImplementedError(f"no lowering rule for {node.op.name}")
@@ -498,10 +516,10 @@ def output_loops(node: Node) -> tuple[list[Loop], list[Index]]:
 
 
 def lower_kernel(kernel: Kernel, materialized: set[Node], params: dict[Node, str],
-                 schedule: KernelSchedule | None = None) -> KernelIR:
+                 schedule: KernelSchedule | None = None, check_gathers: bool = False) -> KernelIR:
     """The kernel as loops over its output's elements, each element computed by the body."""
     schedule = schedule or KernelSchedule()
-    lowering = Lowering(kernel, materialized, params, schedule)
+    lowering = Lowering(kernel, materialized, params, schedule, check_gathers=check_gathers)
     node = kernel.node
     loops, idx = output_loops(node)
     value = lowering.expression(node, idx)
@@ -597,3 +615,73 @@ def product_factors(reduce: Reduce) -> tuple[Expr, Expr] | None:
     if isinstance(value, Binary) and value.op is Op.MUL:
         return value.a, value.b
     return None
+
+
+@dataclass
+class AttentionIR:
+    """A fused attention kernel (egraph/attention.py): per query (the `rows` loops), out[dd] =
+    Σ_j softmax_j(score · scale) · value[j, dd] in one pass over the keys j (online softmax),
+    the scores never stored. `score` is computed after `score_stmts` with `j` bound; `value`
+    after `value_stmts` with `j` and `dd` bound; `out` is the output offset with `dd` bound."""
+
+    name: str
+    node: Node
+    params: list[str]
+    rows: list[Loop]
+    keys: int
+    width: int
+    scale: float
+    score_stmts: list[Stmt]
+    score: Expr
+    value_stmts: list[Stmt]
+    value: Expr
+    out: Index
+
+
+def lower_attention(kernel: Kernel, materialized: set[Node], params: dict[Node, str],
+                    check_gathers: bool = False) -> AttentionIR:
+    match = kernel.attention
+    out, product = match.out, match.product
+    probs_view = product.views[match.probs_index]
+    idx: list[Index] = []
+    for d, size in enumerate(product.shape):
+        if d == out.arg:
+            idx.append(Var("j"))
+        elif size == 1:
+            idx.append(Lit(0))
+        elif probs_view.strides[d] == 0:
+            idx.append(Var("dd"))
+        else:
+            idx.append(Var(f"i{d}"))
+    width = next(size for d, size in enumerate(product.shape) if idx[d] == Var("dd"))
+    rows = [Loop(f"i{d}", size, batch=out.batched and d == 0) for d, size in enumerate(product.shape) if idx[d] == Var(f"i{d}")]
+    lowering = Lowering(kernel, materialized, params, vector_reductions=False, check_gathers=check_gathers)
+    score = lowering.compute(match.scores, source_indices(probs_view, idx, product.srcs[match.probs_index].shape))
+    score_stmts, lowering.stmts, lowering.block = lowering.stmts, [], -2  # a block of its own: nothing shared
+    value = lowering.operand(product, 1 - match.probs_index, idx)
+    out_index = Affine(0, tuple((stride, Lit(0) if d == out.arg else i)
+                                for d, (stride, i) in enumerate(zip(contiguous_strides(out.shape), idx, strict=True))))
+    return AttentionIR(kernel.name, out, [params[src] for src in kernel.reads], rows, product.shape[out.arg], width,
+                       match.scale, score_stmts, score, lowering.stmts, value, out_index)
+
+
+def stmt_refs(stmt: Stmt) -> set[str]:
+    """The locals a statement reads (through its nested statements too)."""
+    if isinstance(stmt, Reduce):
+        return expr_refs(stmt.value).union(*(stmt_refs(s) for s in stmt.body))
+    return expr_refs(stmt.value)
+
+
+def stmt_name(stmt: Stmt) -> str | None:
+    return stmt.name if isinstance(stmt, Let) else stmt.acc if isinstance(stmt, Reduce) else None
+
+
+def needed(stmts: list[Stmt], value: Expr) -> list[Stmt]:
+    """The statements of `stmts` that `value` depends on, in order."""
+    wanted = expr_refs(value)
+    keep = []
+    for stmt in reversed(stmts):
+        if stmt_name(stmt) in wanted:
+            keep.append(stmt)
+            wanted |= stmt_refs(stmt)
+    return keep[::-1]

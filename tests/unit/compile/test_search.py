@@ -11,7 +11,7 @@ from lumos.compile.hl_ops import Tensor, mark_output
 from lumos.compile.interpret import interpret
 from lumos.compile.ir import Graph
 from lumos.compile.program import Options, compile_graph, load_program
-from lumos.compile.render_c import KernelRenderer
+from lumos.compile import render_c
 from lumos.compile.schedule import KernelSchedule
 from lumos.compile.search_cache import SearchCache
 from lumos.data.contract import FeatureSpec
@@ -67,13 +67,13 @@ def test_the_budget_is_respected(kernel_cache):
 
 def test_the_search_never_returns_an_unverified_candidate(kernel_cache, monkeypatch):
     """A renderer bug that only some schedules hit: those candidates are rejected, never chosen."""
-    render = KernelRenderer.render
+    render = render_c.render_kernel
 
-    def broken(self, barrier: bool = True) -> str:
-        text = render(self, barrier)
-        return text.replace("out[", "out[0] += 1.0f; out[", 1) if self.schedule.unroll else text
+    def broken(kernel, materialized, params, schedule=None, barrier: bool = True) -> str:
+        text = render(kernel, materialized, params, schedule, barrier)
+        return text.replace("out[", "out[0] += 1.0f; out[", 1) if schedule is not None and schedule.unroll else text
 
-    monkeypatch.setattr(KernelRenderer, "render", broken)
+    monkeypatch.setattr(render_c, "render_kernel", broken)
     compilation, inputs = searched(kernel_cache, budget=60, layers=1)
     rejected = [c for g in compilation.search.groups for c in g.candidates if c.rejected]
     assert rejected and all(c.schedule.unroll for c in rejected)

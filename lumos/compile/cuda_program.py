@@ -1,0 +1,107 @@
+"""The CUDA target's pipeline: from a primitive graph to PTX, one linear list of passes.
+
+    check → layout (transpose weights) → schedule (fuse into kernels) → attention (online-softmax
+    kernels, egraph/attention.py) → plan buffers → render CUDA → build (NVRTC, kernel cache)
+
+The same fusion and buffer plan as the C target (program.py); no schedule search yet (kernels
+are timed only on a GPU, which the search would need). None of it needs a GPU: the result is
+PTX that `cuda_runtime.py` loads where one exists.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from lumos.compile.cache import Build, KernelCache
+from lumos.compile.egraph.attention import find_attention, fuse_attention
+from lumos.compile.ir import Graph, Node, check_graph
+from lumos.compile.layout import transpose_activations, transpose_weights
+from lumos.compile.plan import BufferPlan, plan_buffers
+from lumos.compile.render_cuda import CudaProgram, render_program
+from lumos.compile.schedule import Kernel, schedule
+
+DEFAULT_ARCH = "sm_80"
+"""Architecture to build for when no GPU says which (Ampere; PTX for it JIT-compiles on newer GPUs)."""
+
+
+@dataclass(frozen=True)
+class CudaOptions:
+    arch: str = DEFAULT_ARCH
+    """GPU architecture, sm_XX: the device's compute capability where there is one."""
+    fuse_attention: bool = True
+    """Compute each attention with one online-softmax kernel (no score matrix stored)."""
+    recompute_cheap: bool = True
+
+
+@dataclass
+class CudaCompilation:
+    graph: Graph
+    options: CudaOptions
+    kernels: list[Kernel] = field(default_factory=list)
+    materialized: set[Node] = field(default_factory=set)
+    attention: int = 0
+    """How many attentions run as one online-softmax kernel."""
+    buffers: BufferPlan | None = None
+    program: CudaProgram | None = None
+    build: Build | None = None
+    timings: dict[str, float] = field(default_factory=dict)
+
+    def stats(self) -> dict[str, int]:
+        kinds: dict[str, int] = {}
+        for launch in self.program.launches:
+            kinds[launch.kind] = kinds.get(launch.kind, 0) + 1
+        return {"kernels": len(self.kernels), "attention_kernels": self.attention,
+                "planned_peak_bytes": self.buffers.arena_bytes, **{f"{kind}_kernels": count for kind, count in kinds.items()}}
+
+
+def _layout(c: CudaCompilation, cache: KernelCache) -> None:
+    transpose_weights(c.graph)
+    transpose_activations(c.graph)
+
+
+def _schedule(c: CudaCompilation, cache: KernelCache) -> None:
+    c.kernels, c.materialized = schedule(c.graph, c.options.recompute_cheap)
+
+
+def _attention(c: CudaCompilation, cache: KernelCache) -> None:
+    if not c.options.fuse_attention:
+        return
+    matches, _ = find_attention(c.graph)
+    if matches:
+        c.kernels, c.materialized, used = fuse_attention(c.graph, c.materialized, matches)
+        c.attention = len(used)
+
+
+def _plan(c: CudaCompilation, cache: KernelCache) -> None:
+    c.buffers = plan_buffers(c.graph, c.kernels)
+
+
+def _render(c: CudaCompilation, cache: KernelCache) -> None:
+    c.program = render_program(c.graph, c.kernels, c.materialized, c.buffers)
+
+
+def _build(c: CudaCompilation, cache: KernelCache) -> None:
+    c.build = cache.build_cuda(c.program.source, c.options.arch)
+
+
+PASSES: list[tuple[str, Callable[[CudaCompilation, KernelCache], None]]] = [
+    ("layout", _layout),
+    ("schedule", _schedule),
+    ("attention", _attention),
+    ("plan_buffers", _plan),
+    ("render_cuda", _render),
+    ("build_nvrtc", _build),
+]
+
+
+def compile_cuda_graph(graph: Graph, cache: KernelCache, options: CudaOptions | None = None) -> CudaCompilation:
+    compilation = CudaCompilation(graph, options or CudaOptions())
+    check_graph(graph)
+    for name, run in PASSES:
+        started = time.perf_counter()
+        run(compilation, cache)
+        compilation.timings[name] = time.perf_counter() - started
+        check_graph(graph)
+    return compilation

@@ -1,0 +1,144 @@
+"""The CUDA target without a GPU: every CUDA kernel of the quickstart and SASRec-size models
+compiles with NVRTC for sm_80 and sm_90, the kernel cache keys on NVRTC version, architecture and
+flags, and gathers are bounds-checked. (Running the kernels needs a GPU: test_cuda_gpu.py.)"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from lumos.compile.cache import KernelCache
+from lumos.compile.cuda_program import CudaOptions, compile_cuda_graph
+from lumos.compile.frontend import lower_model
+from lumos.compile.kernel_ir import Affine, Load, Masked, Reduce, RowOf, lower_kernel
+from lumos.compile.nvrtc import FLAGS, CudaBuildError, compile_cuda, nvrtc_version
+from lumos.compile.render_cuda import HEADER, Launch
+from lumos.data.contract import FeatureSpec
+from lumos.train.model import LumosModel, ModelConfig
+
+pytest.importorskip("cuda.bindings.nvrtc", reason="the CUDA target needs cuda-bindings (the cuda extra)")
+
+# benchmarks/compile.py's two models: the quickstart model (lumos/quickstart/train.toml's
+# [model] with the quickstart data's features) and a SASRec-sized one.
+QUICKSTART_FEATURES = FeatureSpec(
+    token_categorical={"item": 502, "event_type": 6, "cat_device": 5, "cat_category": 10, "hour": 24, "weekday": 7,
+                       "gap_bucket": 16},
+    token_numeric=("value", "age_days"),
+    static_categorical={"user_country": 8, "user_age_bucket": 7},
+    static_numeric=("user_tenure_days",),
+    future_flags=("holiday", "sale"),
+    horizons_days=(7,),
+    max_len=100,
+)
+SASREC_FEATURES = FeatureSpec(token_categorical={"item": 1702}, token_numeric=(), max_len=50)
+SASREC_CONFIG = ModelConfig(d_model=64, n_heads=2, encoder_layers=2, decoder_layers=1, d_ff=64, dropout=0.0,
+                            max_len=50, heads=("retrieval",))
+ARCHS = ("sm_80", "sm_90")
+
+
+def quickstart_model() -> LumosModel:
+    from lumos.core.config import load_config
+    from lumos.quickstart import RECIPES
+    from lumos.train.config import TrainConfig
+
+    return LumosModel(load_config(TrainConfig, RECIPES / "train.toml").model, QUICKSTART_FEATURES)
+
+
+MODELS = {"quickstart": quickstart_model, "sasrec": lambda: LumosModel(SASREC_CONFIG, SASREC_FEATURES)}
+
+
+def lowered(name: str, rows: int = 8):
+    torch.manual_seed(0)
+    model = MODELS[name]().eval()
+    return lower_model(model, rows, model.features.max_len, symbolic_batch=True)
+
+
+@pytest.mark.parametrize("fused", [True, False], ids=["fused-attention", "unfused"])
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_every_cuda_kernel_compiles_with_nvrtc(name, fused, tmp_path):
+    compilation = compile_cuda_graph(lowered(name), KernelCache(tmp_path, "cuda"), CudaOptions(ARCHS[0], fused))
+    program = compilation.program
+    kinds = compilation.stats()
+    assert kinds["kernels"] == len(program.launches) > 20
+    assert kinds.get("tiled_kernels", 0) > 0 and kinds.get("warp_kernels", 0) > 0 and kinds.get("elementwise_kernels", 0) > 0
+    assert kinds.get("attention_kernels", 0) == (compilation.attention if fused else 0)
+    if fused:
+        assert compilation.attention == 4  # two encoder layers, one decoder self- and one cross-attention
+    built = {ARCHS[0]: compilation.build.library.read_text()}
+    for arch in ARCHS[1:]:
+        built[arch] = compile_cuda(program.source, arch).code.decode()
+    for arch, ptx in built.items():
+        assert f".target {arch}" in ptx
+        missing = [launch.name for launch in program.launches if f".entry {launch.name}(" not in ptx]
+        assert not missing, f"{arch}: no PTX entry for {missing}"
+
+
+def test_nvrtc_names_the_error_in_generated_code():
+    with pytest.raises(CudaBuildError, match="undefined"):
+        compile_cuda(HEADER + 'extern "C" __global__ void k(float* out) { out[0] = not_defined; }', "sm_80")
+    assert nvrtc_version().split(".")[0].isdigit()
+
+
+def test_the_cuda_kernel_cache_keys_on_nvrtc_arch_and_flags(tmp_path):
+    cache = KernelCache(tmp_path, "cuda")
+    source = HEADER + 'extern "C" __global__ void k0(const int n, float* out) { if (threadIdx.x < n) out[threadIdx.x] = 1.0f; }'
+    first = cache.build_cuda(source, "sm_80")
+    again = cache.build_cuda(source, "sm_80")
+    assert not first.hit and again.hit and again.key == first.key
+    assert cache.cuda_key(source, "sm_90", FLAGS) != first.key
+    assert cache.cuda_key(source, "sm_80", (*FLAGS, "--extra-device-vectorization")) != first.key
+    assert cache.cuda_key(source + " ", "sm_80", FLAGS) != first.key
+    (first.library).write_bytes(b"corrupted")  # a broken entry is rebuilt, never used
+    rebuilt = cache.build_cuda(source, "sm_80")
+    assert not rebuilt.hit and b".entry k0" in rebuilt.library.read_bytes()
+
+
+def _loads(value, masked_by=()):
+    """(load, the conditions around it) for every buffer read in an expression."""
+    if isinstance(value, Load):
+        yield value, masked_by
+    elif isinstance(value, Masked):
+        yield from _loads(value.x, masked_by + value.cond)
+    for child in ("x", "a", "b"):
+        if hasattr(value, child) and not isinstance(value, Masked):
+            yield from _loads(getattr(value, child), masked_by)
+
+
+def _statements(body):
+    for stmt in body:
+        yield stmt
+        if isinstance(stmt, Reduce):
+            yield from _statements(stmt.body)
+
+
+def test_gathers_are_bounds_checked_on_cuda_only(tmp_path):
+    graph = lowered("sasrec", rows=3)
+    compilation = compile_cuda_graph(graph, KernelCache(tmp_path, "cuda"))
+    params = {node: f"b{node.id}" for node in graph.nodes}
+    checked = unchecked = 0
+    for kernel in compilation.kernels:
+        if kernel.kind != "gather":
+            continue
+        for flag in (True, False):
+            ir = lower_kernel(kernel, compilation.materialized, params, check_gathers=flag)
+            for stmt in _statements(ir.body):
+                for load, conditions in _loads(stmt.value):
+                    rows = [i for _, i in load.offset.terms if isinstance(i, RowOf)] if isinstance(load.offset, Affine) else []
+                    for row in rows:
+                        guarded = {(c.op, c.bound) for c in conditions if c.index == row}
+                        if flag:
+                            assert guarded == {(">=", 0), ("<", row.rows)}, f"{kernel.name}: unchecked gather"
+                            checked += 1
+                        else:
+                            assert not guarded
+                            unchecked += 1
+    assert checked == unchecked > 0
+
+
+def test_launch_grids_cover_every_output():
+    per_element = Launch("k0", "elementwise", (256, 1, 1), True, 3264, 256, 1, ())
+    assert per_element.grid(8) == -(-8 * 3264 // 256) and per_element.grid(1) == 13
+    tiles = Launch("k1", "tiled", (16, 16, 1), True, 1, 16, 4, ())  # rows of a batch in tiles of 16, 4 column tiles
+    assert tiles.grid(17) == 2 * 4 and tiles.grid(16) == 4
+    fixed = Launch("k2", "warp", (256, 1, 1), False, 101, 8, 1, ())
+    assert fixed.grid(1) == fixed.grid(256) == 13
