@@ -25,6 +25,8 @@ def _ms(value: float | None) -> str:
 
 
 def _search_line(summary) -> str:
+    if summary.target == "cuda":
+        return "not on CUDA yet (each kernel's frame is chosen from its shape, render_cuda.py)"
     if not summary.search:
         return "off (--no-search)"
     searched = sum(not group["cached"] for group in summary.search)
@@ -62,7 +64,7 @@ def compile_model(
     ctx: typer.Context,
     run: RunOption = None,
     model: ModelOption = None,
-    target: Annotated[str | None, typer.Option("--target", help="cpu (gcc + OpenMP); default: [compile] target.")] = None,
+    target: Annotated[str | None, typer.Option("--target", help="cpu (gcc + OpenMP) or cuda (NVRTC; verifying and timing need a GPU, else exit 1 after building); default: [compile] target.")] = None,
     batch: Annotated[int | None, typer.Option("--batch", help="Rows per call the plan is built for; other sizes pad or chunk.")] = None,
     seq: Annotated[int | None, typer.Option("--seq", help="History length the plan is built for (default: the data's max_len); shorter histories pad.")] = None,
     clear_cache: Annotated[bool, typer.Option("--clear-cache", help="Empty the kernel cache of the target first (alone: only that).")] = False,
@@ -71,7 +73,7 @@ def compile_model(
     explain: Annotated[bool, typer.Option("--explain", help="Per distinct kernel: rules fired, candidates tried, best and worst times.")] = False,
     json_output: JsonOption = False,
 ) -> None:
-    """Compile a training run (--run) or registered model (--model) into fused C kernels.
+    """Compile a training run (--run) or registered model (--model) into fused C or CUDA kernels.
 
     Traces the inference forward into primitive ops, fuses them into kernels, plans buffers by
     liveness, builds one shared library (kernel cache under the workspace's kernels/ folder),
@@ -114,7 +116,8 @@ def compile_model(
         ("max difference vs torch", f"{summary.max_error:.2e}"),
         ("kernel cache", "hit" if summary.cache_hit else f"built in {summary.seconds.get('build', 0):.1f} s"),
         ("schedule search", _search_line(summary)),
-        ("fused attention", _attention_line(summary.attention)),
+        ("fused attention", _attention_line(summary.attention) if summary.target != "cuda" else
+         f"{stats.get('attention_kernels', 0)} online-softmax kernel(s), one warp per query"),
         ("plan", f"{summary.artifact} of run {summary.run_id}"),
     ]
     print_table(f"{subject.label} → {target}, batch {summary.batch_size}, sequence {summary.seq_len}", ["", ""], rows)

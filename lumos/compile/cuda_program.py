@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 from lumos.compile.cache import Build, KernelCache
 from lumos.compile.egraph.attention import find_attention, fuse_attention
-from lumos.compile.ir import Graph, Node, check_graph
+from lumos.compile.ir import LEAF, Graph, Node, check_graph
 from lumos.compile.layout import transpose_activations, transpose_weights
 from lumos.compile.plan import BufferPlan, plan_buffers
 from lumos.compile.render_cuda import CudaProgram, render_program
@@ -52,8 +52,12 @@ class CudaCompilation:
         kinds: dict[str, int] = {}
         for launch in self.program.launches:
             kinds[launch.kind] = kinds.get(launch.kind, 0) + 1
-        return {"kernels": len(self.kernels), "attention_kernels": self.attention,
-                "planned_peak_bytes": self.buffers.arena_bytes, **{f"{kind}_kernels": count for kind, count in kinds.items()}}
+        primitive = [node for node in self.graph.nodes if node.op not in LEAF]
+        fused = sum(len({id(n) for n in kernel.fused}) for kernel in self.kernels)
+        return {"primitive_ops": len(primitive), "kernels": len(self.kernels), "fused_ops": fused - len(self.kernels),
+                "planned_peak_bytes": self.buffers.arena_bytes, "unshared_bytes": self.buffers.unshared_bytes,
+                "per_node_bytes": self.buffers.per_node_bytes, "attention_kernels": self.attention,
+                **{f"{kind}_kernels": count for kind, count in kinds.items() if kind != "attention"}}
 
 
 def _layout(c: CudaCompilation, cache: KernelCache) -> None:

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from lumos.compile.ir import Graph, Node, Op, View, contiguous_strides, prod
 from lumos.compile.kernel_ir import Compare, KernelIR, Loop, lower_kernel
 from lumos.compile.plan import BufferPlan
-from lumos.compile.render_cstyle import BINARY_C, C, UNARY_C, block_lines, literal
+from lumos.compile.render_cstyle import BINARY_C, UNARY_C, C, block_lines, literal
 from lumos.compile.schedule import Kernel, KernelSchedule, is_buffer
 
 HEADER = """\

@@ -11,7 +11,21 @@ import math
 from dataclasses import dataclass
 
 from lumos.compile.ir import Op
-from lumos.compile.kernel_ir import Binary, Cond, Expr, Let, Load, Masked, Num, Reduce, Ref, Stmt, Store, Unary, cond_text
+from lumos.compile.kernel_ir import (
+    Binary,
+    Cond,
+    Expr,
+    Let,
+    Load,
+    Masked,
+    Num,
+    Reduce,
+    Ref,
+    Stmt,
+    Store,
+    Unary,
+    cond_text,
+)
 
 UNARY_C = {
     Op.EXP2: "lumos_exp2f({})",

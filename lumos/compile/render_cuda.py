@@ -266,7 +266,7 @@ def tiled_matmul(ir: KernelIR) -> tuple[list[str], tuple] | None:
         "    tile_weight[ty][tx] = w;",
         "  }",
         "  __syncthreads();",
-        f"  #pragma unroll",
+        "  #pragma unroll",
         f"  for (int kk = 0; kk < {TILE}; kk++) sum += tile_value[ty][kk] * tile_weight[kk][tx];",
         "  __syncthreads();",
         "}",

@@ -1,7 +1,8 @@
 """`lumos doctor`: can this machine run the embedded defaults, and what is missing?
 
 Required: Java, a Spark session with Delta, the MLflow store, a C compiler with OpenMP.
-Optional: a CUDA compiler and a GPU (only the cuda compile target and GPU training need them).
+Optional: NVRTC (the cuda compile target's compiler) and a GPU with its driver and architecture
+(only `compile --target cuda` beyond NVRTC, and GPU training, need one).
 """
 
 from __future__ import annotations
@@ -116,20 +117,64 @@ def find_nvcc(workspace: Workspace) -> str | None:
 
 
 def check_cuda_compiler(workspace: Workspace) -> Check:
+    """NVRTC, which the cuda compile target builds with (no GPU needed); nvcc only as a note."""
+    from importlib.metadata import PackageNotFoundError, version
+
     nvcc = find_nvcc(workspace)
-    if nvcc is None:
-        return Check("cuda compiler", False, False, "no nvcc found (only the cuda compile target needs it)",
-                     "pip install nvidia-cuda-nvcc, or install the CUDA toolkit, or set [compile] nvcc")
-    version = subprocess.run([nvcc, "--version"], capture_output=True, text=True, timeout=30).stdout.strip().splitlines()
-    return Check("cuda compiler", True, False, f"{nvcc}: {version[-1] if version else 'version unknown'}")
+    note = f"; nvcc at {nvcc} (not needed)" if nvcc else ""
+    try:
+        from cuda.bindings import nvrtc  # what lumos.compile.nvrtc builds with (core cannot import compile)
+
+        _, major, minor = nvrtc.nvrtcVersion()
+        found = f"{major}.{minor}"
+    except Exception as error:  # ImportError when missing, RuntimeError when libnvrtc does not load
+        return Check("cuda compiler", False, False, f"NVRTC not usable ({error}){note}",
+                     "pip install 'lumos[cuda]' (cuda-bindings and nvidia-cuda-nvrtc); only the cuda target needs it")
+    try:
+        bindings = version("cuda-bindings")
+    except PackageNotFoundError:
+        bindings = "unknown"
+    return Check("cuda compiler", True, False, f"NVRTC {found} (cuda-bindings {bindings}){note}")
+
+
+def _cuda_launcher() -> str:
+    """Which binding the CUDA runtime would launch kernels with (cuda_runtime.launcher)."""
+    try:
+        import pycuda
+
+        return f"pycuda {pycuda.VERSION_TEXT}"
+    except ImportError:
+        pass
+    try:
+        from cuda.bindings import driver  # noqa: F401
+
+        return "cuda.bindings.driver (pycuda not installed)"
+    except ImportError:
+        return "none (pip install 'lumos[cuda]')"
+
+
+def _driver_version() -> str:
+    try:
+        from cuda.bindings import driver
+
+        error, found = driver.cuDriverGetVersion()
+        if error != driver.CUresult.CUDA_SUCCESS:
+            return "no CUDA driver"
+        return f"CUDA driver {found // 1000}.{found % 1000 // 10}"
+    except Exception:  # no binding, or no libcuda to load
+        return "no CUDA driver"
 
 
 def check_gpu(workspace: Workspace) -> Check:
-    smi = shutil.which("nvidia-smi")
-    if smi is None:
-        return Check("gpu", False, False, "no NVIDIA GPU driver found (training and compile run on CPU)",
+    import torch
+
+    launcher = _cuda_launcher()
+    if not torch.cuda.is_available():
+        return Check("gpu", False, False, f"no CUDA GPU visible to torch ({_driver_version()}; launcher: {launcher}); "
+                     "training and compile run on CPU, `compile --target cuda` stops after NVRTC",
                      "optional: on a GPU machine install the NVIDIA driver; Lumos uses it when present")
-    query = subprocess.run([smi, "--query-gpu=name,memory.total", "--format=csv,noheader"], capture_output=True, text=True)
-    if query.returncode != 0 or not query.stdout.strip():
-        return Check("gpu", False, False, f"nvidia-smi failed: {query.stderr.strip()[:200]}")
-    return Check("gpu", True, False, "; ".join(line.strip() for line in query.stdout.splitlines()))
+    gpus = []
+    for index in range(torch.cuda.device_count()):
+        major, minor = torch.cuda.get_device_capability(index)
+        gpus.append(f"{torch.cuda.get_device_name(index)} (sm_{major}{minor})")
+    return Check("gpu", True, False, f"{'; '.join(gpus)}; {_driver_version()}; launcher: {launcher}")

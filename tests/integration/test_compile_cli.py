@@ -100,3 +100,21 @@ def test_usage_errors(project):
     assert result.exit_code == 2 and "no such run" in result.output
     assert lumos(project, "compile", "--run", "x", "--target", "tpu").exit_code == 2
 
+
+
+def test_cuda_target_builds_every_kernel_then_needs_a_gpu(project):
+    """Without a GPU: every kernel rendered and compiled by NVRTC (into the kernel cache), then
+    exit 1, since only a GPU can verify and time them, and no plan on the run. With one: verified."""
+    pytest.importorskip("cuda.bindings.nvrtc")
+    run_id = (project / "run.txt").read_text()
+    result = lumos(project, "compile", "--run", run_id, "--target", "cuda", "--batch", "4", "--seq", "6")
+    built = list((project / ".lumos" / "kernels" / "cuda").glob("*/*/kernels.ptx"))
+    assert len(built) == 1 and b".entry k0(" in built[0].read_bytes()
+    artifacts = {a.path for a in tracking_client(open_workspace(project)).list_artifacts(run_id, "compile/cuda")}
+    if torch.cuda.is_available():
+        assert result.exit_code == 0, result.output
+        assert artifacts == {"compile/cuda/plan.json", "compile/cuda/kernels.cu"}
+    else:
+        assert result.exit_code == 1, result.output
+        assert "no CUDA GPU" in result.output and "CUDA kernels for sm_80 with NVRTC" in result.output
+        assert not artifacts

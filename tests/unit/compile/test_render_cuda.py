@@ -142,3 +142,35 @@ def test_launch_grids_cover_every_output():
     assert tiles.grid(17) == 2 * 4 and tiles.grid(16) == 4
     fixed = Launch("k2", "warp", (256, 1, 1), False, 101, 8, 1, ())
     assert fixed.grid(1) == fixed.grid(256) == 13
+
+
+def test_every_op_case_compiles_with_nvrtc(tmp_path):
+    """test_compile_ops' graph (every primitive and high-level op, awkward sizes, broadcasts and
+    non-contiguous views), which test_cuda_gpu.py runs on a GPU, builds for both architectures."""
+    from test_compile_ops import CASES, INPUTS
+
+    from lumos.compile.hl_ops import Tensor, mark_output
+    from lumos.compile.ir import Graph
+
+    graph = Graph()
+    tensors = {name: Tensor.input(graph, name, value.shape) for name, value in INPUTS.items()}
+    for name, (lower, _) in CASES.items():
+        mark_output(graph, name, lower(tensors))
+    graph.prune()
+    compilation = compile_cuda_graph(graph, KernelCache(tmp_path, "cuda"))
+    assert compilation.attention >= 1
+    assert f".entry {compilation.program.launches[-1].name}(" in compile_cuda(compilation.program.source, "sm_90").code.decode()
+
+
+def test_long_attention_is_one_kernel_without_a_score_matrix(tmp_path):
+    from lumos.compile.hl_ops import Tensor, attention, mark_output
+    from lumos.compile.ir import Graph
+
+    batch, heads, seq, width = 4, 2, 2048, 32
+    graph = Graph()
+    q, k, v = (Tensor.input(graph, name, (batch, heads, seq, width)) for name in "qkv")
+    mark_output(graph, "out", attention(q, k, v, Tensor.input(graph, "mask", (batch, 1, 1, seq))))
+    graph.prune()
+    compilation = compile_cuda_graph(graph, KernelCache(tmp_path, "cuda"), CudaOptions("sm_90"))
+    assert compilation.attention == 1 and [launch.kind for launch in compilation.program.launches].count("attention") == 1
+    assert compilation.buffers.arena_bytes < batch * heads * seq * seq * 4

@@ -6,12 +6,12 @@ import numpy as np
 import pytest
 import torch
 
+from lumos.compile import render_c
 from lumos.compile.engine import compile_model, verify
 from lumos.compile.hl_ops import Tensor, mark_output
 from lumos.compile.interpret import interpret
 from lumos.compile.ir import Graph
 from lumos.compile.program import Options, compile_graph, load_program
-from lumos.compile import render_c
 from lumos.compile.schedule import KernelSchedule
 from lumos.compile.search_cache import SearchCache
 from lumos.data.contract import FeatureSpec
