@@ -277,8 +277,11 @@ def main() -> None:
     parser.add_argument("--skip-inductor", action="store_true", help="Leave out torch.compile (slow to build).")
     parser.add_argument("--search-budget", type=float, default=SEARCH_BUDGET_S, help="Lumos schedule search, seconds per model.")
     parser.add_argument("--attention-seq", type=int, default=512, help="Sequence length of the attention benchmark (0: skip).")
-    parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "compile.json")
+    parser.add_argument("--out", type=Path, default=None, help="Default: benchmarks/results/compile.json (compile_cuda.json for cuda).")
+    parser.add_argument("--target", choices=("cpu", "cuda"), default="cpu",
+                        help="cuda: eager vs torch.compile vs Lumos CUDA on the GPU, and attention at 512 and 2048 vs SDPA (compile_cuda.py).")
     args = parser.parse_args()
+    args.out = args.out or ROOT / "benchmarks" / "results" / ("compile.json" if args.target == "cpu" else "compile_cuda.json")
 
     torch.manual_seed(0)
     train = load_config(TrainConfig, RECIPES / "train.toml")
@@ -286,6 +289,14 @@ def main() -> None:
         ("quickstart", LumosModel(train.model, QUICKSTART_FEATURES)),
         ("sasrec", LumosModel(SASREC_CONFIG, SASREC_FEATURES)),
     ]
+    if args.target == "cuda":
+        from compile_cuda import main as bench_cuda
+
+        report = bench_cuda(models, args.batch, args.repeats, not args.skip_inductor)
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(report, indent=2))
+        print(f"wrote {args.out}")
+        return
     results = [bench_model(name, model, args.batch, args.repeats, not args.skip_inductor, args.search_budget)
                for name, model in models]
     report = {"machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "torch": torch.__version__,
