@@ -302,6 +302,8 @@ class Loop:
     """Shared out between threads (OpenMP on C; the grid on CUDA)."""
     vector: bool = False
     """Vectorized explicitly (omp simd)."""
+    bound: str | None = None
+    """The end as an expression when it is no constant (blocks of a symbolic batch: "(n + 3) / 4")."""
 
 
 @dataclass
@@ -639,7 +641,7 @@ class AttentionIR:
 
 
 def lower_attention(kernel: Kernel, materialized: set[Node], params: dict[Node, str],
-                    check_gathers: bool = False) -> AttentionIR:
+                    schedule: KernelSchedule | None = None, check_gathers: bool = False) -> AttentionIR:
     match = kernel.attention
     out, product = match.out, match.product
     probs_view = product.views[match.probs_index]
@@ -655,7 +657,8 @@ def lower_attention(kernel: Kernel, materialized: set[Node], params: dict[Node, 
             idx.append(Var(f"i{d}"))
     width = next(size for d, size in enumerate(product.shape) if idx[d] == Var("dd"))
     rows = [Loop(f"i{d}", size, batch=out.batched and d == 0) for d, size in enumerate(product.shape) if idx[d] == Var(f"i{d}")]
-    lowering = Lowering(kernel, materialized, params, vector_reductions=False, check_gathers=check_gathers)
+    # The score's loop over keys is what vectorizes, not the reductions inside it.
+    lowering = Lowering(kernel, materialized, params, schedule, vector_reductions=False, check_gathers=check_gathers)
     score = lowering.compute(match.scores, source_indices(probs_view, idx, product.srcs[match.probs_index].shape))
     score_stmts, lowering.stmts, lowering.block = lowering.stmts, [], -2  # a block of its own: nothing shared
     value = lowering.operand(product, 1 - match.probs_index, idx)
@@ -670,6 +673,14 @@ def stmt_refs(stmt: Stmt) -> set[str]:
     if isinstance(stmt, Reduce):
         return expr_refs(stmt.value).union(*(stmt_refs(s) for s in stmt.body))
     return expr_refs(stmt.value)
+
+
+def stmt_vars(stmt: Stmt) -> set[str]:
+    """The loop variables a statement names (its own reduction variable included)."""
+    guard = set().union(*(index_vars(c.index) for c in getattr(stmt, "guard", None) or ()))
+    if isinstance(stmt, Reduce):
+        return guard | {stmt.var} | expr_vars(stmt.value) | set().union(*(stmt_vars(s) for s in stmt.body))
+    return guard | expr_vars(stmt.value)
 
 
 def stmt_name(stmt: Stmt) -> str | None:

@@ -32,16 +32,12 @@ from lumos.compile.kernel_ir import (
     KernelIR,
     Loop,
     Reduce,
-    Stmt,
     Store,
-    expr_vars,
-    index_vars,
     lower_attention,
     lower_kernel,
     needed,
-    product_factors,
-    top_reduce,
 )
+from lumos.compile.kernel_passes import match_matmul
 from lumos.compile.plan import BufferPlan
 from lumos.compile.render_c import tensor_names
 from lumos.compile.render_cstyle import Dialect, block_lines, cond, expr, initial, literal, stmt_lines
@@ -150,19 +146,6 @@ def _indent(lines: list[str], depth: int = 1) -> list[str]:
     return ["  " * depth + line for line in lines]
 
 
-def _stmt_vars(stmt: Stmt) -> set[str]:
-    if isinstance(stmt, Reduce):
-        inner = expr_vars(stmt.value).union(*(_stmt_vars(s) for s in stmt.body))
-        guard = set().union(*(index_vars(c.index) for c in stmt.guard or ()))
-        return (inner - {stmt.var}) | guard
-    guard = set().union(*(index_vars(c.index) for c in getattr(stmt, "guard", None) or ()))
-    return expr_vars(stmt.value) | guard
-
-
-def _depends(value, stmts: list[Stmt]) -> set[str]:
-    return expr_vars(value).union(*(_stmt_vars(s) for s in needed(stmts, value)))
-
-
 def elementwise(ir: KernelIR) -> tuple[list[str], tuple]:
     total, batched, static = _total(ir.loops)
     body = [f"int u = blockIdx.x * {THREADS} + threadIdx.x;", f"if (u >= {total}) return;", *_decode(ir.loops),
@@ -201,28 +184,13 @@ def _warp_reduce(reduce: Reduce) -> list[str]:
 
 
 def tiled_matmul(ir: KernelIR) -> tuple[list[str], tuple] | None:
-    """The shared-memory tiled matmul, or None when the kernel is not a sum of value · weight
-    with a row loop the weight ignores and a column loop the value ignores."""
-    reduce = top_reduce(ir)
-    if reduce is None or len(ir.loops) < 2 or any(isinstance(s, Reduce) for s in ir.body[1:]):
+    """The shared-memory tiled matmul for the kernels kernel_passes.match_matmul accepts (the
+    same ones the C renderer can register-block), or None."""
+    match = match_matmul(ir, TILE)
+    if match is None:
         return None
-    factors = product_factors(reduce)
-    if factors is None:
-        return None
-    column = ir.loops[-1]
-    deps = [_depends(f, reduce.body) for f in factors]
-    if (column.var in deps[0]) == (column.var in deps[1]):
-        return None
-    weight_index = 0 if column.var in deps[0] else 1
-    weight, value = factors[weight_index], factors[1 - weight_index]
-    weight_deps, value_deps = deps[weight_index], deps[1 - weight_index]
-    rows = [loop for loop in ir.loops[:-1] if loop.var not in weight_deps]
-    if not rows:
-        return None
-    row = rows[-1]
+    reduce, column, row, value, weight = match.reduce, match.column, match.row, match.value, match.weight
     others = [loop for loop in ir.loops[:-1] if loop is not row]
-    if column.extent <= 1 or row.var in weight_deps or column.var in value_deps:
-        return None
     r, steps = reduce.var, reduce.length
     col_tiles = -(-column.extent // TILE)
     row_bound = "n" if row.batch else str(row.extent)
@@ -241,7 +209,7 @@ def tiled_matmul(ir: KernelIR) -> tuple[list[str], tuple] | None:
         body += [f"const int row_tile = u % {row_tiles};", f"u /= {row_tiles};", *_decode(others)]
         batched = any(loop.batch for loop in others)
         launch = ("tiled", (TILE, TILE, 1), batched, col_tiles * int(row_tiles) * z, 1, 1)
-    value_stmts, weight_stmts = needed(reduce.body, value), needed(reduce.body, weight)
+    value_stmts = needed(match.hoisted, value)  # the weight is one read: nothing to compute first
     body += [
         "float sum = 0.0f;",
         f"for (int k0 = 0; k0 < {steps}; k0 += {TILE}) {{",
@@ -259,10 +227,7 @@ def tiled_matmul(ir: KernelIR) -> tuple[list[str], tuple] | None:
         f"    const int {column.var} = col_tile * {TILE} + tx;",
         f"    const int {r} = k0 + ty;",
         "    float w = 0.0f;",
-        f"    if ({column.var} < {column.extent} && {r} < {steps}) {{",
-        *_indent(block_lines(weight_stmts, CUDA), 3),
-        f"      w = {expr(weight)};",
-        "    }",
+        f"    if ({column.var} < {column.extent} && {r} < {steps}) w = {expr(weight)};",
         "    tile_weight[ty][tx] = w;",
         "  }",
         "  __syncthreads();",

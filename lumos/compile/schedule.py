@@ -120,7 +120,7 @@ def choose_materialized(graph: Graph, recompute_cheap: bool = True) -> set[Node]
 
 def _row_wise_operand(product: Node, index: int, uses, materialized: set[Node]) -> bool:
     """Operand `index` of `product` is an input of a matmul that the renderer will run row-wise
-    (KernelRenderer.interchange): `product` is summed over its last axis, the operand is repeated
+    (kernel_passes.row_wise): `product` is summed over its last axis, the operand is repeated
     only along the output's last dim j, and the other operand is a buffer contiguous along j and
     strided along the sum. Then computing the operand inline costs nothing extra: it is the same
     for every j, and is computed once per (row, reduction step) — layer norm, GELU or softmax

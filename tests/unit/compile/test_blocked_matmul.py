@@ -8,12 +8,13 @@ import re
 import numpy as np
 import pytest
 
+from lumos.compile import render_c
 from lumos.compile.egraph.schedule import schedule_candidates
 from lumos.compile.hl_ops import Tensor, attention, mark_output
 from lumos.compile.interpret import interpret
 from lumos.compile.ir import Graph
 from lumos.compile.program import Options, compile_graph, load_program
-from lumos.compile.render_c import KernelRenderer, render_library, tensor_names
+from lumos.compile.render_c import render_library, tensor_names
 from lumos.compile.runtime import NativeProgram
 from lumos.compile.schedule import KernelSchedule
 
@@ -93,16 +94,16 @@ def test_the_search_verifies_every_blocked_candidate(kernel_cache):
 def test_a_wrong_blocked_kernel_is_rejected_and_never_chosen(kernel_cache, monkeypatch):
     """A bug only the micro-kernel has (its sums start from 1 in lane 0): every blocked candidate
     is rejected by the check against the interpreter, and the program stays right."""
-    register_block = KernelRenderer.register_block
+    register_block = render_c.register_block_body
 
-    def broken(self, loops, body):
-        blocked = register_block(self, loops, body)
+    def broken(ir, schedule):
+        blocked = register_block(ir, schedule)
         if blocked is None:
             return None
         loops, lines = blocked
         return loops, [line.replace("(lumos_f8){0}", "(lumos_f8){1.0f}") for line in lines]
 
-    monkeypatch.setattr(KernelRenderer, "register_block", broken)
+    monkeypatch.setattr(render_c, "register_block_body", broken)
     graph, inputs = block_layer(3, 17, 19, 37)
     compilation = compile_graph(graph, kernel_cache, Options(search_budget_s=120, search_cache=False), inputs)
     blocked = [c for g in compilation.search.groups for c in g.candidates if c.schedule.rows]
