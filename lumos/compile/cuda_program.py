@@ -57,7 +57,7 @@ class CudaCompilation:
         return {"primitive_ops": len(primitive), "kernels": len(self.kernels), "fused_ops": fused - len(self.kernels),
                 "planned_peak_bytes": self.buffers.arena_bytes, "unshared_bytes": self.buffers.unshared_bytes,
                 "per_node_bytes": self.buffers.per_node_bytes, "attention_kernels": self.attention,
-                **{f"{kind}_kernels": count for kind, count in kinds.items() if kind != "attention"}}
+                **{f"{kind}_kernels": count for kind, count in kinds.items()}}
 
 
 def _layout(c: CudaCompilation, cache: KernelCache) -> None:

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 from lumos.compile.ir import Op
 from lumos.compile.kernel_ir import (
+    AttentionIR,
     Expr,
     KernelIR,
     Let,
@@ -173,3 +174,38 @@ def match_matmul(ir: KernelIR, rows: int) -> Matmul | None:
     prologue = (None if not hoisted or reduce.length > PROLOGUE_LIMIT
                 else [let.name for let in hoisted if let.name in expr_refs(value)])
     return Matmul(reduce, value, weight, column, row, hoisted, prologue, ir.body[1:])
+
+
+@dataclass
+class ScoreDot:
+    """A fused attention's score as a dot product q · k followed by an epilogue (scale, mask)."""
+
+    dot: Reduce
+    key: Load
+    """The key operand: one read, contiguous along the keys j, the same for every query."""
+    query_value: Expr
+    epilogue: list[Stmt]
+    """The score's statements after the dot product (reading its accumulator)."""
+
+
+def match_scores(ir: AttentionIR, query: str, contiguous: bool = True) -> ScoreDot | None:
+    """The score's dot product, when it comes first and is a plain sum of query · key (no other
+    locals in its loop), the key a direct read that does not move with `query` (and, when
+    `contiguous`, moves by one along j: one vector load per step on the CPU)."""
+    movable = [s for s in ir.score_stmts if isinstance(s, Reduce) and s.guard is None and s.straight]
+    if len(movable) != 1 or ir.score_stmts[0] is not movable[0]:
+        return None
+    dot = movable[0]
+    factors = product_factors(dot)
+    summand = dot.value.name if isinstance(dot.value, Ref) else None
+    if factors is None or any(let.name != summand for let in dot.body):
+        return None
+    keyed = [factor for factor in factors if "j" in expr_vars(factor)]
+    if len(keyed) != 1 or query in expr_vars(keyed[0]):
+        return None
+    key = keyed[0]
+    if not isinstance(key, Load) or any(isinstance(i, RowOf) for i in key.indices):
+        return None
+    if contiguous and stride_along(key, "j") != 1:
+        return None
+    return ScoreDot(dot, key, factors[1 - factors.index(key)], ir.score_stmts[1:])

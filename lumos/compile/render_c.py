@@ -21,15 +21,13 @@ from lumos.compile.kernel_ir import (
     Load,
     Loop,
     Reduce,
-    Ref,
     RowOf,
     expr_vars,
     lower_attention,
     lower_kernel,
-    product_factors,
     stmt_vars,
 )
-from lumos.compile.kernel_passes import Matmul, match_matmul, row_wise, stride_along
+from lumos.compile.kernel_passes import Matmul, match_matmul, match_scores, row_wise, stride_along
 from lumos.compile.plan import BufferPlan
 from lumos.compile.render_cstyle import C, block_lines, expr, initial, literal, update
 from lumos.compile.schedule import Kernel, KernelSchedule
@@ -238,23 +236,13 @@ def _blocked_scores(ir: AttentionIR, query: str, block: int, per_block: int, thi
     (per_block × block / 8 vector sums; each key vector loaded once for every query), then the
     score's epilogue (scale, mask) per score. Needs the score to be a dot product q·k whose key
     operand is read contiguously along the keys; else None (one query's scores at a time)."""
-    movable = [s for s in ir.score_stmts if isinstance(s, Reduce) and s.guard is None and s.straight]
-    dot = movable[0] if len(movable) == 1 else None
-    if dot is None or ir.score_stmts[0] is not dot or block % VECTOR or per_block < 2:
+    if block % VECTOR or per_block < 2:
         return None
-    factors = product_factors(dot)
-    summand = dot.value.name if isinstance(dot.value, Ref) else None
-    if factors is None or any(let.name != summand for let in dot.body):
+    scores = match_scores(ir, query)
+    if scores is None:
         return None
-    keyed = [factor for factor in factors if "j" in expr_vars(factor)]
-    if len(keyed) != 1 or query in expr_vars(keyed[0]):
-        return None
-    key = keyed[0]
-    query_value = expr(factors[1 - factors.index(key)])
-    if not isinstance(key, Load) or any(isinstance(i, RowOf) for i in key.indices) or stride_along(key, "j") != 1:
-        return None
-    key = expr(key)
-    score, epilogue = expr(ir.score), _lines(ir.score_stmts[1:])
+    dot, key, query_value = scores.dot, expr(scores.key), expr(scores.query_value)
+    score, epilogue = expr(ir.score), _lines(scores.epilogue)
     lanes, r = block // VECTOR, dot.var
     return [
         f"lumos_f8 sa[{per_block}][{lanes}];",

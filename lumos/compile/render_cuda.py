@@ -14,9 +14,12 @@ them, chosen per kernel by its shape in the IR:
   output tiles per block, 16-step slices of both operands staged in shared memory. The value is
   computed as it is staged, so a fused layer-norm (or GELU) prologue runs there; the statements
   after the sum (bias, GELU, residual) run per output on the summed tile;
-- *attention* (egraph/attention.py's online softmax): one warp per query, each lane taking every
-  32nd key with its own running max, sum and output row, merged across the warp at the end; the
-  score matrix is never stored.
+- *flash* (egraph/attention.py's online softmax, when the score is q · k and the value one read):
+  one block per (batch·head, tile of 64 queries), a thread per query with its query row, running
+  max, sum and output row in registers, key and value rows staged in shared memory 32 keys at a
+  time for the whole block; the score matrix is never stored;
+- *attention_warp* (any other online softmax): one warp per query, each lane taking every 32nd key
+  with its own running max, sum and output row, merged across the warp at the end.
 
 Gathers read a row only when its id is inside the table (else 0). Kernels are `extern "C"`, so
 the runtime finds them by name, and all take (n, out, reads…) like the C ones.
@@ -30,14 +33,17 @@ from lumos.compile.ir import Graph, Node, Op
 from lumos.compile.kernel_ir import (
     AttentionIR,
     KernelIR,
+    Load,
     Loop,
     Reduce,
+    RowOf,
     Store,
+    expr_vars,
     lower_attention,
     lower_kernel,
     needed,
 )
-from lumos.compile.kernel_passes import match_matmul
+from lumos.compile.kernel_passes import match_matmul, match_scores, stride_along
 from lumos.compile.plan import BufferPlan
 from lumos.compile.render_c import tensor_names
 from lumos.compile.render_cstyle import Dialect, block_lines, cond, expr, initial, literal, stmt_lines
@@ -252,6 +258,81 @@ def _decode_static(loops: list[Loop]) -> list[str]:
     return lines
 
 
+FLASH_QUERIES = 64
+"""Queries per block of the flash-attention kernel (one thread each)."""
+FLASH_KEYS = 32
+"""Keys per shared-memory tile of the flash-attention kernel."""
+FLASH_WIDTH = 128
+"""Widest query, key or value row the flash-attention kernel keeps in registers."""
+
+
+def flash_attention(ir: AttentionIR) -> tuple[list[str], tuple] | None:
+    """One block per (batch·head, tile of FLASH_QUERIES queries), one thread per query holding its
+    query row, running max, sum and output row in registers; the keys in tiles of FLASH_KEYS
+    whose key and value rows the block stages in shared memory once for all its queries. The
+    score (dot product, then its epilogue: scale, mask) and the online softmax per key; no score
+    matrix. Needs the score to be q · k with k one read (kernel_passes.match_scores) and the
+    value one read; else None (the warp-per-query kernel)."""
+    query = ir.rows[-1]
+    scores = match_scores(ir, query.var, contiguous=False)  # staged through shared memory: any layout
+    if (scores is None or query.batch or ir.value_stmts or not isinstance(ir.value, Load)
+            or any(isinstance(i, RowOf) for i in ir.value.indices) or query.var in expr_vars(ir.value)
+            or max(ir.width, scores.dot.length) > FLASH_WIDTH):
+        return None
+    dot, others = scores.dot, ir.rows[:-1]
+    depth, width, keys = dot.length, ir.width, ir.keys
+    tiles = -(-query.extent // FLASH_QUERIES)
+    total, batched, static = _total(others)
+    scale = literal(ir.scale)
+    # Neighbouring threads read neighbouring addresses: along the keys when the key rows are
+    # stored that way round (layout.transpose_activations), else along the key row.
+    stage_keys = (f"jj = e % {FLASH_KEYS}, {dot.var} = e / {FLASH_KEYS}" if stride_along(scores.key, "j") == 1
+                  else f"jj = e / {depth}, {dot.var} = e % {depth}")
+    body = [
+        f"__shared__ float key_tile[{FLASH_KEYS}][{depth + 1}];",
+        f"__shared__ float value_tile[{FLASH_KEYS}][{width + 1}];",
+        "int u = blockIdx.x;",
+        f"const int query_tile = u % {tiles};",
+        f"u /= {tiles};",
+        *_decode(others),
+        f"const int query_at = query_tile * {FLASH_QUERIES} + threadIdx.x;",
+        f"const int {query.var} = query_at < {query.extent} ? query_at : {query.extent - 1};  /* past the end: computed, not stored */",
+        f"float qv[{depth}], o[{width}], m = -INFINITY, l = 0.0f;",
+        f"for (int {dot.var} = 0; {dot.var} < {depth}; {dot.var}++) qv[{dot.var}] = {expr(scores.query_value)};",
+        f"for (int dd = 0; dd < {width}; dd++) o[dd] = 0.0f;",
+        f"for (int j0 = 0; j0 < {keys}; j0 += {FLASH_KEYS}) {{",
+        f"  const int jn = {keys} - j0 < {FLASH_KEYS} ? {keys} - j0 : {FLASH_KEYS};",
+        "  __syncthreads();  /* the previous tile is used up */",
+        f"  for (int e = threadIdx.x; e < {FLASH_KEYS * depth}; e += {FLASH_QUERIES}) {{  /* stage the keys */",
+        f"    const int {stage_keys}, j = j0 + jj;",
+        f"    key_tile[jj][{dot.var}] = jj < jn ? {expr(scores.key)} : 0.0f;",
+        "  }",
+        f"  for (int e = threadIdx.x; e < {FLASH_KEYS * width}; e += {FLASH_QUERIES}) {{  /* and the values */",
+        f"    const int jj = e / {width}, dd = e % {width}, j = j0 + jj;",
+        f"    value_tile[jj][dd] = jj < jn ? {expr(ir.value)} : 0.0f;",
+        "  }",
+        "  __syncthreads();",
+        "  for (int jj = 0; jj < jn; jj++) {",
+        "    const int j = j0 + jj;",
+        f"    float {dot.acc} = 0.0f;",
+        "    #pragma unroll 8",
+        f"    for (int {dot.var} = 0; {dot.var} < {depth}; {dot.var}++) {dot.acc} += qv[{dot.var}] * key_tile[jj][{dot.var}];",
+        *_indent(block_lines(scores.epilogue, CUDA), 2),
+        f"    const float s = {expr(ir.score)};",
+        "    const float mn = lumos_max(m, s);",
+        f"    const float corr = lumos_exp2f((m - mn) * {scale});  /* the max-rescaling identity */",
+        f"    const float p = lumos_exp2f((s - mn) * {scale});",
+        "    l = l * corr + p;",
+        f"    for (int dd = 0; dd < {width}; dd++) o[dd] = o[dd] * corr + p * value_tile[jj][dd];",
+        "    m = mn;",
+        "  }",
+        "}",
+        f"if (query_at < {query.extent})",
+        f"  for (int dd = 0; dd < {width}; dd++) out[{ir.out}] = o[dd] / l;",
+    ]
+    return body, ("flash", (FLASH_QUERIES, 1, 1), batched, static * tiles, 1, 1)
+
+
 def attention(ir: AttentionIR) -> tuple[list[str], tuple]:
     total, batched, static = _total(ir.rows)
     warps = THREADS // WARP
@@ -284,7 +365,7 @@ def attention(ir: AttentionIR) -> tuple[list[str], tuple]:
         f"  if (lane == 0) out[{ir.out}] = od / lw;",
         "}",
     ]
-    return body, ("attention", (THREADS, 1, 1), batched, static, warps, 1)
+    return body, ("attention_warp", (THREADS, 1, 1), batched, static, warps, 1)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -296,7 +377,7 @@ def render_kernel(kernel: Kernel, materialized: set[Node], params: dict[Node, st
     node = kernel.node
     if kernel.attention is not None:
         ir = lower_attention(kernel, materialized, params, check_gathers=True)
-        body, launch = attention(ir)
+        body, launch = flash_attention(ir) or attention(ir)
         comment = f"{kernel.name}: %{node.id} attention{list(node.shape)}, online softmax over {ir.keys} keys"
         names = ir.params
     else:

@@ -1,0 +1,55 @@
+"""The kernel IR and the passes on it: what lowering builds and what the layouts are decided on.
+(The numerics of every layout are checked against the interpreter and torch elsewhere:
+test_compile_ops, test_blocked_matmul, test_search.)"""
+
+from __future__ import annotations
+
+from test_blocked_matmul import block_layer
+
+from lumos.compile.hl_ops import Tensor, cat, mark_output
+from lumos.compile.ir import Graph
+from lumos.compile.kernel_ir import Compare, Let, Load, Reduce, Var, lower_kernel
+from lumos.compile.kernel_passes import match_matmul, row_wise
+from lumos.compile.layout import transpose_weights
+from lumos.compile.schedule import schedule
+
+
+def lowered(graph: Graph):
+    transpose_weights(graph)
+    kernels, materialized = schedule(graph)
+    params = {node: f"b{node.id}" for node in graph.nodes}
+    return [lower_kernel(kernel, materialized, params) for kernel in kernels]
+
+
+def test_a_linear_layer_after_layer_norm_is_one_matmul_with_its_prologue_and_epilogue():
+    kernels = lowered(block_layer(3, 17, 19, 37)[0])
+    matmuls = [(ir, match_matmul(ir, 4)) for ir in kernels]
+    matched = [(ir, match) for ir, match in matmuls if match is not None]
+    assert len(matched) == 2  # W1 (layer norm before, bias and GELU after) and W2 (residual after)
+    for ir, match in matched:
+        assert isinstance(match.weight, Load) and match.column is ir.loops[-1] and match.row is ir.loops[-2]
+        assert match.reduce is ir.body[0] and match.rest[-1] is ir.body[-1]  # the epilogue ends with the store
+    first = min(matched, key=lambda pair: pair[0].name)[1]
+    assert first.hoisted and first.prologue  # the normalized value, computed per row and step
+    assert row_wise(matched[0][0], interchange=True) is not None
+
+
+def test_a_value_used_twice_is_computed_once_into_a_local():
+    graph = Graph()
+    x = Tensor.input(graph, "x", (3, 17))
+    doubled = x * 2.0
+    mark_output(graph, "y", (doubled * doubled.exp2()).sum(-1))
+    (ir,) = lowered(graph.prune())
+    reduce = ir.body[0]
+    assert isinstance(reduce, Reduce) and reduce.straight and reduce.vector
+    assert [s.name for s in reduce.body if isinstance(s, Let)] == ["v3"]  # x * 2, read by both factors
+
+
+def test_a_padding_condition_of_an_outer_loop_versions_the_element_loop():
+    graph = Graph()
+    first = Tensor.input(graph, "first", (3, 1, 16))
+    rest = Tensor.input(graph, "rest", (3, 9, 16))
+    mark_output(graph, "y", cat([first, rest * 2.0], 1))
+    (ir,) = lowered(graph.prune())
+    # The user token's slot (i1 < 1), then the history (i1 >= 1): either condition splits the loop.
+    assert ir.version_on in (Compare(Var("i1"), "<", 1), Compare(Var("i1"), ">=", 1))
