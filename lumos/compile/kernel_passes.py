@@ -17,16 +17,24 @@ from dataclasses import dataclass
 
 from lumos.compile.ir import Op
 from lumos.compile.kernel_ir import (
+    NEVER,
+    Affine,
     AttentionIR,
+    Binary,
+    Compare,
+    Cond,
     Expr,
     KernelIR,
     Let,
     Load,
     Loop,
+    Masked,
     Reduce,
     Ref,
     RowOf,
     Stmt,
+    Unary,
+    Var,
     expr_refs,
     expr_vars,
     index_refs,
@@ -209,3 +217,63 @@ def match_scores(ir: AttentionIR, query: str, contiguous: bool = True) -> ScoreD
     if contiguous and stride_along(key, "j") != 1:
         return None
     return ScoreDot(dot, key, factors[1 - factors.index(key)], ir.score_stmts[1:])
+
+
+def annotate_loops(ir: KernelIR) -> None:
+    """Which loops run in parallel (the outer ones: all but the last, or schedule.collapse of
+    them), whether the innermost one is vectorized, and loop versioning on an invariant guard."""
+    loops = ir.loops
+    if not loops:
+        return
+    outer = loops[:-1] if len(loops) > 1 else loops
+    if ir.schedule.collapse:
+        outer = outer[:ir.schedule.collapse]
+    for loop in outer:
+        loop.parallel = True
+    if len(loops) > 1:  # an innermost loop of its own, inside the parallel ones
+        straight = all(isinstance(s, Let) and s.guard is None for s in ir.body[:-1])
+        loops[-1].vector = bool(ir.schedule.simd) and straight
+        ir.version_on = invariant_guard(ir.body, {loop.var for loop in loops[:-1]})
+
+
+def invariant_guard(body: list[Stmt], outer: set[str]) -> Compare | None:
+    """The padding condition (e.g. `i1 >= 1`) tested most often in `body` that names only one of
+    the `outer` loop indices, if any."""
+    counts: dict[Compare, int] = {}
+    for cond in _conditions(body):
+        for compare in cond:
+            if isinstance(compare.index, Var) and compare.index.name in outer and compare != NEVER[0]:
+                counts[compare] = counts.get(compare, 0) + 1
+    if not counts:
+        return None
+    return max(sorted(counts, key=str), key=counts.get)
+
+
+def _conditions(stmts: list[Stmt]) -> list[Cond]:
+    found: list[Cond] = []
+
+    def visit(expr: Expr) -> None:
+        if isinstance(expr, Masked):
+            found.append(expr.cond)
+            visit(expr.x)
+        elif isinstance(expr, Unary):
+            visit(expr.x)
+        elif isinstance(expr, Binary):
+            visit(expr.a)
+            visit(expr.b)
+        elif isinstance(expr, Load) and isinstance(expr.offset, Affine):
+            for _, index in expr.offset.terms:
+                if isinstance(index, RowOf):
+                    visit(index.value)
+
+    for stmt in stmts:
+        if isinstance(stmt, Let):
+            found.extend([stmt.guard] if stmt.guard else [])
+            visit(stmt.value)
+        elif isinstance(stmt, Reduce):
+            found.extend([stmt.guard] if stmt.guard else [])
+            found.extend(_conditions(stmt.body))
+            visit(stmt.value)
+        else:
+            visit(stmt.value)
+    return found

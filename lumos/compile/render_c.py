@@ -23,11 +23,10 @@ from lumos.compile.kernel_ir import (
     Reduce,
     RowOf,
     expr_vars,
-    lower_attention,
-    lower_kernel,
     stmt_vars,
 )
 from lumos.compile.kernel_passes import Matmul, match_matmul, match_scores, row_wise, stride_along
+from lumos.compile.lower import lower_attention, lower_kernel
 from lumos.compile.plan import BufferPlan
 from lumos.compile.render_cstyle import C, block_lines, expr, initial, literal, update
 from lumos.compile.schedule import Kernel, KernelSchedule
@@ -80,7 +79,7 @@ VECTOR = 8
 BLOCK_UNROLL = 4
 """The blocked matmul's reduction loop is unrolled this far: more independent loads in flight."""
 # ---------------------------------------------------------------------------------------------
-# The fused attention kernel, printed from the kernel IR (kernel_ir.lower_attention)
+# The fused attention kernel, printed from the kernel IR (lower.lower_attention)
 
 
 def render_attention(kernel: Kernel, materialized: set[Node], params: dict[Node, str], schedule: KernelSchedule,

@@ -39,11 +39,10 @@ from lumos.compile.kernel_ir import (
     RowOf,
     Store,
     expr_vars,
-    lower_attention,
-    lower_kernel,
     needed,
 )
 from lumos.compile.kernel_passes import match_matmul, match_scores, stride_along
+from lumos.compile.lower import lower_attention, lower_kernel
 from lumos.compile.plan import BufferPlan
 from lumos.compile.render_c import tensor_names
 from lumos.compile.render_cstyle import Dialect, block_lines, cond, expr, initial, literal, stmt_lines

@@ -8,9 +8,10 @@ from test_blocked_matmul import block_layer
 
 from lumos.compile.hl_ops import Tensor, cat, mark_output
 from lumos.compile.ir import Graph
-from lumos.compile.kernel_ir import Compare, Let, Load, Reduce, Var, lower_kernel
+from lumos.compile.kernel_ir import Compare, Let, Load, Reduce, Var
 from lumos.compile.kernel_passes import match_matmul, row_wise
 from lumos.compile.layout import transpose_weights
+from lumos.compile.lower import lower_kernel
 from lumos.compile.schedule import schedule
 
 

@@ -10,7 +10,8 @@ import torch
 from lumos.compile.cache import KernelCache
 from lumos.compile.cuda_program import CudaOptions, compile_cuda_graph
 from lumos.compile.frontend import lower_model
-from lumos.compile.kernel_ir import Affine, Load, Masked, Reduce, RowOf, lower_kernel
+from lumos.compile.kernel_ir import Affine, Load, Masked, Reduce, RowOf
+from lumos.compile.lower import lower_kernel
 from lumos.compile.nvrtc import FLAGS, CudaBuildError, compile_cuda, nvrtc_version
 from lumos.compile.render_cuda import HEADER, Launch
 from lumos.data.contract import FeatureSpec
