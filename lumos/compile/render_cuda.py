@@ -8,7 +8,8 @@ them, chosen per kernel by its shape in the IR:
 - *warp*: a reduction of at least 32 steps at the top of the body (layer norm's statistics,
   softmax's max and sum, a dot product that is no tiled matmul): one warp per output element,
   its lanes taking every 32nd step and combining by shuffles (lumos_warp_sum / _max), the rest
-  of the body on every lane, lane 0 storing;
+  of the body on every lane, lane 0 storing; *block*, for reductions of 2048 steps or more: the
+  same over a block of 256 threads, the warps' results combined through shared memory;
 - *tiled*: the kernel's one reduction is a sum of `value · weight` where the weight does not
   depend on some output row loop and the value not on the column loop (x @ W, P @ V): 16×16
   output tiles per block, 16-step slices of both operands staged in shared memory. The value is
@@ -45,7 +46,7 @@ from lumos.compile.kernel_passes import match_matmul, match_scores, stride_along
 from lumos.compile.lower import lower_attention, lower_kernel
 from lumos.compile.plan import BufferPlan
 from lumos.compile.render_c import tensor_names
-from lumos.compile.render_cstyle import Dialect, block_lines, cond, expr, initial, literal, stmt_lines
+from lumos.compile.render_cstyle import Dialect, block_lines, cond, expr, initial, literal, stmt_lines, update
 from lumos.compile.schedule import Kernel
 
 HEADER = """\
@@ -76,6 +77,8 @@ TILE = 16
 """Output tile edge (and reduction slice) of the tiled matmul: 16×16 threads per block."""
 WARP_REDUCE_FROM = WARP
 """Top-level reductions at least this long are shared out over a warp's lanes."""
+BLOCK_REDUCE_FROM = 2048
+"""… and at least this long over a whole block's threads (warp shuffles, then shared memory)."""
 
 
 @dataclass(frozen=True)
@@ -173,19 +176,42 @@ def warp_per_output(ir: KernelIR) -> tuple[list[str], tuple]:
     return body, ("warp", (THREADS, 1, 1), batched, static, warps, 1)
 
 
-def _warp_reduce(reduce: Reduce) -> list[str]:
-    """Each lane sums every 32nd step; then the lanes combine (outside the guard, which is the
-    same for the whole warp, so that every lane takes part in the shuffles)."""
+def _warp_reduce(reduce: Reduce, stride: int = WARP, lane: str = "lane") -> list[str]:
+    """Each lane sums every 32nd step (every `stride`th from `lane`); then the lanes combine
+    (outside the guard, which is the same for the whole warp, so every lane takes part in the
+    shuffles)."""
     combine = "lumos_warp_sum" if reduce.op is Op.SUM else "lumos_warp_max"
-    update = f"{reduce.acc} += {expr(reduce.value)};" if reduce.op is Op.SUM else \
-        f"{reduce.acc} = lumos_max({reduce.acc}, {expr(reduce.value)});"
+    step = update(reduce.op, reduce.acc, expr(reduce.value))
     lines = [f"float {reduce.acc} = {initial(reduce.init)};"]
     if reduce.guard:
         lines.append(f"if ({cond(reduce.guard)})")
-    lines += ["{", f"for (int {reduce.var} = lane; {reduce.var} < {reduce.length}; {reduce.var} += 32) {{",
-              *_indent(block_lines(reduce.body, CUDA)), f"  {update}", "}", "}",
+    lines += ["{", f"for (int {reduce.var} = {lane}; {reduce.var} < {reduce.length}; {reduce.var} += {stride}) {{",
+              *_indent(block_lines(reduce.body, CUDA)), f"  {step}", "}", "}",
               f"{reduce.acc} = {combine}({reduce.acc});"]
     return lines
+
+
+def block_per_output(ir: KernelIR) -> tuple[list[str], tuple]:
+    """One block per output element for long reductions: each thread takes every 256th step, the
+    warps combine by shuffles and the block through shared memory; thread 0 stores."""
+    total, batched, static = _total(ir.loops)
+    warps = THREADS // WARP
+    body = ["__shared__ float partial[8];", "const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;",
+            "int u = blockIdx.x;", f"if (u >= {total}) return;  /* the same for every thread of the block */",
+            *_decode(ir.loops)]
+    for stmt in ir.body:
+        if isinstance(stmt, Reduce) and stmt.length >= WARP_REDUCE_FROM:
+            combine = "({} + {})" if stmt.op is Op.SUM else "lumos_max({}, {})"
+            body += _warp_reduce(stmt, stride=THREADS, lane="threadIdx.x")
+            body += ["__syncthreads();  /* partial may still hold the previous reduction's values */",
+                     f"if (lane == 0) partial[warp] = {stmt.acc};", "__syncthreads();",
+                     f"{stmt.acc} = partial[0];",
+                     f"for (int w = 1; w < {warps}; w++) {stmt.acc} = {combine.format(stmt.acc, 'partial[w]')};"]
+        elif isinstance(stmt, Store):
+            body += ["if (threadIdx.x == 0)", *_indent(stmt_lines(stmt, CUDA))]
+        else:
+            body += stmt_lines(stmt, CUDA)
+    return body, ("block", (THREADS, 1, 1), batched, static, 1, 1)
 
 
 def tiled_matmul(ir: KernelIR) -> tuple[list[str], tuple] | None:
@@ -383,8 +409,9 @@ def render_kernel(kernel: Kernel, materialized: set[Node], params: dict[Node, st
         ir = lower_kernel(kernel, materialized, params, check_gathers=True)
         frame = tiled_matmul(ir)
         if frame is None:
-            long_reduce = any(isinstance(s, Reduce) and s.length >= WARP_REDUCE_FROM for s in ir.body)
-            frame = warp_per_output(ir) if long_reduce else elementwise(ir)
+            longest = max((s.length for s in ir.body if isinstance(s, Reduce)), default=0)
+            frame = (block_per_output(ir) if longest >= BLOCK_REDUCE_FROM else
+                     warp_per_output(ir) if longest >= WARP_REDUCE_FROM else elementwise(ir))
         body, launch = frame
         comment = ir.comment
         names = ir.params

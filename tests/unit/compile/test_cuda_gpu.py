@@ -63,6 +63,21 @@ def test_out_of_range_gather_ids_read_zeros(tmp_path):
     assert torch.all(got.reshape(3, 17, 6)[0, 0] == 0) and torch.all(got.reshape(3, 17, 6)[1, 3] == 0)
 
 
+def test_long_and_short_reductions_match_torch(tmp_path):
+    graph = Graph()
+    x = Tensor.input(graph, "x", (3, 5000))
+    mark_output(graph, "total", x.sum(-1))
+    mark_output(graph, "peak", x.max(-1))
+    mark_output(graph, "short", x.slice(1, 0, 40).max(-1))
+    graph.prune()
+    _, program = gpu_program(graph, KernelCache(tmp_path, "cuda"))
+    value = torch.randn(3, 5000, generator=torch.Generator().manual_seed(1))
+    got = {name: out.cpu().reshape(3) for name, out in program({"x": value.cuda()}).items()}
+    torch.testing.assert_close(got["total"], value.sum(-1), atol=1e-3, rtol=1e-4)
+    torch.testing.assert_close(got["peak"], value.amax(-1))
+    torch.testing.assert_close(got["short"], value[:, :40].amax(-1))
+
+
 FEATURES = FeatureSpec(token_categorical={"item": 12, "hour": 24}, token_numeric=("value",),
                        static_categorical={"user_country": 5}, future_flags=("sale",), horizons_days=(1, 3), max_len=17)
 CONFIG = ModelConfig(d_model=8, n_heads=2, encoder_layers=2, decoder_layers=1, d_ff=16, dropout=0.0, max_len=17)

@@ -179,3 +179,20 @@ def test_long_attention_is_one_kernel_without_a_score_matrix(tmp_path):
     compilation = compile_cuda_graph(graph, KernelCache(tmp_path, "cuda"), CudaOptions("sm_90"))
     assert compilation.attention == 1 and [launch.kind for launch in compilation.program.launches].count("flash") == 1
     assert compilation.buffers.arena_bytes < batch * heads * seq * seq * 4
+
+
+def test_long_reductions_take_a_block_each_and_short_ones_a_warp(tmp_path):
+    from lumos.compile.hl_ops import Tensor, mark_output
+    from lumos.compile.ir import Graph
+
+    graph = Graph()
+    x = Tensor.input(graph, "x", (3, 5000))
+    mark_output(graph, "total", x.sum(-1))
+    mark_output(graph, "peak", x.slice(1, 0, 40).max(-1))
+    graph.prune()
+    compilation = compile_cuda_graph(graph, KernelCache(tmp_path, "cuda"))
+    kinds = sorted(launch.kind for launch in compilation.program.launches)
+    assert kinds == ["block", "warp"]
+    source = {launch.kind: compilation.program.kernels[launch.name] for launch in compilation.program.launches}
+    assert "+= 256)" in source["block"] and "partial[warp]" in source["block"]  # the block's threads share the steps
+    assert "+= 32)" in source["warp"] and "partial" not in source["warp"]
