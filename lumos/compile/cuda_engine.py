@@ -130,6 +130,7 @@ def time_gpu(result: CudaResult, model: LumosModel, repeats: int = 20) -> tuple[
 def cuda_plan(result: CudaResult, model: LumosModel, batch_size: int, seq_len: int) -> dict:
     compilation = result.compilation
     graph = compilation.graph
+    weights = model_tensors(model)
     return {
         "format": 1, "target": "cuda", "arch": compilation.options.arch, "nvrtc": nvrtc_version(), "flags": list(FLAGS),
         "batch_size": batch_size, "seq_len": seq_len, "symbolic_batch": graph.batch is not None,
@@ -137,8 +138,8 @@ def cuda_plan(result: CudaResult, model: LumosModel, batch_size: int, seq_len: i
         "inputs": [{"name": name, "shape": list(node.shape)} for name, node in graph.inputs.items()],
         "outputs": [{"name": name, "node_shape": list(node.shape), "shape": list(graph.output_shapes[name])}
                     for name, node in graph.outputs.items()],
-        "tensors": [{"name": name, "shape": list(graph.tensors[name].shape), "weight": name.removesuffix(TRANSPOSED) in
-                     model_tensors(model)} for name in tensor_names(graph)],
+        "tensors": [{"name": name, "shape": list(graph.tensors[name].shape), "weight": name.removesuffix(TRANSPOSED) in weights}
+                    for name in tensor_names(graph)],
         "launches": [{"name": launch.name, "kind": launch.kind, "block": list(launch.block), "batched": launch.batched,
                       "mult": launch.mult, "per": launch.per, "groups": launch.groups,
                       "buffers": [list(where) for where in launch.buffers]}

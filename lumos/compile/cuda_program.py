@@ -96,7 +96,7 @@ PASSES: list[tuple[str, Callable[[CudaCompilation, KernelCache], None]]] = [
     ("attention", _attention),
     ("plan_buffers", _plan),
     ("render_cuda", _render),
-    ("build_nvrtc", _build),
+    ("build", _build),  # NVRTC, through the kernel cache
 ]
 
 
