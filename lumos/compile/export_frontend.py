@@ -109,6 +109,14 @@ def lower_module(module: nn.Module, example_inputs: Sequence[torch.Tensor]) -> t
 # The runnable module
 
 
+@dataclass(frozen=True)
+class TensorOutput:
+    name: str
+    """The graph output that holds it."""
+    dtype: torch.dtype
+    """What eager returns (the graph computes float32)."""
+
+
 @dataclass
 class CompiledModule:
     """A built graph bound to the module's weights (copied when compiled); called like the
@@ -122,7 +130,8 @@ class CompiledModule:
     """The ones the graph reads, by position (an argument the forward ignores is not passed on)."""
     input_shapes: list[tuple[int, ...]]
     input_dtypes: list[torch.dtype]
-    output_dtypes: list[torch.dtype]
+    outputs: list[TensorOutput | object]
+    """The flattened return value: a graph output per tensor, the value itself for a constant (None)."""
     output_spec: pytree.TreeSpec
     max_error: float = float("nan")
     """Largest difference from eager on the inputs it was checked on (`verify_module`)."""
@@ -147,8 +156,8 @@ class CompiledModule:
             named[name] = value.detach().cpu().to(torch.float32).numpy()
         out = self.program(named)
         shapes = self.compilation.graph.output_shapes
-        return [torch.from_numpy(out[name].reshape(shapes[name])).to(dtype)
-                for (name, _), dtype in zip(self.program.outputs, self.output_dtypes, strict=True)]
+        return [torch.from_numpy(out[leaf.name].reshape(shapes[leaf.name])).to(leaf.dtype)
+                if isinstance(leaf, TensorOutput) else leaf for leaf in self.outputs]
 
 
 def compile_module(module: nn.Module, example_inputs: Sequence[torch.Tensor], cache: KernelCache | None = None,
@@ -166,7 +175,8 @@ def compile_module(module: nn.Module, example_inputs: Sequence[torch.Tensor], ca
         native, compilation, len(example_inputs), used,
         input_shapes=[tuple(example_inputs[index].shape) for index in used],
         input_dtypes=[example_inputs[index].dtype for index in used],
-        output_dtypes=[result.meta["val"].dtype for result in output_node.args[0]],
+        outputs=[TensorOutput(f"output{index}", leaf.meta["val"].dtype) if isinstance(leaf, torch.fx.Node) else leaf
+                 for index, leaf in enumerate(output_node.args[0])],
         output_spec=program.call_spec.out_spec,
     )
     if verify:
@@ -183,6 +193,10 @@ def verify_module(compiled: CompiledModule, module: nn.Module, inputs: Sequence[
             expected = pytree.tree_leaves(module(*args))
         got = pytree.tree_leaves(compiled(*args))
         for index, (want, have) in enumerate(zip(expected, got, strict=True)):
+            if not isinstance(want, torch.Tensor):
+                if want != have:
+                    raise VerificationError(f"output {index}: compiled {have!r}, torch {want!r}")
+                continue
             want, have = want.float().numpy(), have.float().numpy()
             if want.shape != have.shape:
                 raise VerificationError(f"output {index}: compiled shape {have.shape}, torch {want.shape}")

@@ -483,6 +483,8 @@ def lower_program(program, inputs: list[str], output_names: list[str]) -> Graph:
         elif fx_node.op == "output":
             results = fx_node.args[0]
             for name, result in zip(output_names, results, strict=True):
+                if not isinstance(result, torch.fx.Node):
+                    continue  # a constant output (None, a number): not the graph's to compute
                 if not isinstance(env[result], Tensor):
                     raise UnsupportedOp(f"output {name} is not a tensor")
                 mark_output(graph, name, env[result])

@@ -34,7 +34,7 @@ BACKEND_NAME = "lumos"
 
 class _GraphWithWeights(nn.Module):
     """A dynamo graph as a module: its parameter inputs held as this module's own parameters (so
-    that export makes them constants), its integer inputs (symbolic sizes) fixed, tensors as inputs."""
+    that export makes them constants), sizes and scalars fixed (`_fixed`), other tensors as inputs."""
 
     def __init__(self, graph: torch.fx.GraphModule, example_inputs: Sequence, weight_slots: list[int]):
         super().__init__()
@@ -45,7 +45,7 @@ class _GraphWithWeights(nn.Module):
             name = f"w{slot}_{placeholders[slot]}".replace(".", "_")
             self.register_parameter(name, example_inputs[slot])
             self.weight_names[slot] = name
-        self.fixed = {slot: value for slot, value in enumerate(example_inputs) if not isinstance(value, torch.Tensor)}
+        self.fixed = {slot: value for slot, value in enumerate(example_inputs) if _fixed(value)}
         self.slots = len(example_inputs)
 
     def forward(self, *tensors):
@@ -67,13 +67,14 @@ class LumosGraph:
         self.graph, self.cache, self.options = graph, cache, options
         self.weight_slots = [slot for slot, value in enumerate(example_inputs) if isinstance(value, nn.Parameter)]
         self.tensor_slots = [slot for slot, value in enumerate(example_inputs)
-                             if isinstance(value, torch.Tensor) and slot not in self.weight_slots]
+                             if not _fixed(value) and slot not in self.weight_slots]
         self.compiled: dict[tuple, CompiledModule] = {}
         _refuse_gradients(example_inputs)
-        self._compiled_for(example_inputs)  # now, so that an unsupported op fails at the first call
+        if not _symbolic(example_inputs):  # else at the first call, when the sizes are known
+            self._compiled_for(example_inputs)  # now, so that an unsupported op fails at once
 
     def _key(self, inputs: Sequence) -> tuple:
-        return (tuple((tuple(value.shape), value.dtype) if isinstance(value, torch.Tensor) else value
+        return (tuple(_fixed_value(value) if _fixed(value) else (tuple(value.shape), value.dtype)
                       for slot, value in enumerate(inputs) if slot not in self.weight_slots),
                 tuple(inputs[slot]._version for slot in self.weight_slots))
 
@@ -88,6 +89,22 @@ class LumosGraph:
     def __call__(self, *inputs):
         _refuse_gradients(inputs)
         return self._compiled_for(inputs)(*(inputs[slot] for slot in self.tensor_slots))
+
+
+def _fixed(value) -> bool:
+    """Compiled in as a constant: a size (int) or a Python float dynamo passes as a 0-dim float64
+    tensor (dynamic mode); a program is compiled per value."""
+    return not isinstance(value, torch.Tensor) or (value.ndim == 0 and value.dtype == torch.float64)
+
+
+def _fixed_value(value):
+    return value.item() if isinstance(value, torch.Tensor) else value
+
+
+def _symbolic(inputs: Sequence) -> bool:
+    """Dynamo made some size dynamic (torch.compile(dynamic=True), or after a recompile)."""
+    return any(isinstance(value, torch.SymInt) or (isinstance(value, torch.Tensor)
+               and any(isinstance(size, torch.SymInt) for size in value.shape)) for value in inputs)
 
 
 def _refuse_gradients(inputs: Sequence) -> None:

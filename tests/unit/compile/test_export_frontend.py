@@ -115,6 +115,27 @@ def test_wrong_shape_is_refused(kernel_cache):
         compiled(torch.randn(B + 1, T, C))
 
 
+class Untidy(nn.Module):
+    """Returns a dict with a None, an input as is, one tensor twice; ignores an argument."""
+
+    def __init__(self):
+        super().__init__()
+        self.linear = nn.Linear(4, 4)
+
+    def forward(self, x, unused):
+        y = self.linear(x)
+        return {"y": y, "x": x, "none": None, "pair": (y, y)}
+
+
+def test_return_structure_is_kept(kernel_cache):
+    module = Untidy()
+    compiled = compile_module(module, (torch.randn(2, 4), torch.randn(3)), kernel_cache)
+    x = torch.randn(2, 4)
+    got = compiled(x, torch.randn(3))
+    assert got["none"] is None and torch.equal(got["x"], x)
+    torch.testing.assert_close(got["pair"][1], module(x, None)["y"], atol=1e-4, rtol=1e-4)
+
+
 def test_core_aten_graph_lowers():
     """A fully decomposed export (core aten: addmm, native_layer_norm, where, any …) lowers too."""
     module, inputs = make_case("encoder_norm_after")
@@ -198,3 +219,12 @@ def test_torch_compile_backend_follows_weights_and_refuses_gradients(fresh_dynam
         assert not torch.allclose(before, module(x), atol=1e-3)
     with pytest.raises(Exception, match="inference only"):
         fast(x)
+
+
+def test_torch_compile_backend_compiles_each_dynamic_size(fresh_dynamo, kernel_cache):
+    module, _ = make_case("mlp")
+    fast = torch.compile(module.eval(), backend=make_backend(kernel_cache), dynamic=True)
+    with torch.no_grad():
+        for rows in (2, 5):
+            x = torch.randn(rows, C)
+            torch.testing.assert_close(fast(x), module(x), atol=1e-4, rtol=1e-4)
