@@ -147,6 +147,31 @@ def test_core_aten_graph_lowers():
     np.testing.assert_allclose(got, want, atol=1e-4, rtol=1e-4)
 
 
+class OpZoo(nn.Module):
+    """One use of each lowering the models above do not reach."""
+
+    def forward(self, x, ids, keep):
+        square = x.flatten(1).unflatten(1, (T, C))  # (B, T, C)
+        scores = square @ square.transpose(1, 2)  # (B, T, T)
+        dropped = ~keep  # bitwise_not of a bool
+        return (
+            (ids >= 3).float() + (ids <= 5).float(),
+            (x >= x.mean()).float() + (x <= 0).float(),
+            torch.erf(x) + torch.cos(x) + nn.functional.silu(x) + torch.square(x) + x.abs().pow(0.5) + x.pow(3),
+            torch.var(x, dim=-1, keepdim=True) + torch.log_softmax(x, dim=-1),
+            scores.triu(1) + torch.zeros(T, T) + torch.full((T, T), 2.0) + torch.ones_like(scores),
+            x.masked_fill(dropped[..., None], torch.tensor(-1.5)) + torch.zeros_like(x),
+        )
+
+
+def test_each_general_lowering_matches_eager(kernel_cache):
+    generator = torch.Generator().manual_seed(4)
+    args = (torch.randn(B, T, C, generator=generator), torch.randint(0, 9, (B, T), generator=generator),
+            torch.rand(B, T, generator=generator) > 0.3)
+    compiled = compile_module(OpZoo(), args, kernel_cache)  # verified against eager on args
+    assert compiled.max_error < 1e-4 and len(compiled.outputs) == 6
+
+
 class Cumulative(nn.Module):
     def __init__(self):
         super().__init__()
