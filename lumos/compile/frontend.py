@@ -109,7 +109,9 @@ def describe(fx_node: torch.fx.Node) -> str:
         if line.strip().startswith("File "):
             code = trace[index + 1].strip() if index + 1 < len(trace) else ""
             frames.append(f"{line.strip().removeprefix('File ')}: {code}")
-    # The innermost frame in the model's own code, not in torch's modules.
+    # The innermost frame in the model's own code, not in torch's modules; never the compiler's
+    # own frames (the torch.compile backend's re-trace, where dynamo recorded none).
+    frames = [frame for frame in frames if "/lumos/compile/" not in frame]
     own = [frame for frame in frames if "/torch/" not in frame]
     location = (own or frames or [""])[-1]
     parts = [f"{fx_node.target}"] + ([f"in {module}"] if module else []) + ([f"({location})"] if location else [])
@@ -143,8 +145,10 @@ def _split(x: Tensor, split_size, dim: int = 0) -> tuple[Tensor, ...]:
 
 
 def _sdpa(lower: _Lowering, q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, **_):
-    if is_causal:
-        raise UnsupportedOp(f"causal attention is not supported: {lower.where()}")
+    if dropout_p > 0:
+        raise UnsupportedOp(f"attention dropout {dropout_p} (put the model in eval mode): {lower.where()}")
+    if is_causal:  # torch's causal mask: query i sees keys 0..i (top-left aligned)
+        return attention(q, k, v, _literal(lower, np.tril(np.ones(q.shape[-2:-1] + k.shape[-2:-1], np.float32))), scale)
     if attn_mask is None:
         return attention(q, k, v, None, scale)
     if _dtype(lower.fx_node.args[3] if len(lower.fx_node.args) > 3 else lower.fx_node.kwargs["attn_mask"]) is torch.bool:
@@ -386,7 +390,7 @@ LOWERINGS: dict[str, Callable] = {
     "aten.le.Tensor": lambda lower, a, b: 1.0 - (a > b),
     "aten.__or__.Tensor": _boolean(lambda a, b: a + b - a * b),
     "aten.bitwise_or.Tensor": _boolean(lambda a, b: a + b - a * b),
-    "aten.logical_or.default": lambda lower, a, b: a + b - a * b,
+    "aten.logical_or.default": _boolean(lambda a, b: a + b - a * b),
     "aten.bitwise_not.default": _boolean(lambda x: 1.0 - x),
     "aten.any.dim": _boolean(lambda x, dim, keepdim=False: x.max(dim, keepdim)),
     "aten.masked_fill.Tensor": lambda lower, x, mask, value: x.masked_fill(mask, value),

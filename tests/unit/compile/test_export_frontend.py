@@ -161,6 +161,7 @@ class OpZoo(nn.Module):
             torch.var(x, dim=-1, keepdim=True) + torch.log_softmax(x, dim=-1),
             scores.triu(1) + torch.zeros(T, T) + torch.full((T, T), 2.0) + torch.ones_like(scores),
             x.masked_fill(dropped[..., None], torch.tensor(-1.5)) + torch.zeros_like(x),
+            nn.functional.scaled_dot_product_attention(x, x * 0.5, x, is_causal=True),
         )
 
 
@@ -169,7 +170,7 @@ def test_each_general_lowering_matches_eager(kernel_cache):
     args = (torch.randn(B, T, C, generator=generator), torch.randint(0, 9, (B, T), generator=generator),
             torch.rand(B, T, generator=generator) > 0.3)
     compiled = compile_module(OpZoo(), args, kernel_cache)  # verified against eager on args
-    assert compiled.max_error < 1e-4 and len(compiled.outputs) == 6
+    assert compiled.max_error < 1e-4 and len(compiled.outputs) == 7
 
 
 class Cumulative(nn.Module):
