@@ -68,23 +68,27 @@ class LumosGraph:
         self.weight_slots = [slot for slot, value in enumerate(example_inputs) if isinstance(value, nn.Parameter)]
         self.tensor_slots = [slot for slot, value in enumerate(example_inputs)
                              if not _fixed(value) and slot not in self.weight_slots]
-        self.compiled: dict[tuple, CompiledModule] = {}
+        self.compiled: dict[tuple, tuple[tuple, CompiledModule]] = {}
+        """Per shape key: the weights it was compiled with (`_weights_key`) and the program."""
         _refuse_gradients(example_inputs)
         if not _symbolic(example_inputs):  # else at the first call, when the sizes are known
             self._compiled_for(example_inputs)  # now, so that an unsupported op fails at once
 
-    def _key(self, inputs: Sequence) -> tuple:
-        return (tuple(_fixed_value(value) if _fixed(value) else (tuple(value.shape), value.dtype)
-                      for slot, value in enumerate(inputs) if slot not in self.weight_slots),
-                tuple(inputs[slot]._version for slot in self.weight_slots))
+    def _shape_key(self, inputs: Sequence) -> tuple:
+        return tuple(_fixed_value(value) if _fixed(value) else (tuple(value.shape), value.dtype)
+                     for slot, value in enumerate(inputs) if slot not in self.weight_slots)
+
+    def _weights_key(self, inputs: Sequence) -> tuple:
+        """Changes when a parameter is replaced or changed in place (its version counter)."""
+        return tuple((id(inputs[slot]), inputs[slot].data_ptr(), inputs[slot]._version) for slot in self.weight_slots)
 
     def _compiled_for(self, inputs: Sequence) -> CompiledModule:
-        key = self._key(inputs)
-        if key not in self.compiled:
+        shapes, weights = self._shape_key(inputs), self._weights_key(inputs)
+        if shapes not in self.compiled or self.compiled[shapes][0] != weights:
             module = _GraphWithWeights(self.graph, inputs, self.weight_slots)
-            self.compiled[key] = compile_module(module, [inputs[slot] for slot in self.tensor_slots],
-                                                self.cache, self.options)
-        return self.compiled[key]
+            compiled = compile_module(module, [inputs[slot] for slot in self.tensor_slots], self.cache, self.options)
+            self.compiled[shapes] = (weights, compiled)
+        return self.compiled[shapes][1]
 
     def __call__(self, *inputs):
         _refuse_gradients(inputs)

@@ -243,6 +243,8 @@ def test_torch_compile_backend_follows_weights_and_refuses_gradients(fresh_dynam
         module[0].weight.mul_(2.0)  # in place: the compiled program binds the new weights
         torch.testing.assert_close(fast(x), module(x), atol=1e-4, rtol=1e-4)
         assert not torch.allclose(before, module(x), atol=1e-3)
+        module[3].bias = nn.Parameter(torch.ones(C))  # replaced: bound too
+        torch.testing.assert_close(fast(x), module(x), atol=1e-4, rtol=1e-4)
     with pytest.raises(Exception, match="inference only"):
         fast(x)
 
