@@ -15,8 +15,10 @@ lowering can read. The graph is made functional (`run_decompositions({})`: `mask
 `masked_fill`, dropout disappears) but not decomposed, so linear, layer norm and attention stay whole.
 
 Values in the IR are float32: integer inputs (ids, exact below 2**24) and bool inputs (masks) are
-passed as floats, and each output is converted back to the dtype eager returns. Shapes are static:
-a compiled module runs on inputs of the example's shapes only.
+passed as floats, and each output is converted back to the dtype eager returns. Shapes are those
+of the example, except the batch: when every input has the same first dim (> 1) and the module
+traced at one more row differs only there (ir.mark_batch), the batch is symbolic, and any number
+of rows runs (in chunks of the example's batch). Otherwise the shapes are static.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ from torch.utils import _pytree as pytree
 from lumos.compile.cache import KernelCache
 from lumos.compile.engine import ATOL, RTOL, VerificationError
 from lumos.compile.frontend import UnsupportedOp, lower_program
-from lumos.compile.ir import Graph
+from lumos.compile.ir import Graph, mark_batch
 from lumos.compile.program import Compilation, Options, compile_graph, load_program
 from lumos.compile.runtime import NativeProgram
 from lumos.core.errors import UsageError
@@ -105,6 +107,20 @@ def lower_module(module: nn.Module, example_inputs: Sequence[torch.Tensor]) -> t
     return lower_program(program, list(signature.user_inputs), outputs), program
 
 
+def mark_symbolic_batch(graph: Graph, module: nn.Module, example_inputs: Sequence[torch.Tensor]) -> bool:
+    """Trace once more at one more row (each input's first row repeated) and make dim 0 symbolic
+    where that is all that changes (ir.mark_batch); False leaves the graph static."""
+    rows = {value.shape[0] if value.ndim else 0 for value in example_inputs}
+    if len(rows) != 1 or rows.pop() < 2:  # a batch of 1 cannot be told from a broadcast dim
+        return False
+    twin_inputs = [torch.cat([value, value[:1]]) for value in example_inputs]
+    try:
+        twin, _ = lower_module(module, twin_inputs)
+    except Exception:  # noqa: BLE001 — a forward written for one batch size (a fixed reshape) stays static
+        return False
+    return mark_batch(graph, twin)
+
+
 # ---------------------------------------------------------------------------------------------
 # The runnable module
 
@@ -133,43 +149,61 @@ class CompiledModule:
     outputs: list[TensorOutput | object]
     """The flattened return value: a graph output per tensor, the value itself for a constant (None)."""
     output_spec: pytree.TreeSpec
+    batch: int | None = None
+    """The example's batch when it is symbolic (any rows run, in chunks of it); None: static shapes."""
     max_error: float = float("nan")
     """Largest difference from eager on the inputs it was checked on (`verify_module`)."""
 
     def __call__(self, *inputs: torch.Tensor):
         return pytree.tree_unflatten(self.run(inputs), self.output_spec)
 
-    def run(self, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    def run(self, inputs: Sequence[torch.Tensor]) -> list:
         """The flat outputs, as tensors of eager's dtypes."""
         if len(inputs) != self.arguments:
             raise ValueError(f"expected {self.arguments} inputs, got {len(inputs)}")
-        named = {}
         used = [inputs[index] for index in self.used]
         for (name, _), value, shape, dtype in zip(self.program.inputs, used, self.input_shapes, self.input_dtypes,
                                                   strict=True):
-            if tuple(value.shape) != shape or value.dtype != dtype:
-                raise ValueError(f"input {name!r}: compiled for {dtype} {shape}, got {value.dtype} {tuple(value.shape)}; "
+            matches = (tuple(value.shape[1:]) == shape[1:] and value.ndim == len(shape) and value.shape[0] >= 1
+                       and value.shape[0] == used[0].shape[0]) if self.batch else tuple(value.shape) == shape
+            if not matches or value.dtype != dtype:
+                wanted = f"(rows, {', '.join(map(str, shape[1:]))})" if self.batch else str(shape)
+                raise ValueError(f"input {name!r}: compiled for {dtype} {wanted}, got {value.dtype} {tuple(value.shape)}; "
                                  "compile again for these shapes")
             if not (value.is_floating_point() or value.dtype is torch.bool) and value.numel() \
                     and int(value.abs().max()) >= EXACT_IDS:
                 raise ValueError(f"input {name!r} holds integers beyond {EXACT_IDS}, not exact in float32")
-            named[name] = value.detach().cpu().to(torch.float32).numpy()
+        if not self.batch:
+            return self._run_rows(used)
+        chunks = [self._run_rows([value[start:start + self.batch] for value in used])
+                  for start in range(0, used[0].shape[0], self.batch)]
+        return [torch.cat(parts) if isinstance(parts[0], torch.Tensor) else parts[0] for parts in zip(*chunks, strict=True)]
+
+    def _run_rows(self, used: list[torch.Tensor]) -> list:
+        named = {name: value.detach().cpu().to(torch.float32).numpy()
+                 for (name, _), value in zip(self.program.inputs, used, strict=True)}
         out = self.program(named)
         shapes = self.compilation.graph.output_shapes
-        return [torch.from_numpy(out[leaf.name].reshape(shapes[leaf.name])).to(leaf.dtype)
-                if isinstance(leaf, TensorOutput) else leaf for leaf in self.outputs]
+        rows = used[0].shape[0] if self.batch else None
+        return [torch.from_numpy(out[leaf.name].reshape((rows, *shapes[leaf.name][1:]) if rows else shapes[leaf.name]))
+                .to(leaf.dtype) if isinstance(leaf, TensorOutput) else leaf for leaf in self.outputs]
 
 
 def compile_module(module: nn.Module, example_inputs: Sequence[torch.Tensor], cache: KernelCache | None = None,
                    options: Options | None = None, verify: bool = True) -> CompiledModule:
-    """Export, lower, fuse, plan, render and build `module` at the example inputs' shapes; with
-    `verify`, check it against eager on those inputs (VerificationError beyond 1e-4)."""
+    """Export, lower, fuse, plan, render and build `module` at the example inputs' shapes (the
+    batch symbolic where it can be, unless `options.symbolic_batch` is off); with `verify`, check it
+    against eager on those inputs, and on one row fewer and one more when the batch is symbolic
+    (VerificationError beyond 1e-4)."""
+    options = options or Options()
     graph, program = lower_module(module, example_inputs)
+    if options.symbolic_batch:
+        mark_symbolic_batch(graph, module, example_inputs)
     # Program inputs are the graph's that survived pruning (an unused input is not passed).
     used = [index for index, name in enumerate(program.graph_signature.user_inputs) if name in graph.inputs]
     example = {name: example_inputs[index].detach().cpu().to(torch.float32).numpy()
                for index, name in zip(used, graph.inputs, strict=True)}
-    compilation, native = build_program(graph, cache or default_kernel_cache(), options or Options(), example)
+    compilation, native = build_program(graph, cache or default_kernel_cache(), options, example)
     output_node = next(node for node in program.graph.nodes if node.op == "output")
     compiled = CompiledModule(
         native, compilation, len(example_inputs), used,
@@ -178,9 +212,14 @@ def compile_module(module: nn.Module, example_inputs: Sequence[torch.Tensor], ca
         outputs=[TensorOutput(f"output{index}", leaf.meta["val"].dtype) if isinstance(leaf, torch.fx.Node) else leaf
                  for index, leaf in enumerate(output_node.args[0])],
         output_spec=program.call_spec.out_spec,
+        batch=graph.batch,
     )
     if verify:
-        verify_module(compiled, module, [example_inputs])
+        checks = [example_inputs]
+        if compiled.batch:  # a smaller batch too, and a larger one (two chunks)
+            checks += [[value[:-1] for value in example_inputs],
+                       [torch.cat([value, value[:1]]) for value in example_inputs]]
+        verify_module(compiled, module, checks)
     return compiled
 
 

@@ -86,7 +86,10 @@ class LumosGraph:
         shapes, weights = self._shape_key(inputs), self._weights_key(inputs)
         if shapes not in self.compiled or self.compiled[shapes][0] != weights:
             module = _GraphWithWeights(self.graph, inputs, self.weight_slots)
-            compiled = compile_module(module, [inputs[slot] for slot in self.tensor_slots], self.cache, self.options)
+            # Static shapes: dynamo traces a graph per shape (or hands sizes as inputs), so a
+            # symbolic batch would only cost a second trace.
+            options = self.options or Options(symbolic_batch=False)
+            compiled = compile_module(module, [inputs[slot] for slot in self.tensor_slots], self.cache, options)
             self.compiled[shapes] = (weights, compiled)
         return self.compiled[shapes][1]
 
