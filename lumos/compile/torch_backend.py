@@ -12,9 +12,13 @@ the example inputs. An op the compiler cannot lower raises `UnsupportedOp` namin
 source line: there is no silent fallback to eager (dynamo reports it as a backend failure, unless
 the caller has set `torch._dynamo.config.suppress_errors`).
 
-Compiled programs are kept per input shape (a graph dynamo made dynamic is compiled again for each
-new shape) and per parameter version (weights changed in place are compiled in again). Calls
-that need gradients are refused: the compiled program has no backward.
+Dynamo traces whichever path the module takes: for nn.TransformerEncoder and nn.MultiheadAttention
+in eval mode without grad that is PyTorch's fused fast path, which no lowering reads; call
+`torch.backends.mha.set_fastpath_enabled(False)` before the first call (the error says so).
+
+One program is kept per input shape (a graph dynamo made dynamic is compiled at each new shape's
+first call); it is compiled again when a parameter is replaced or changed in place. Calls that
+need gradients are refused: the compiled program has no backward.
 """
 
 from __future__ import annotations
