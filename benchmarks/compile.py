@@ -2,6 +2,7 @@
 
     python benchmarks/compile.py [--batch 256] [--repeats 10] [--skip-inductor] [--search-budget 120]
                                  [--attention-seq 512] [--out benchmarks/results/compile.json]
+                                 [--models quickstart sasrec transformer_encoder ... | all]
 
 Two models: the quickstart model (lumos/quickstart/train.toml's [model], feature sizes as the
 quickstart data gives them) and a SASRec-sized one (width 64, 2 heads, 2 layers, sequence 50,
@@ -17,6 +18,16 @@ rounds as the rest) and without search (`lumos_no_search`); the JSON keeps the p
 of the searched forward (and of the unblocked one) and what the search chose per kernel. Last, one
 attention at sequence 512: torch eager (SDPA and the explicit softmax) against Lumos with the
 fused online-softmax kernel, time and extra peak memory.
+
+`--models` also takes modules no one here wrote, compiled through the general frontend
+(`lumos.compile.compile_module`), at width 64, 2 heads, sequence 50, batch --batch:
+`transformer_encoder` and `transformer_encoder_norm_first` (nn.TransformerEncoder, 2 layers,
+feed-forward 256, batch_first, a key padding mask), `multihead_attention` (nn.MultiheadAttention
+self-attention with a key padding mask), `mlp` (Linear 64→256, LayerNorm, GELU, Linear 256→64 over
+every position) and `sasrec_baseline` (benchmarks/sasrec.py's SASRec, 2 layers, 1,702 items).
+Eager runs as a user gets it (eval mode, no grad, PyTorch's fused transformer fast path allowed);
+Lumos compiles the math path, and its largest difference is taken against eager's math path
+(the fast path writes zeros at padded positions). The default runs the two Lumos models only.
 """
 
 from __future__ import annotations
@@ -35,6 +46,7 @@ import torch
 
 from lumos.compile.cache import KernelCache
 from lumos.compile.engine import SEARCH_BUDGET_S, compile_model, median_ms, verify
+from lumos.compile.export_frontend import compile_module, verify_module
 from lumos.compile.frontend import _Forward, batch_tensors, input_names
 from lumos.compile.ir import Graph, Op
 from lumos.compile.program import Options, compile_graph, load_program
@@ -57,6 +69,7 @@ QUICKSTART_FEATURES = FeatureSpec(
     horizons_days=(7,),
     max_len=100,
 )
+LUMOS_MODELS = ("quickstart", "sasrec")
 SASREC_FEATURES = FeatureSpec(token_categorical={"item": 1702}, token_numeric=(), max_len=50)
 SASREC_CONFIG = ModelConfig(d_model=64, n_heads=2, encoder_layers=2, decoder_layers=1, d_ff=64, dropout=0.0,
                             max_len=50, heads=("retrieval",))
@@ -270,6 +283,139 @@ def bench_attention(seq: int, batch: int, heads: int, head_dim: int, repeats: in
     return result
 
 
+# ---------------------------------------------------------------------------------------------
+# Modules no one here wrote, through the general frontend
+
+WIDTH, HEADS, SEQ = 64, 2, 50
+SASREC_ITEMS = 1702
+
+
+def _load_sasrec_benchmark():
+    import importlib.util
+    import sys
+
+    spec = importlib.util.spec_from_file_location("sasrec_benchmark", ROOT / "benchmarks" / "sasrec.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["sasrec_benchmark"] = module  # dataclasses look their module up while the class is built
+    spec.loader.exec_module(module)
+    return module
+
+
+class _Encoder(torch.nn.Module):
+    def __init__(self, norm_first: bool):
+        super().__init__()
+        layer = torch.nn.TransformerEncoderLayer(WIDTH, HEADS, 4 * WIDTH, dropout=0.1, batch_first=True,
+                                                 norm_first=norm_first)
+        self.encoder = torch.nn.TransformerEncoder(layer, 2, enable_nested_tensor=not norm_first)
+
+    def forward(self, x, padding):
+        return self.encoder(x, src_key_padding_mask=padding)
+
+
+class _SelfAttention(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.attention = torch.nn.MultiheadAttention(WIDTH, HEADS, batch_first=True)
+
+    def forward(self, x, padding):
+        return self.attention(x, x, x, key_padding_mask=padding)
+
+
+def external_model(name: str, batch_size: int) -> tuple[torch.nn.Module, tuple[torch.Tensor, ...]]:
+    """One of EXTERNAL_MODELS with seeded weights, and its inputs at (batch_size, SEQ)."""
+    torch.manual_seed(0)
+    generator = torch.Generator().manual_seed(3)
+    x = torch.randn(batch_size, SEQ, WIDTH, generator=generator)
+    lengths = torch.randint(SEQ // 4, SEQ + 1, (batch_size,), generator=generator)
+    padding = torch.arange(SEQ)[None, :] >= lengths[:, None]  # True = padded, never a whole row
+    if name.startswith("transformer_encoder"):
+        return _Encoder(norm_first=name.endswith("norm_first")), (x, padding)
+    if name == "multihead_attention":
+        return _SelfAttention(), (x, padding)
+    if name == "mlp":
+        return torch.nn.Sequential(torch.nn.Linear(WIDTH, 4 * WIDTH), torch.nn.LayerNorm(4 * WIDTH), torch.nn.GELU(),
+                                   torch.nn.Linear(4 * WIDTH, WIDTH)), (x,)
+    sasrec = _load_sasrec_benchmark()
+    model = sasrec.SASRec(sasrec.SASRecConfig(d_model=WIDTH, n_heads=HEADS, layers=2), SASREC_ITEMS, SEQ)
+    ids = torch.randint(1, SASREC_ITEMS, (batch_size, SEQ), generator=generator)
+    ids[padding.flip(1)] = 0  # left-padded histories, as SASRec reads them
+    return model, (ids,)
+
+
+EXTERNAL_MODELS = ("transformer_encoder", "transformer_encoder_norm_first", "multihead_attention", "mlp",
+                   "sasrec_baseline")
+
+
+def bench_external(name: str, batch_size: int, repeats: int, inductor: bool, search_budget: float) -> dict:
+    """eager, torch.compile (inductor) and Lumos (searched and not) on one external module."""
+    module, inputs = external_model(name, batch_size)
+    module.eval()
+    parameters = sum(p.numel() for p in module.parameters())
+    result = {"model": name, "batch": batch_size, "seq": SEQ, "parameters": parameters}
+    print(f"== {name}: batch {batch_size}, sequence {SEQ}, {parameters:,} parameters", flush=True)
+    engines = {"eager": lambda: module(*inputs)}
+    if inductor:
+        compiled = torch.compile(module)
+        started = time.perf_counter()
+        with torch.no_grad():
+            compiled(*inputs)
+        result["inductor_compile_s"] = time.perf_counter() - started
+        engines["inductor"] = lambda: compiled(*inputs)
+    with tempfile.TemporaryDirectory(prefix="lumos-bench-kernels-") as folder:
+        cache = KernelCache(folder, "cpu")
+        started = time.perf_counter()
+        unsearched = compile_module(module, inputs, cache)
+        result["lumos_compile_no_search_s"] = time.perf_counter() - started
+        started = time.perf_counter()
+        searched = compile_module(module, inputs, cache, Options(search_budget_s=search_budget))
+        result["lumos_compile_cold_s"] = time.perf_counter() - started
+        started = time.perf_counter()
+        compile_module(module, inputs, cache, Options(search_budget_s=search_budget))
+        result["lumos_compile_warm_s"] = time.perf_counter() - started
+        second = tuple(_fresh_like(value) for value in inputs)
+        result["max_error"] = verify_module(searched, module, [inputs, second])
+        engines["lumos"] = lambda: searched(*inputs)
+        engines["lumos_no_search"] = lambda: unsearched(*inputs)
+        with torch.no_grad():
+            times = {engine: [] for engine in engines}
+            for call in engines.values():  # warm-up
+                call()
+                call()
+            for _ in range(repeats):  # round-robin, as bench_model
+                for engine, call in engines.items():
+                    times[engine].append(median_ms(call, 1, warmup=0))
+        result["load_average"] = os.getloadavg()
+        stats = searched.compilation.stats()
+        flops = matmul_flops(searched.compilation.graph)
+    for engine, values in times.items():
+        result[f"{engine}_ms"] = statistics.median(values)
+        result[f"{engine}_best_ms"] = min(values)
+    result.update(stats)
+    result["matmul_gflop"] = flops / 1e9
+    result["lumos_vs_eager"] = result["eager_ms"] / result["lumos_ms"]
+    if inductor:
+        result["lumos_vs_inductor"] = result["inductor_ms"] / result["lumos_ms"]
+    print(f"  load average     {', '.join(f'{x:.2f}' for x in result['load_average'])} (1, 5, 15 min) after the timed calls")
+    print(f"  torch eager      {result['eager_ms']:8.2f} ms", flush=True)
+    if inductor:
+        print(f"  torch.compile    {result['inductor_ms']:8.2f} ms  (compiled in {result['inductor_compile_s']:.0f} s)")
+    print(f"  lumos, no search {result['lumos_no_search_ms']:8.2f} ms")
+    print(f"  lumos compiled   {result['lumos_ms']:8.2f} ms  ({result['lumos_vs_eager']:.2f}x eager"
+          + (f", {result['lumos_vs_inductor']:.2f}x inductor" if inductor else "") + ")")
+    print(f"  kernels {stats['kernels']} from {stats['primitive_ops']} primitive ops; compile: no search "
+          f"{result['lumos_compile_no_search_s']:.1f} s, cold {result['lumos_compile_cold_s']:.1f} s, warm "
+          f"{result['lumos_compile_warm_s']:.1f} s; max |diff| vs eager (math path) {result['max_error']:.1e}", flush=True)
+    return result
+
+
+def _fresh_like(value: torch.Tensor) -> torch.Tensor:
+    """Other inputs of the same kind: new features, the same masks and ids (valid by construction)."""
+    if value.is_floating_point():
+        return torch.randn(value.shape, generator=torch.Generator().manual_seed(11))
+    return value
+
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batch", type=int, default=256)
@@ -280,8 +426,11 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=None, help="Default: benchmarks/results/compile.json (compile_cuda.json for cuda).")
     parser.add_argument("--target", choices=("cpu", "cuda"), default="cpu",
                         help="cuda: eager vs torch.compile vs Lumos CUDA on the GPU, and attention at 512 and 2048 vs SDPA (compile_cuda.py).")
+    parser.add_argument("--models", nargs="+", default=list(LUMOS_MODELS), choices=[*LUMOS_MODELS, *EXTERNAL_MODELS, "all"],
+                        help="Lumos models and modules no one here wrote (see the module docstring); all: every one.")
     args = parser.parse_args()
     args.out = args.out or ROOT / "benchmarks" / "results" / ("compile.json" if args.target == "cpu" else "compile_cuda.json")
+    chosen = [*LUMOS_MODELS, *EXTERNAL_MODELS] if "all" in args.models else args.models
 
     torch.manual_seed(0)
     train = load_config(TrainConfig, RECIPES / "train.toml")
@@ -298,7 +447,9 @@ def main() -> None:
         print(f"wrote {args.out}")
         return
     results = [bench_model(name, model, args.batch, args.repeats, not args.skip_inductor, args.search_budget)
-               for name, model in models]
+               for name, model in models if name in chosen]
+    results += [bench_external(name, args.batch, args.repeats, not args.skip_inductor, args.search_budget)
+                for name in EXTERNAL_MODELS if name in chosen]
     report = {"machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "torch": torch.__version__,
                           "torch_threads": torch.get_num_threads(), "load_average": os.getloadavg()},
               "results": results}

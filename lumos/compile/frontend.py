@@ -109,7 +109,9 @@ def describe(fx_node: torch.fx.Node) -> str:
         if line.strip().startswith("File "):
             code = trace[index + 1].strip() if index + 1 < len(trace) else ""
             frames.append(f"{line.strip().removeprefix('File ')}: {code}")
-    # The innermost frame in the model's own code, not in torch's modules.
+    # The innermost frame in the model's own code, not in torch's modules; never the compiler's
+    # own frames (the torch.compile backend's re-trace, where dynamo recorded none).
+    frames = [frame for frame in frames if "/lumos/compile/" not in frame]
     own = [frame for frame in frames if "/torch/" not in frame]
     location = (own or frames or [""])[-1]
     parts = [f"{fx_node.target}"] + ([f"in {module}"] if module else []) + ([f"({location})"] if location else [])
@@ -143,8 +145,10 @@ def _split(x: Tensor, split_size, dim: int = 0) -> tuple[Tensor, ...]:
 
 
 def _sdpa(lower: _Lowering, q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, **_):
-    if is_causal:
-        raise UnsupportedOp(f"causal attention is not supported: {lower.where()}")
+    if dropout_p > 0:
+        raise UnsupportedOp(f"attention dropout {dropout_p} (put the model in eval mode): {lower.where()}")
+    if is_causal:  # torch's causal mask: query i sees keys 0..i (top-left aligned)
+        return attention(q, k, v, _literal(lower, np.tril(np.ones(q.shape[-2:-1] + k.shape[-2:-1], np.float32))), scale)
     if attn_mask is None:
         return attention(q, k, v, None, scale)
     if _dtype(lower.fx_node.args[3] if len(lower.fx_node.args) > 3 else lower.fx_node.kwargs["attn_mask"]) is torch.bool:
@@ -205,6 +209,88 @@ def _div(lower: _Lowering, a, b, rounding_mode=None):
 
 def _identity(lower: _Lowering, x, *args, **kwargs):
     return x
+
+
+# -- general modules (export_frontend.py): comparisons, 0/1 logic, constants, core-aten composites
+
+
+def _finite(value: float) -> float:
+    """±inf fill values (masks) as ±MASKED: the IR selects by c*a + (1-c)*b, where 0·inf would be NaN."""
+    return max(min(float(value), -MASKED), MASKED)
+
+
+def _equal(a, b) -> Tensor:
+    return 1.0 - (a < b) - (a > b)
+
+
+def _boolean(lowering: Callable) -> Callable:
+    """Logic on 0/1 floats is right only for bool operands (not for the bits of an integer)."""
+    def lower_boolean(lower: _Lowering, *args, **kwargs):
+        for fx_arg in lower.fx_node.args:
+            if isinstance(fx_arg, torch.fx.Node) and _dtype(fx_arg) is not torch.bool:
+                raise UnsupportedOp(f"{lower.fx_node.target} on {_dtype(fx_arg)} (only bool is supported): {lower.where()}")
+        return lowering(*args, **kwargs)
+    return lower_boolean
+
+
+def _literal(lower: _Lowering, values: np.ndarray) -> Tensor:
+    return Tensor.constant(lower.graph, f"{LITERAL_PREFIX}{lower.fx_node.name}", values)
+
+
+def _triangle(keep: Callable) -> Callable:
+    """tril/triu: the input times a 0/1 literal of its last two dims."""
+    def lower_triangle(lower: _Lowering, x, diagonal=0):
+        rows, cols = x.shape[-2:]
+        return x * _literal(lower, keep(np.ones((rows, cols), np.float32), diagonal))
+    return lower_triangle
+
+
+def _eye(lower: _Lowering, n, m=None, **_):
+    return _literal(lower, np.eye(n, n if m is None else m, dtype=np.float32))
+
+
+def _native_layer_norm(lower: _Lowering, x, normalized_shape, weight, bias, eps):
+    """(normalized, mean, 1/std) as aten gives them; the statistics are pruned when unused."""
+    out = _layer_norm(lower, x, normalized_shape, weight, bias, eps)
+    mean = x.mean(-1, keepdim=True)
+    return out, mean, (x.var(-1, keepdim=True) + eps).sqrt().recip()
+
+
+def _var(lower: _Lowering, x, dims=None, correction=None, keepdim=False):
+    dims = list(range(x.ndim)) if not dims else [d % x.ndim for d in dims]
+    correction = 1 if correction is None else correction
+    if len(dims) != 1:
+        raise UnsupportedOp(f"variance over {len(dims)} dims is not supported: {lower.where()}")
+    return x.var(dims[0], keepdim, int(correction))
+
+
+def _pow(lower: _Lowering, x, exponent):
+    if exponent == 0.5:
+        return x.sqrt()
+    if exponent == -0.5:
+        return x.sqrt().recip()
+    if float(exponent).is_integer() and 1 <= abs(exponent) <= 4:
+        out = x
+        for _ in range(int(abs(exponent)) - 1):
+            out = out * x
+        return out if exponent > 0 else out.recip()
+    raise UnsupportedOp(f"x ** {exponent} (only ±0.5 and integers up to ±4): {lower.where()}")
+
+
+def _matmul_add(lower: _Lowering, bias, a, b, beta=1, alpha=1):
+    """addmm / baddbmm: beta·bias + alpha·(a @ b)."""
+    product = a.matmul(b)
+    return (product if alpha == 1 else product * alpha) + (bias if beta == 1 else bias * beta)
+
+
+def _flatten(x: Tensor, start: int = 0, end: int = -1) -> Tensor:
+    start, end = start % max(x.ndim, 1), end % max(x.ndim, 1)
+    return x.reshape(x.shape[:start] + (-1,) + x.shape[end + 1:])
+
+
+def _log_softmax(x: Tensor, dim: int) -> Tensor:
+    shifted = x - x.max(dim, keepdim=True)
+    return shifted - shifted.exp().sum(dim, keepdim=True).log()
 
 
 LOWERINGS: dict[str, Callable] = {
@@ -293,8 +379,56 @@ LOWERINGS: dict[str, Callable] = {
     "aten.clone.default": _identity,
     "aten.alias.default": _identity,
     "aten.detach.default": _identity,
+    # general modules (export_frontend.py)
+    "aten.eq.Scalar": lambda lower, a, b: _equal(a, b),
+    "aten.eq.Tensor": lambda lower, a, b: _equal(a, b),
+    "aten.ne.Scalar": lambda lower, a, b: 1.0 - _equal(a, b),
+    "aten.ne.Tensor": lambda lower, a, b: 1.0 - _equal(a, b),
+    "aten.ge.Scalar": lambda lower, a, b: 1.0 - (a < b),
+    "aten.ge.Tensor": lambda lower, a, b: 1.0 - (a < b),
+    "aten.le.Scalar": lambda lower, a, b: 1.0 - (a > b),
+    "aten.le.Tensor": lambda lower, a, b: 1.0 - (a > b),
+    "aten.__or__.Tensor": _boolean(lambda a, b: a + b - a * b),
+    "aten.bitwise_or.Tensor": _boolean(lambda a, b: a + b - a * b),
+    "aten.logical_or.default": _boolean(lambda a, b: a + b - a * b),
+    "aten.bitwise_not.default": _boolean(lambda x: 1.0 - x),
+    "aten.any.dim": _boolean(lambda x, dim, keepdim=False: x.max(dim, keepdim)),
+    "aten.masked_fill.Tensor": lambda lower, x, mask, value: x.masked_fill(mask, value),
+    "aten.erf.default": lambda lower, x: x.erf(),
+    "aten.cos.default": lambda lower, x: (x + math.pi / 2).sin(),
+    "aten.silu.default": lambda lower, x: x / ((-x).exp() + 1.0),
+    "aten.square.default": lambda lower, x: x * x,
+    "aten.pow.Tensor_Scalar": _pow,
+    "aten.mean.default": _mean,
+    "aten.var.correction": _var,
+    "aten.var.dim": lambda lower, x, dims=None, unbiased=True, keepdim=False: _var(lower, x, dims, int(unbiased), keepdim),
+    "aten.native_layer_norm.default": _native_layer_norm,
+    "aten.log_softmax.int": lambda lower, x, dim, *_: _log_softmax(x, dim),
+    "aten._log_softmax.default": lambda lower, x, dim, *_: _log_softmax(x, dim),
+    "aten.addmm.default": _matmul_add,
+    "aten.baddbmm.default": _matmul_add,
+    "aten.full.default": lambda lower, size, value, **_: Tensor.full(lower.graph, _finite(value), _sizes(size)),
+    "aten.ones.default": lambda lower, size, **_: Tensor.full(lower.graph, 1.0, _sizes(size)),
+    "aten.zeros.default": lambda lower, size, **_: Tensor.full(lower.graph, 0.0, _sizes(size)),
+    "aten.full_like.default": lambda lower, x, value, **_: Tensor.full(lower.graph, _finite(value), x.shape),
+    "aten.ones_like.default": lambda lower, x, **_: Tensor.full(lower.graph, 1.0, x.shape),
+    "aten.zeros_like.default": lambda lower, x, **_: Tensor.full(lower.graph, 0.0, x.shape),
+    "aten.scalar_tensor.default": lambda lower, value, **_: Tensor.full(lower.graph, _finite(value)),
+    "aten.eye.default": _eye,
+    "aten.tril.default": _triangle(np.tril),
+    "aten.triu.default": _triangle(np.triu),
+    "aten.unbind.int": lambda lower, x, dim=0: tuple(x.select(dim, i) for i in range(x.shape[dim])),
+    "aten.unflatten.int": lambda lower, x, dim, sizes: x.reshape(
+        x.shape[:dim % x.ndim] + _sizes(sizes) + x.shape[dim % x.ndim + 1:]),
+    "aten.flatten.using_ints": lambda lower, x, start=0, end=-1: _flatten(x, start, end),
+    "aten.lift_fresh_copy.default": _identity,
     "<built-in function getitem>": lambda lower, values, index: values[index],
 }
+# nn.TransformerEncoder's and nn.MultiheadAttention's fused inference kernels (eval mode, no grad).
+FAST_PATH_OPS = {"aten._transformer_encoder_layer_fwd.default", "aten._native_multi_head_attention.default",
+                 "aten._nested_tensor_from_mask.default"}
+FAST_PATH_HINT = ("this is PyTorch's fused fast path of nn.TransformerEncoder/nn.MultiheadAttention: turn it off with "
+                  "torch.backends.mha.set_fastpath_enabled(False) before compiling")
 IGNORED = {"aten._assert_tensor_metadata.default", "aten._assert_scalar.default", "aten.sym_constrain_range_for_size.default"}
 
 
@@ -355,6 +489,8 @@ def lower_program(program, inputs: list[str], output_names: list[str]) -> Graph:
         elif fx_node.op == "output":
             results = fx_node.args[0]
             for name, result in zip(output_names, results, strict=True):
+                if not isinstance(result, torch.fx.Node):
+                    continue  # a constant output (None, a number): not the graph's to compute
                 if not isinstance(env[result], Tensor):
                     raise UnsupportedOp(f"output {name} is not a tensor")
                 mark_output(graph, name, env[result])
@@ -390,8 +526,10 @@ def _lower_call(graph: Graph, fx_node: torch.fx.Node, env: dict) -> object:
     lowering = LOWERINGS.get(target)
     lower = _Lowering(graph, fx_node)
     if lowering is None:
+        hint = f"; {FAST_PATH_HINT}" if target in FAST_PATH_OPS else ""
         raise UnsupportedOp(
             f"the compiler cannot lower {lower.where()}; supported ops are listed in lumos/compile/frontend.py (LOWERINGS)"
+            + hint
         )
     args = torch.fx.node.map_aggregate(fx_node.args, lambda a: env[a] if isinstance(a, torch.fx.Node) else a)
     kwargs = torch.fx.node.map_aggregate(fx_node.kwargs, lambda a: env[a] if isinstance(a, torch.fx.Node) else a)

@@ -41,7 +41,7 @@ class Tensor:
 
     @staticmethod
     def constant(graph: Graph, name: str, value: np.ndarray) -> Tensor:
-        value = np.ascontiguousarray(value, dtype=np.float32)
+        value = np.ascontiguousarray(value, dtype=np.float32).reshape(np.shape(value))  # a 0-dim stays 0-dim
         graph.tensors[name] = value
         return Tensor(graph, graph.add(Op.CONST, shape=value.shape, arg=name))
 

@@ -1,0 +1,250 @@
+"""The general frontend: any module whose torch.export graph is made of supported aten ops.
+
+    compiled = compile_module(module, example_inputs)   # exports, lowers, builds, checks against eager
+    outputs = compiled(*inputs)                          # inputs of the example's shapes
+
+The module's forward is exported at the example inputs, lowered with the aten lowerings of
+frontend.py (the table `LumosModel` uses; it is the list of supported ops), run through program.py's
+passes and checked against eager PyTorch at 1e-4. An op without a lowering stops the compile with
+`UnsupportedOp` naming the op and the line of the module's code it came from.
+
+What is exported is PyTorch's math path, in eval mode (dropout is the identity) with
+`torch.backends.mha`'s fast path off: nn.TransformerEncoder and nn.MultiheadAttention otherwise
+run fused kernels (`_transformer_encoder_layer_fwd`, nested tensors for a padding mask) that no
+lowering can read. The graph is made functional (`run_decompositions({})`: `masked_fill_` becomes
+`masked_fill`, dropout disappears) but not decomposed, so linear, layer norm and attention stay whole.
+
+Values in the IR are float32: integer inputs (ids, exact below 2**24) and bool inputs (masks) are
+passed as floats, and each output is converted back to the dtype eager returns. Shapes are those
+of the example, except the batch: when every input has the same first dim (> 1) and the module
+traced at one more row differs only there (ir.mark_batch), the batch is symbolic, and any number
+of rows runs (in chunks of the example's batch). Otherwise the shapes are static.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+from torch.utils import _pytree as pytree
+
+from lumos.compile.cache import KernelCache
+from lumos.compile.engine import ATOL, RTOL, VerificationError
+from lumos.compile.frontend import UnsupportedOp, lower_program
+from lumos.compile.ir import Graph, mark_batch
+from lumos.compile.program import Compilation, Options, compile_graph, load_program
+from lumos.compile.runtime import NativeProgram
+from lumos.core.errors import UsageError
+
+EXACT_IDS = 2 ** 24
+"""Integers up to here are exact in float32, the IR's one dtype."""
+
+
+def default_kernel_cache() -> KernelCache:
+    """$LUMOS_KERNEL_CACHE, else ~/.cache/lumos/kernels: built libraries outlive the process."""
+    root = os.environ.get("LUMOS_KERNEL_CACHE") or Path.home() / ".cache" / "lumos" / "kernels"
+    return KernelCache(root, "cpu")
+
+
+def build_program(graph: Graph, cache: KernelCache, options: Options,
+                  example: dict[str, np.ndarray]) -> tuple[Compilation, NativeProgram]:
+    """program.py's passes, then the library loaded and bound to the graph's weights. The one
+    call into the compiler's driver (with engine's ATOL, RTOL, VerificationError, imported above)."""
+    compilation = compile_graph(graph, cache, options, example_inputs=example)
+    return compilation, load_program(compilation)
+
+
+# ---------------------------------------------------------------------------------------------
+# Export
+
+
+@contextmanager
+def math_path(module: nn.Module) -> Iterator[None]:
+    """Eval mode and no fused MHA fast path while tracing (or checking) the module; both restored after."""
+    was_training, fast_path = module.training, torch.backends.mha.get_fastpath_enabled()
+    module.eval()
+    torch.backends.mha.set_fastpath_enabled(False)
+    try:
+        yield
+    finally:
+        torch.backends.mha.set_fastpath_enabled(fast_path)
+        module.train(was_training)
+
+
+def _check_inputs(example_inputs: Sequence) -> None:
+    for index, value in enumerate(example_inputs):
+        if not isinstance(value, torch.Tensor):
+            raise UsageError(f"example input {index} is a {type(value).__name__}; compile_module takes tensors only")
+        if value.is_floating_point() and value.dtype != torch.float32:
+            raise UsageError(f"example input {index} is {value.dtype}; the compiler computes in float32")
+
+
+def export_module(module: nn.Module, example_inputs: Sequence[torch.Tensor]):
+    """The module's inference forward at the example inputs' shapes, as a functional aten program."""
+    _check_inputs(example_inputs)
+    with math_path(module), torch.no_grad():
+        program = torch.export.export(module, tuple(example_inputs), strict=False)
+    return program.run_decompositions({})
+
+
+def lower_module(module: nn.Module, example_inputs: Sequence[torch.Tensor]) -> tuple[Graph, object]:
+    """The module's forward as a primitive graph, with the exported program it came from.
+
+    Inputs are named after the forward's arguments, outputs `output0`, `output1` … in the order of
+    the flattened return value."""
+    program = export_module(module, example_inputs)
+    signature = program.graph_signature
+    odd = [spec.kind.name for spec in signature.output_specs if spec.kind.name != "USER_OUTPUT"]
+    if odd:
+        raise UnsupportedOp(f"the forward mutates state ({', '.join(odd)}); compile the module in a form without side effects")
+    outputs = [f"output{index}" for index in range(len(signature.user_outputs))]
+    return lower_program(program, list(signature.user_inputs), outputs), program
+
+
+def mark_symbolic_batch(graph: Graph, module: nn.Module, example_inputs: Sequence[torch.Tensor]) -> bool:
+    """Trace once more at one more row (each input's first row repeated) and make dim 0 symbolic
+    where that is all that changes (ir.mark_batch); False leaves the graph static."""
+    rows = {value.shape[0] if value.ndim else 0 for value in example_inputs}
+    if len(rows) != 1 or rows.pop() < 2:  # a batch of 1 cannot be told from a broadcast dim
+        return False
+    twin_inputs = [torch.cat([value, value[:1]]) for value in example_inputs]
+    try:
+        twin, _ = lower_module(module, twin_inputs)
+    except Exception:  # noqa: BLE001 — a forward written for one batch size (a fixed reshape) stays static
+        return False
+    return mark_batch(graph, twin)
+
+
+# ---------------------------------------------------------------------------------------------
+# The runnable module
+
+
+@dataclass(frozen=True)
+class TensorOutput:
+    name: str
+    """The graph output that holds it."""
+    dtype: torch.dtype
+    """What eager returns (the graph computes float32)."""
+
+
+@dataclass
+class CompiledModule:
+    """A built graph bound to the module's weights (copied when compiled); called like the
+    module on tensors of the example's shapes and dtypes. Not thread-safe: calls share one arena."""
+
+    program: NativeProgram
+    compilation: Compilation
+    arguments: int
+    """How many tensors the forward takes."""
+    used: list[int]
+    """The ones the graph reads, by position (an argument the forward ignores is not passed on)."""
+    input_shapes: list[tuple[int, ...]]
+    input_dtypes: list[torch.dtype]
+    outputs: list[TensorOutput | object]
+    """The flattened return value: a graph output per tensor, the value itself for a constant (None)."""
+    output_spec: pytree.TreeSpec
+    batch: int | None = None
+    """The example's batch when it is symbolic (any rows run, in chunks of it); None: static shapes."""
+    max_error: float = float("nan")
+    """Largest difference from eager on the inputs it was checked on (`verify_module`)."""
+
+    def __call__(self, *inputs: torch.Tensor):
+        return pytree.tree_unflatten(self.run(inputs), self.output_spec)
+
+    def run(self, inputs: Sequence[torch.Tensor]) -> list:
+        """The flat outputs, as tensors of eager's dtypes."""
+        if len(inputs) != self.arguments:
+            raise ValueError(f"expected {self.arguments} inputs, got {len(inputs)}")
+        used = [inputs[index] for index in self.used]
+        for (name, _), value, shape, dtype in zip(self.program.inputs, used, self.input_shapes, self.input_dtypes,
+                                                  strict=True):
+            matches = (tuple(value.shape[1:]) == shape[1:] and value.ndim == len(shape) and value.shape[0] >= 1
+                       and value.shape[0] == used[0].shape[0]) if self.batch else tuple(value.shape) == shape
+            if not matches or value.dtype != dtype:
+                wanted = f"(rows, {', '.join(map(str, shape[1:]))})" if self.batch else str(shape)
+                raise ValueError(f"input {name!r}: compiled for {dtype} {wanted}, got {value.dtype} {tuple(value.shape)}; "
+                                 "compile again for these shapes")
+            if not (value.is_floating_point() or value.dtype is torch.bool) and value.numel() \
+                    and int(value.abs().max()) >= EXACT_IDS:
+                raise ValueError(f"input {name!r} holds integers beyond {EXACT_IDS}, not exact in float32")
+        if not self.batch:
+            return self._run_rows(used)
+        chunks = [self._run_rows([value[start:start + self.batch] for value in used])
+                  for start in range(0, used[0].shape[0], self.batch)]
+        return [torch.cat(parts) if isinstance(parts[0], torch.Tensor) else parts[0] for parts in zip(*chunks, strict=True)]
+
+    def _run_rows(self, used: list[torch.Tensor]) -> list:
+        named = {name: value.detach().cpu().to(torch.float32).numpy()
+                 for (name, _), value in zip(self.program.inputs, used, strict=True)}
+        out = self.program(named)
+        shapes = self.compilation.graph.output_shapes
+        rows = used[0].shape[0] if self.batch else None
+        return [torch.from_numpy(out[leaf.name].reshape((rows, *shapes[leaf.name][1:]) if rows else shapes[leaf.name]))
+                .to(leaf.dtype) if isinstance(leaf, TensorOutput) else leaf for leaf in self.outputs]
+
+
+def compile_module(module: nn.Module, example_inputs: Sequence[torch.Tensor], cache: KernelCache | None = None,
+                   options: Options | None = None, verify: bool = True) -> CompiledModule:
+    """Export, lower, fuse, plan, render and build `module` at the example inputs' shapes (the
+    batch symbolic where it can be, unless `options.symbolic_batch` is off); with `verify`, check it
+    against eager on those inputs, and on one row fewer and one more when the batch is symbolic
+    (VerificationError beyond 1e-4)."""
+    options = options or Options()
+    graph, program = lower_module(module, example_inputs)
+    if options.symbolic_batch:
+        mark_symbolic_batch(graph, module, example_inputs)
+    # Program inputs are the graph's that survived pruning (an unused input is not passed).
+    used = [index for index, name in enumerate(program.graph_signature.user_inputs) if name in graph.inputs]
+    example = {name: example_inputs[index].detach().cpu().to(torch.float32).numpy()
+               for index, name in zip(used, graph.inputs, strict=True)}
+    compilation, native = build_program(graph, cache or default_kernel_cache(), options, example)
+    output_node = next(node for node in program.graph.nodes if node.op == "output")
+    compiled = CompiledModule(
+        native, compilation, len(example_inputs), used,
+        input_shapes=[tuple(example_inputs[index].shape) for index in used],
+        input_dtypes=[example_inputs[index].dtype for index in used],
+        outputs=[TensorOutput(f"output{index}", leaf.meta["val"].dtype) if isinstance(leaf, torch.fx.Node) else leaf
+                 for index, leaf in enumerate(output_node.args[0])],
+        output_spec=program.call_spec.out_spec,
+        batch=graph.batch,
+    )
+    if verify:
+        checks = [example_inputs]
+        if compiled.batch:  # a smaller batch too, and a larger one (two chunks)
+            checks += [[value[:-1] for value in example_inputs],
+                       [torch.cat([value, value[:1]]) for value in example_inputs]]
+        verify_module(compiled, module, checks)
+    return compiled
+
+
+def verify_module(compiled: CompiledModule, module: nn.Module, inputs: Sequence[Sequence[torch.Tensor]]) -> float:
+    """Largest difference from eager PyTorch (math path, eval mode) over the input sets; raises
+    VerificationError beyond the engine's tolerance."""
+    worst = 0.0
+    for args in inputs:
+        with math_path(module), torch.no_grad():
+            expected = pytree.tree_leaves(module(*args))
+        got = pytree.tree_leaves(compiled(*args))
+        for index, (want, have) in enumerate(zip(expected, got, strict=True)):
+            if not isinstance(want, torch.Tensor):
+                if want != have:
+                    raise VerificationError(f"output {index}: compiled {have!r}, torch {want!r}")
+                continue
+            want, have = want.float().numpy(), have.float().numpy()
+            if want.shape != have.shape:
+                raise VerificationError(f"output {index}: compiled shape {have.shape}, torch {want.shape}")
+            error = float(np.max(np.abs(want - have))) if want.size else 0.0
+            worst = max(worst, error)
+            if not np.allclose(have, want, atol=ATOL, rtol=RTOL):
+                raise VerificationError(f"output {index} differs from PyTorch by up to {error:.3g} "
+                                        f"(tolerance {ATOL} + {RTOL}·|x|)")
+    compiled.max_error = worst if np.isnan(compiled.max_error) else max(worst, compiled.max_error)
+    return worst
+
+
