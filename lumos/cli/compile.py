@@ -60,9 +60,11 @@ def _egraph_line(egraph: dict | None) -> str:
 def _cost_model_line(cost_model: dict | None) -> str:
     if not cost_model or cost_model.get("spearman_within") is None:
         return "too few candidates measured to rank"
+    over_all = f"{cost_model['spearman_all']:.2f}" if cost_model["spearman_all"] is not None else "-"
     return (f"rank correlation with measurement (Spearman): {cost_model['spearman_within']:.2f} within kernels "
-            f"({cost_model['groups']} kernels), {cost_model['spearman_all']:.2f} over all {cost_model['measured']} "
-            f"candidates; machine {cost_model['gflops']:.0f} GFLOP/s, {cost_model['gbytes']:.0f} GB/s")
+            f"({cost_model['groups']} kernels), {over_all} over all {cost_model['measured']} candidates; its predicted "
+            f"best was within 5% of the measured best in {cost_model['top1']:.0%} of {cost_model['ranked_kernels']} "
+            f"kernels; machine {cost_model['gflops']:.0f} GFLOP/s, {cost_model['gbytes']:.0f} GB/s")
 
 
 def _fusion_line(fusion: dict | None) -> str:

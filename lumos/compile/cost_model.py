@@ -124,8 +124,12 @@ def ranking_report(pairs_by_kernel: dict[str, list[tuple[float, float]]]) -> dic
         return spearman([p for p, _ in pairs], [m for _, m in pairs])
 
     within = [r for pairs in pairs_by_kernel.values() if (r := correlation(pairs)) is not None]
+    ranked = [pairs for pairs in pairs_by_kernel.values() if len(pairs) >= 2]
+    # The predicted-best candidate within 5% of the measured best: the climb's first step was right.
+    hits = sum(min(pairs)[1] <= 1.05 * min(m for _, m in pairs) for pairs in ranked)
     pooled = [pair for pairs in pairs_by_kernel.values() for pair in pairs]
     rates = machine_rates()
     return {"spearman_within": float(np.mean(within)) if within else None, "groups": len(within),
             "spearman_all": correlation(pooled), "measured": len(pooled),
+            "top1": hits / len(ranked) if ranked else None, "ranked_kernels": len(ranked),
             "gflops": rates.flops / 1e9, "gbytes": rates.bandwidth / 1e9}

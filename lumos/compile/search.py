@@ -16,6 +16,11 @@ times a mutation of every group. Candidates that render to C already timed are s
 hash), so no program is timed twice. A group's baseline is the renderer's own heuristic (round 0,
 always run), so the search never does worse than no search, and no candidate is ever chosen
 without having been verified.
+
+Then whole programs: fused or unfused attention (the attention rules), and the fusion climb
+(`_climb_fusion`, the last quarter of the budget): the e-graph holds every prologue and epilogue
+stored or fused (egraph/fusion.py); one family of sites at a time is stored, the kernels that
+changes are searched, and a whole call decides. Each choice is cached like the schedules.
 """
 
 from __future__ import annotations
@@ -292,6 +297,8 @@ class Bench:
         self.outputs = {node: name for name, node in graph.outputs.items()}
         self.slowest_ms = None
         """A candidate program this many times slower than the baseline is timed once, not REPEATS times."""
+        self.timed: dict[str, list[tuple[float, float]]] = {}
+        """Per group key, (predicted, measured) ms of every candidate verified: the cost model's score."""
 
     def add_reference(self, nodes: set[Node]) -> None:
         """Reference values for nodes that new candidate programs store (one more interpreter run)."""
@@ -369,6 +376,7 @@ def search_schedules(graph: Graph, kernels: list[Kernel], materialized: set[Node
     climbs over the fusion choices (a prologue or epilogue stored instead of fused, `_climb_fusion`)."""
     started = time.perf_counter()
     deadline = started + budget_s
+    schedules_until = deadline - FUSION_SHARE * budget_s if fusion else deadline
     inputs = inputs if inputs is not None else random_inputs(graph, seed)
     plain = (kernels, materialized)
     fused_report, fused, groups, rounds, fusion_report = None, None, None, 0, None
@@ -388,7 +396,7 @@ def search_schedules(graph: Graph, kernels: list[Kernel], materialized: set[Node
         fused_report = search_cache.get_decision(decision_key) if search_cache is not None else None
         if fused_report is None:
             fused_report, searched, rounds = _choose_attention(bench, plain, fused, used, fired, search_cache, seed,
-                                                               register_blocks, deadline)
+                                                               register_blocks, schedules_until)
             groups = searched[fused_report["chosen"]]
             if search_cache is not None:
                 search_cache.put_decision(decision_key, fused_report)
@@ -398,11 +406,11 @@ def search_schedules(graph: Graph, kernels: list[Kernel], materialized: set[Node
             kernels, materialized = fused
     if groups is None:
         groups = make_groups(kernels, materialized, seed, register_blocks)
-        rounds += _search_groups(bench, kernels, materialized, groups, search_cache, deadline)
+        rounds += _search_groups(bench, kernels, materialized, groups, search_cache, schedules_until)
     if fusion:
         kernels, materialized, groups, fusion_report, fusion_rounds = _climb_fusion(
             bench, kernels, materialized, groups, search_cache, deadline, seed, register_blocks)
-        rounds += fusion_rounds
+        rounds += fusion_rounds + _resume(bench, kernels, materialized, groups, search_cache, deadline)
     schedules = _chosen(groups)
     # The whole program, searched against not searched: kept only if a whole call is faster.
     confirm_key = hashlib.sha256("|".join(sorted(g.key for g in groups)).encode()).hexdigest()[:24]
@@ -415,10 +423,8 @@ def search_schedules(graph: Graph, kernels: list[Kernel], materialized: set[Node
     if not confirmed["kept"]:
         kernels, materialized = plain
         schedules = {kernel.name: KernelSchedule() for kernel in kernels}
-    measured = {g.key: [(c.predicted_ms, c.ms) for c in g.candidates if c.verified and c.ms is not None]
-                for g in groups if g.cached is None}
     return SearchResult(schedules, groups, rounds, time.perf_counter() - started, budget_s, kernels, materialized,
-                        fused_report, confirmed, ranking_report({k: v for k, v in measured.items() if v}), fusion_report)
+                        fused_report, confirmed, ranking_report(bench.timed), fusion_report)
 
 
 def _search_groups(bench: Bench, kernels, materialized, groups: list[Group], search_cache: SearchCache | None,
@@ -440,6 +446,20 @@ def _search_groups(bench: Bench, kernels, materialized, groups: list[Group], sea
         for group in pending:
             if group.best is not None:
                 search_cache.put(group.key, SearchEntry.from_group(group))
+    return rounds
+
+
+def _resume(bench: Bench, kernels, materialized, groups: list[Group], search_cache: SearchCache | None,
+            deadline: float) -> int:
+    """Go on with the schedule search of groups not finished, until `deadline` (the fusion climb's
+    share of the budget, when it needed less). Returns the rounds run."""
+    pending = [group for group in groups if group.cached is None and group.searching and group.best is not None]
+    if not pending or time.perf_counter() + 1.0 > deadline:
+        return 0
+    rounds = _run_rounds(bench, kernels, materialized, groups, pending, deadline)
+    if search_cache is not None:
+        for group in pending:
+            search_cache.put(group.key, SearchEntry.from_group(group))
     return rounds
 
 
@@ -522,6 +542,7 @@ def _run_rounds(bench: Bench, kernels, materialized, groups, pending, deadline) 
             else:
                 candidate.verified = True
                 candidate.ms = float(sum(result.ms[position[n]] for n in names))
+                bench.timed.setdefault(key, []).append((candidate.predicted_ms, candidate.ms))
             if index == 0 and candidate.rejected:
                 kernel = group.kernels[0]
                 raise AssertionError(f"kernel {kernel.name} ({kernel.node.origin}) differs from the interpreter with "
@@ -538,6 +559,10 @@ def _run_rounds(bench: Bench, kernels, materialized, groups, pending, deadline) 
 
 FUSION_STEP_S = 10.0
 """At most this long to search the schedules of the kernels one fusion step changes."""
+FUSION_SHARE = 0.25
+"""The part of the budget kept for the fusion climb (what it leaves goes back to the schedules):
+the cost model puts the likeliest schedules first, so the last rounds of a schedule search gain
+least."""
 FUSION_MARGIN = 0.98
 """A fusion step is kept when a whole call is at least 2% faster: less is within the noise."""
 
@@ -555,7 +580,8 @@ class FusionSite:
 
     def describe(self) -> str:
         node = self.nodes[0]
-        return f"store the {self.kind} {node.op.name.lower()}{list(node.shape)} ×{len(self.nodes)} ({node.origin[:40]})"
+        where = node.origin.split(' ("')[0][:60]  # the torch op and module, not the source line
+        return f"store the {self.kind} {node.op.name.lower()}{list(node.shape)} ×{len(self.nodes)} ({where})"
 
 
 def fusion_sites(graph: Graph, kernels: list[Kernel], materialized: set[Node]) -> list[FusionSite]:
@@ -603,6 +629,7 @@ def _climb_fusion(bench: Bench, kernels: list[Kernel], materialized: set[Node], 
     if not sites:
         return kernels, materialized, groups, None, 0
     space = fusion_space(bench.graph, materialized | {node for site in sites for node in site.nodes})
+    bench.add_reference({node for site in sites for node in site.nodes})  # one interpreter run for every step
     report = {"sites": len(sites), "rules": space.rules, "enodes": space.serialized.term_nodes,
               "eclasses": space.serialized.term_classes, "saturate_s": space.seconds, "steps": [], "stored": []}
     key = "fusion:" + hashlib.sha256("|".join(sorted(g.key for g in groups) + sorted(s.signature for s in sites))
