@@ -51,12 +51,52 @@ def _attention_line(attention: dict | None) -> str:
             f"score matrices not written: {_bytes(attention['score_bytes_not_written'])}")
 
 
+def _egraph_line(egraph: dict | None) -> str:
+    if not egraph:
+        return "off"
+    rules = ", ".join(f"{name}×{count}" for name, count in egraph["rules"].items()) or "none fired"
+    return (f"{egraph['enodes']:,} e-nodes in {egraph['eclasses']:,} e-classes, saturated in {egraph['saturate_s']:.2f} s, "
+            f"extracted in {egraph['extract_s']:.2f} s; {egraph['ops_before']} → {egraph['ops_after']} ops ({rules})")
+
+
+def _cost_model_line(cost_model: dict | None) -> str:
+    if not cost_model or cost_model.get("spearman_within") is None:
+        return "too few candidates measured to rank"
+    over_all = f"{cost_model['spearman_all']:.2f}" if cost_model["spearman_all"] is not None else "-"
+    return (f"rank correlation with measurement (Spearman): {cost_model['spearman_within']:.2f} within kernels "
+            f"({cost_model['groups']} kernels), {over_all} over all {cost_model['measured']} candidates; its predicted "
+            f"best was within 5% of the measured best in {cost_model['top1']:.0%} of {cost_model['ranked_kernels']} "
+            f"kernels; machine {cost_model['gflops']:.0f} GFLOP/s, {cost_model['gbytes']:.0f} GB/s")
+
+
+def _fusion_line(fusion: dict | None) -> str:
+    if not fusion:
+        return "no prologue or epilogue to store instead"
+    tried = [step for step in fusion["steps"] if "ms" in step]
+    text = (f"{fusion['sites']} sites in the e-graph ({fusion['enodes']:,} e-nodes); {len(tried)} tried as whole calls, "
+            f"{len(fusion['stored'])} kept")
+    return text + (" (cached)" if fusion.get("cached") else "")
+
+
+def _fusion_step(step: dict) -> str:
+    if "ms" not in step:
+        return f"  {step['site']}: {step.get('rejected', 'not tried')}"
+    verdict = "kept" if step["kept"] else "not kept"
+    return f"  {step['site']}: {step['ms']:.3f} ms vs {step['before_ms']:.3f} ms, {verdict}"
+
+
 def _explain_row(group: dict) -> tuple:
     names = ", ".join(group["kernels"][:3]) + (f" (+{len(group['kernels']) - 3})" if len(group["kernels"]) > 3 else "")
     rules = ", ".join(f"{name}×{count}" for name, count in group["rules"].items()) or "-"
     tried = f"{group['tried']}/{group['candidates']}" + (" (cached)" if group["cached"] else "")
+    alternatives = "; ".join(f"{alt['schedule']} {_ms(alt['ms']) if not alt['rejected'] else alt['rejected']}"
+                             for alt in group.get("alternatives", [])[:ALTERNATIVES_SHOWN])
     return (names, group["kind"], "×".join(map(str, group["shape"])), rules, tried, _ms(group["baseline_ms"]),
-            f"{_ms(group['best_ms'])} ({group['best']})", _ms(group["worst_ms"]))
+            f"{_ms(group['best_ms'])} ({group['best']})", _ms(group["worst_ms"]), alternatives or "-")
+
+
+ALTERNATIVES_SHOWN = 6
+"""Alternatives per kernel in --explain, fastest first (--json has them all)."""
 
 
 @handles_errors
@@ -70,7 +110,7 @@ def compile_model(
     clear_cache: Annotated[bool, typer.Option("--clear-cache", help="Empty the kernel cache of the target first (alone: only that).")] = False,
     search_budget: Annotated[float | None, typer.Option("--search-budget", metavar="SECONDS", help="Time to search kernel schedules by measurement (results are cached per kernel and machine).")] = None,
     no_search: Annotated[bool, typer.Option("--no-search", help="Skip the search: the renderer's heuristic schedules.")] = False,
-    explain: Annotated[bool, typer.Option("--explain", help="Per distinct kernel: rules fired, candidates tried, best and worst times.")] = False,
+    explain: Annotated[bool, typer.Option("--explain", help="Per distinct kernel: rules fired, alternatives tried with their times; the e-graph's size and the cost model's rank correlation.")] = False,
     json_output: JsonOption = False,
 ) -> None:
     """Compile a training run (--run) or registered model (--model) into fused C or CUDA kernels.
@@ -118,10 +158,18 @@ def compile_model(
         ("schedule search", _search_line(summary)),
         ("fused attention", _attention_line(summary.attention) if summary.target != "cuda" else
          f"{stats.get('attention_kernels', 0)} online-softmax kernel(s), one warp per query"),
+        ("e-graph", _egraph_line(summary.egraph)),
+        ("fusion choices", _fusion_line(summary.fusion)),
         ("plan", f"{summary.artifact} of run {summary.run_id}"),
     ]
     print_table(f"{subject.label} → {target}, batch {summary.batch_size}, sequence {summary.seq_len}", ["", ""], rows)
     if explain and summary.search:
+        echo(f"cost model: {_cost_model_line(summary.cost_model)}")
+        if summary.fusion and summary.fusion["steps"]:
+            echo("fusion steps (whole call, stored vs fused):")
+            for step in summary.fusion["steps"]:
+                echo(_fusion_step(step))
         print_table("schedule search, per distinct kernel (times: median ms per call, summed over its copies)",
-                    ["kernels", "kind", "shape", "rules fired", "tried", "baseline", "best", "worst"],
+                    ["kernels", "kind", "shape", "rules fired", "tried", "baseline", "best", "worst",
+                     "alternatives tried (ms)"],
                     [_explain_row(group) for group in summary.search])

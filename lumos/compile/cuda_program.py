@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 from lumos.compile.cache import Build, KernelCache
 from lumos.compile.egraph.attention import find_attention, fuse_attention
+from lumos.compile.egraph.rewrite import RewriteReport, rewrite_graph
 from lumos.compile.ir import LEAF, Graph, Node, check_graph
 from lumos.compile.layout import transpose_activations, transpose_weights
 from lumos.compile.plan import BufferPlan, plan_buffers
@@ -33,6 +34,8 @@ class CudaOptions:
     fuse_attention: bool = True
     """Compute each attention with one online-softmax kernel (no score matrix stored)."""
     recompute_cheap: bool = True
+    rewrite: bool = True
+    """Put the graph through the e-graph's algebra and view rules first, as the C target does."""
 
 
 @dataclass
@@ -46,6 +49,7 @@ class CudaCompilation:
     buffers: BufferPlan | None = None
     program: CudaProgram | None = None
     build: Build | None = None
+    rewrite: RewriteReport | None = None
     timings: dict[str, float] = field(default_factory=dict)
 
     def stats(self) -> dict[str, int]:
@@ -58,6 +62,11 @@ class CudaCompilation:
                 "planned_peak_bytes": self.buffers.arena_bytes, "unshared_bytes": self.buffers.unshared_bytes,
                 "per_node_bytes": self.buffers.per_node_bytes, "attention_kernels": self.attention,
                 **{f"{kind}_kernels": count for kind, count in kinds.items()}}
+
+
+def _rewrite(c: CudaCompilation, cache: KernelCache) -> None:
+    if c.options.rewrite:
+        c.rewrite = rewrite_graph(c.graph)
 
 
 def _layout(c: CudaCompilation, cache: KernelCache) -> None:
@@ -91,6 +100,7 @@ def _build(c: CudaCompilation, cache: KernelCache) -> None:
 
 
 PASSES: list[tuple[str, Callable[[CudaCompilation, KernelCache], None]]] = [
+    ("egraph", _rewrite),  # the same extracted program as the C target's
     ("layout", _layout),
     ("schedule", _schedule),
     ("attention", _attention),

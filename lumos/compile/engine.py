@@ -109,6 +109,12 @@ class CompileSummary:
     """What the attention rules found (online softmax) and whether the fused kernels were kept."""
     search_confirmed: dict | None = None
     """Whole-call ms without and with the search's choices, and whether they were kept."""
+    egraph: dict | None = None
+    """The e-graph pass (egraph/rewrite.py): e-nodes, e-classes, saturation time, rules fired, ops before and after."""
+    cost_model: dict | None = None
+    """How the cost model ranked the candidates against their measured times (cost_model.py)."""
+    fusion: dict | None = None
+    """The fusion choices the e-graph offered, each tried as a whole call, and which were kept (search.py)."""
 
 
 def compile_run(workspace: Workspace, run_id: str, target: str = "cpu", batch_size: int = 256,
@@ -138,7 +144,9 @@ def compile_run(workspace: Workspace, run_id: str, target: str = "cpu", batch_si
                           result.eager_ms, result.compiled_ms, build.hit, result.seconds, artifact, str(build.library),
                           search.report() if search else [], search.rounds if search else 0,
                           bool(search and search.cache_hit), search.attention if search else None,
-                          search.confirmed if search else None)
+                          search.confirmed if search else None,
+                          result.compilation.rewrite.as_dict() if result.compilation.rewrite else None,
+                          search.cost_model if search else None, search.fusion if search else None)
 
 
 def compile_run_cuda(workspace: Workspace, run_id: str, model: LumosModel, batch_size: int, seq_len: int,

@@ -1,6 +1,7 @@
 """The pipeline from a primitive graph to a runnable native program: one linear list of passes.
 
-    check → layout (transpose weights) → schedule (fuse into kernels) → search (schedule variants by
+    check → e-graph (algebra and view rules, the cheapest equivalent program extracted: egraph/rewrite.py)
+    → layout (transpose weights) → schedule (fuse into kernels) → search (schedule variants by
     measurement, search.py) → plan buffers → render C → build (kernel cache) → load
 
 Each pass takes and returns the `Compilation` it fills in; the graph is checked before and
@@ -16,6 +17,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from lumos.compile.cache import Build, KernelCache
+from lumos.compile.egraph.rewrite import RewriteReport, rewrite_graph
 from lumos.compile.ir import LEAF, Graph, Node, check_graph
 from lumos.compile.layout import transpose_activations, transpose_weights
 from lumos.compile.plan import BufferPlan, plan_buffers
@@ -34,6 +36,8 @@ class Options:
     """Plan intermediates by liveness (False: one buffer each, to measure what reuse saves)."""
     recompute_cheap: bool = True
     """Inline cheap elementwise nodes into each of their consumers instead of storing them."""
+    rewrite: bool = True
+    """Run the e-graph pass (False: compile the graph as traced, to measure what the rules remove)."""
     symbolic_batch: bool = True
     """Trace twice to make the batch dim symbolic (ir.mark_batch): no padding of small batches."""
     transpose_weights: bool = True
@@ -65,6 +69,8 @@ class Compilation:
     """Inputs the search verifies and times candidates on (default: random, valid gather ids)."""
     search: SearchResult | None = None
     schedules: dict[str, KernelSchedule] = field(default_factory=dict)
+    rewrite: RewriteReport | None = None
+    """The e-graph pass: its size, saturation time, the rules that fired, ops before and after."""
 
     def stats(self) -> dict[str, int]:
         primitive = [node for node in self.graph.nodes if node.op not in LEAF]
@@ -77,6 +83,11 @@ class Compilation:
             "unshared_bytes": self.buffers.unshared_bytes,
             "per_node_bytes": self.buffers.per_node_bytes,
         }
+
+
+def _rewrite(c: Compilation, cache: KernelCache) -> None:
+    if c.options.rewrite:
+        c.rewrite = rewrite_graph(c.graph)
 
 
 def _layout(c: Compilation, cache: KernelCache) -> None:
@@ -114,6 +125,7 @@ def _build(c: Compilation, cache: KernelCache) -> None:
 
 
 PASSES: list[tuple[str, Callable[[Compilation, KernelCache], None]]] = [
+    ("egraph", _rewrite),  # first: layout's copies (x + 0) are what the algebra removes
     ("layout", _layout),
     ("schedule", _schedule),
     ("search", _search),

@@ -1,22 +1,31 @@
 """Schedule search by measurement: for each distinct kernel, try schedule variants and keep the
 fastest one that computes what the interpreter computes.
 
-    kernels → group identical ones (same C modulo buffer names) → candidates per group (egraph.py's
-    schedule ruleset) → rounds: render every kernel with one untried candidate of its group, build,
-    check each kernel's buffer against the reference interpreter, time each kernel (warm-up,
-    repeats, median) → best verified candidate per group → search cache
+    kernels → group identical ones (same C modulo buffer names) → candidates per group (egraph/
+    schedule.py's ruleset), each with the cost model's predicted time → rounds: render every kernel
+    with one untried candidate of its group, build, check each kernel's buffer against the
+    reference interpreter, time each kernel (warm-up, repeats, median) → best verified candidate
+    per group → search cache
 
-One round builds and runs the whole program once, so one gcc call times a candidate of every
-group at the same time. Rounds run while the budget lasts; candidates that render to the same C
-as one already tried are skipped (de-duplication by source hash). A group's baseline is the
-renderer's own heuristic (round 0, always run), so the search never does worse than no search,
-and no candidate is ever chosen without having been verified.
+The rounds are a mutation hill-climb over the per-kernel choices (as in Luminal): each round every
+group still searching mutates its best choice so far into the untried candidate that scores
+best, where the score is the cost model's prediction (cost_model.py) raised by how many schedule
+knobs the mutation changes; what is measured faster becomes the new best. Kernel times are taken
+one by one, so each kernel's mutation is kept or dropped on its own, and one build (one gcc call)
+times a mutation of every group. Candidates that render to C already timed are skipped (source
+hash), so no program is timed twice. A group's baseline is the renderer's own heuristic (round 0,
+always run), so the search never does worse than no search, and no candidate is ever chosen
+without having been verified.
+
+Then whole programs: fused or unfused attention (the attention rules), and the fusion climb
+(`_climb_fusion`, the last quarter of the budget): the e-graph holds every prologue and epilogue
+stored or fused (egraph/fusion.py); one family of sites at a time is stored, the kernels that
+changes are searched, and a whole call decides. Each choice is cached like the schedules.
 """
 
 from __future__ import annotations
 
 import hashlib
-import random
 import statistics
 import time
 from collections.abc import Mapping
@@ -25,12 +34,13 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from lumos.compile.cache import BuildError, KernelCache
+from lumos.compile.cost_model import kernel_flops, machine_rates, predict_ms, ranking_report  # noqa: F401 (kernel_flops: benchmarks)
 from lumos.compile.interpret import read_view, run_node
-from lumos.compile.ir import LEAF, Graph, Node, Op, View, prod
+from lumos.compile.ir import LEAF, REDUCE, Graph, Node, Op, View
 from lumos.compile.plan import FLOAT_BYTES, plan_buffers
 from lumos.compile.render_c import canonical_kernel_source, render_library, tensor_names
 from lumos.compile.runtime import NativeProgram
-from lumos.compile.schedule import Kernel, KernelSchedule
+from lumos.compile.schedule import Kernel, KernelSchedule, build_kernels
 from lumos.compile.search_cache import SearchCache, SearchEntry
 
 VERIFY_ROWS = 3
@@ -136,6 +146,17 @@ class Candidate:
     """Summed median time of the group's kernels; None until measured."""
     verified: bool = False
     rejected: str = ""
+    predicted_ms: float = 0.0
+    """The cost model's estimate (cost_model.py): orders the search, never chooses."""
+
+
+def mutations(a: KernelSchedule, b: KernelSchedule) -> int:
+    """How many schedule knobs differ between two candidates (the size of a hill-climb step)."""
+    return sum(getattr(a, name) != getattr(b, name) for name in KernelSchedule.__dataclass_fields__)
+
+
+MUTATION_PENALTY = 0.25
+"""Each knob a step changes raises its score by this fraction: the climb stays near the best."""
 
 
 @dataclass
@@ -147,6 +168,31 @@ class Group:
     """egglog rules that fired while building the candidates, with their match counts."""
     cached: SearchEntry | None = None
     queue: list[int] = field(default_factory=list)
+    """Candidates not yet timed (by index)."""
+    retry: list[int] = field(default_factory=list)
+    """Candidates to time again: they read a buffer another kernel's candidate got wrong."""
+
+    def next_index(self) -> int:
+        """The next candidate to time: a retry or the baseline first, then the hill-climb's step
+        from the best so far (the cheapest predicted, penalized by the knobs it changes)."""
+        if self.retry:
+            return self.retry.pop(0)
+        anchor = (self.best or self.candidates[0]).schedule
+        index = min(self.queue, key=lambda i: (i != 0, self.candidates[i].predicted_ms
+                                               * (1 + MUTATION_PENALTY * mutations(anchor, self.candidates[i].schedule)), i))
+        self.queue.remove(index)
+        return index
+
+    @property
+    def searching(self) -> bool:
+        return bool(self.queue or self.retry)
+
+    def tried(self) -> list[dict]:
+        """Every candidate timed or rejected, fastest first: what --explain lists."""
+        done = [c for c in self.candidates if c.ms is not None or c.rejected]
+        done.sort(key=lambda c: (c.ms is None, c.ms or 0.0))
+        return [{"schedule": c.schedule.describe(), "ms": c.ms if c.verified else None, "predicted_ms": c.predicted_ms,
+                 "rejected": c.rejected} for c in done]
 
     @property
     def best(self) -> Candidate | None:
@@ -170,7 +216,7 @@ class Group:
                 "rejected": sum(bool(c.rejected) for c in self.candidates),
                 "baseline_ms": self.candidates[0].ms, "best": best.schedule.describe() if best else None,
                 "best_ms": best.ms if best else None, "worst": worst.schedule.describe() if worst else None,
-                "worst_ms": worst.ms if worst else None}
+                "worst_ms": worst.ms if worst else None, "alternatives": self.tried()}
 
 
 def make_groups(kernels: list[Kernel], materialized: set[Node], seed: int, register_blocks: bool = True) -> list[Group]:
@@ -179,7 +225,7 @@ def make_groups(kernels: list[Kernel], materialized: set[Node], seed: int, regis
     by_key: dict[str, list[Kernel]] = {}
     for kernel in kernels:
         by_key.setdefault(kernel_key(kernel, materialized), []).append(kernel)
-    rng = random.Random(seed)
+    rates = machine_rates()
     groups = []
     for key, members in by_key.items():
         schedules, rules = schedule_candidates(members[0], register_blocks=register_blocks)
@@ -190,10 +236,9 @@ def make_groups(kernels: list[Kernel], materialized: set[Node], seed: int, regis
             digest = hashlib.sha256(source.encode()).hexdigest()
             if digest not in seen:  # a variant that renders to C already tried is the same candidate
                 seen.add(digest)
-                candidates.append(Candidate(sched, digest))
-        queue = list(range(1, len(candidates)))
-        rng.shuffle(queue)  # Monte Carlo: a budget that ends early has sampled the space evenly
-        groups.append(Group(key, members, candidates, rules, queue=[0, *queue]))
+                predicted = len(members) * predict_ms(members[0], sched, rates)
+                candidates.append(Candidate(sched, digest, predicted_ms=predicted))
+        groups.append(Group(key, members, candidates, rules, queue=list(range(len(candidates)))))
     return groups
 
 
@@ -215,6 +260,10 @@ class SearchResult:
     """What the attention rules found, and whether the fused kernels were kept (and why)."""
     confirmed: dict | None = None
     """Whole-call ms of the program without and with the search's choices, and whether they were kept."""
+    cost_model: dict | None = None
+    """The cost model's rank correlation with the measured times (cost_model.ranking_report)."""
+    fusion: dict | None = None
+    """The fusion choices the e-graph offered, each one tried (whole-call ms) and whether it was kept."""
 
     @property
     def cache_hit(self) -> bool:
@@ -248,6 +297,14 @@ class Bench:
         self.outputs = {node: name for name, node in graph.outputs.items()}
         self.slowest_ms = None
         """A candidate program this many times slower than the baseline is timed once, not REPEATS times."""
+        self.timed: dict[str, list[tuple[float, float]]] = {}
+        """Per group key, (predicted, measured) ms of every candidate verified: the cost model's score."""
+
+    def add_reference(self, nodes: set[Node]) -> None:
+        """Reference values for nodes that new candidate programs store (one more interpreter run)."""
+        missing = {node for node in nodes if node not in self.reference}
+        if missing:
+            self.reference.update(reference_values(self.graph, self.small, missing, self.rows))
 
     def program(self, kernels: list[Kernel], materialized: set[Node], schedules: dict[str, KernelSchedule],
                 reuse: bool = False) -> tuple[NativeProgram, object]:
@@ -310,17 +367,19 @@ class Bench:
 def search_schedules(graph: Graph, kernels: list[Kernel], materialized: set[Node], cache: KernelCache,
                      cc: str, cflags: tuple[str, ...], budget_s: float, inputs: Mapping[str, np.ndarray] | None = None,
                      search_cache: SearchCache | None = None, seed: int = 0, attention: bool = True,
-                     register_blocks: bool = True) -> SearchResult:
+                     register_blocks: bool = True, fusion: bool = True) -> SearchResult:
     """The fastest verified schedule of every kernel found within `budget_s` seconds (round 0, the
     baseline, always runs). Groups found in `search_cache` are not searched again. With
     `attention`, the attention rules' fused kernels replace the kernels they cover when they are
     verified and the whole call is faster, both programs with their searched schedules; without
-    `register_blocks`, no register-blocked matmul is a candidate."""
+    `register_blocks`, no register-blocked matmul is a candidate; with `fusion`, the time left
+    climbs over the fusion choices (a prologue or epilogue stored instead of fused, `_climb_fusion`)."""
     started = time.perf_counter()
     deadline = started + budget_s
+    schedules_until = deadline - FUSION_SHARE * budget_s if fusion else deadline
     inputs = inputs if inputs is not None else random_inputs(graph, seed)
     plain = (kernels, materialized)
-    fused_report, fused, groups, rounds = None, None, None, 0
+    fused_report, fused, groups, rounds, fusion_report = None, None, None, 0, None
     if attention:
         from lumos.compile.egraph.attention import find_attention, fuse_attention
 
@@ -337,7 +396,7 @@ def search_schedules(graph: Graph, kernels: list[Kernel], materialized: set[Node
         fused_report = search_cache.get_decision(decision_key) if search_cache is not None else None
         if fused_report is None:
             fused_report, searched, rounds = _choose_attention(bench, plain, fused, used, fired, search_cache, seed,
-                                                               register_blocks, deadline)
+                                                               register_blocks, schedules_until)
             groups = searched[fused_report["chosen"]]
             if search_cache is not None:
                 search_cache.put_decision(decision_key, fused_report)
@@ -347,7 +406,11 @@ def search_schedules(graph: Graph, kernels: list[Kernel], materialized: set[Node
             kernels, materialized = fused
     if groups is None:
         groups = make_groups(kernels, materialized, seed, register_blocks)
-        rounds += _search_groups(bench, kernels, materialized, groups, search_cache, deadline)
+        rounds += _search_groups(bench, kernels, materialized, groups, search_cache, schedules_until)
+    if fusion:
+        kernels, materialized, groups, fusion_report, fusion_rounds = _climb_fusion(
+            bench, kernels, materialized, groups, search_cache, deadline, seed, register_blocks)
+        rounds += fusion_rounds + _resume(bench, kernels, materialized, groups, search_cache, deadline)
     schedules = _chosen(groups)
     # The whole program, searched against not searched: kept only if a whole call is faster.
     confirm_key = hashlib.sha256("|".join(sorted(g.key for g in groups)).encode()).hexdigest()[:24]
@@ -361,7 +424,7 @@ def search_schedules(graph: Graph, kernels: list[Kernel], materialized: set[Node
         kernels, materialized = plain
         schedules = {kernel.name: KernelSchedule() for kernel in kernels}
     return SearchResult(schedules, groups, rounds, time.perf_counter() - started, budget_s, kernels, materialized,
-                        fused_report, confirmed)
+                        fused_report, confirmed, ranking_report(bench.timed), fusion_report)
 
 
 def _search_groups(bench: Bench, kernels, materialized, groups: list[Group], search_cache: SearchCache | None,
@@ -374,7 +437,7 @@ def _search_groups(bench: Bench, kernels, materialized, groups: list[Group], sea
             group.cached = search_cache.get(group.key)
         if group.cached is None and searched and group.key in searched:
             other = searched[group.key]
-            group.candidates, group.queue, group.cached = other.candidates, other.queue, other.cached
+            group.candidates, group.queue, group.retry, group.cached = other.candidates, other.queue, other.retry, other.cached
     pending = [group for group in groups if group.cached is None]
     if not pending:
         return 0
@@ -383,6 +446,20 @@ def _search_groups(bench: Bench, kernels, materialized, groups: list[Group], sea
         for group in pending:
             if group.best is not None:
                 search_cache.put(group.key, SearchEntry.from_group(group))
+    return rounds
+
+
+def _resume(bench: Bench, kernels, materialized, groups: list[Group], search_cache: SearchCache | None,
+            deadline: float) -> int:
+    """Go on with the schedule search of groups not finished, until `deadline` (the fusion climb's
+    share of the budget, when it needed less). Returns the rounds run."""
+    pending = [group for group in groups if group.cached is None and group.searching and group.best is not None]
+    if not pending or time.perf_counter() + 1.0 > deadline:
+        return 0
+    rounds = _run_rounds(bench, kernels, materialized, groups, pending, deadline)
+    if search_cache is not None:
+        for group in pending:
+            search_cache.put(group.key, SearchEntry.from_group(group))
     return rounds
 
 
@@ -426,7 +503,7 @@ def _choose_attention(bench: Bench, plain: tuple, fused: tuple, used, fired, sea
 
 def _run_rounds(bench: Bench, kernels, materialized, groups, pending, deadline) -> int:
     rounds, round_seconds = 0, []
-    while any(group.queue for group in pending):
+    while any(group.searching for group in pending):
         if rounds and time.perf_counter() + statistics.mean(round_seconds) > deadline:
             break
         began = time.perf_counter()
@@ -435,8 +512,8 @@ def _run_rounds(bench: Bench, kernels, materialized, groups, pending, deadline) 
         for group in groups:
             if group.cached is not None:
                 chosen = group.cached.schedule
-            elif group.queue:
-                index = group.queue.pop(0)
+            elif group.searching:
+                index = group.next_index()
                 trying[group.key] = index
                 chosen = group.candidates[index].schedule
             else:
@@ -461,10 +538,11 @@ def _run_rounds(bench: Bench, kernels, materialized, groups, pending, deadline) 
             if any(kernels[position[n]].node in result.wrong and n not in result.inconclusive for n in names):
                 candidate.rejected = "differs from the interpreter"
             elif any(n in result.inconclusive for n in names):
-                group.queue.append(index)  # try again once its inputs are right
+                group.retry.append(index)  # try again once its inputs are right
             else:
                 candidate.verified = True
                 candidate.ms = float(sum(result.ms[position[n]] for n in names))
+                bench.timed.setdefault(key, []).append((candidate.predicted_ms, candidate.ms))
             if index == 0 and candidate.rejected:
                 kernel = group.kernels[0]
                 raise AssertionError(f"kernel {kernel.name} ({kernel.node.origin}) differs from the interpreter with "
@@ -474,8 +552,134 @@ def _run_rounds(bench: Bench, kernels, materialized, groups, pending, deadline) 
     return rounds
 
 
-def kernel_flops(kernel: Kernel) -> int:
-    """2·M·N·K of the matrix products a kernel computes (0 for the rest)."""
-    return sum(2 * node.views[0].shape[node.arg] * node.size for node in kernel.fused
-               if node.op is Op.SUM and node.srcs[0].op is Op.MUL and node.views[0].shape[node.arg] > 1
-               and node.srcs[0].op not in LEAF and prod(node.shape) > 0)
+
+# ---------------------------------------------------------------------------------------------
+# Fusion choices: the e-graph holds every buffer stored or inlined (egraph/fusion.py); a program is
+# one extraction; the climb flips one family of sites at a time and keeps what a whole call proves.
+
+FUSION_STEP_S = 10.0
+"""At most this long to search the schedules of the kernels one fusion step changes."""
+FUSION_SHARE = 0.25
+"""The part of the budget kept for the fusion climb (what it leaves goes back to the schedules):
+the cost model puts the likeliest schedules first, so the last rounds of a schedule search gain
+least."""
+FUSION_MARGIN = 0.98
+"""A fusion step is kept when a whole call is at least 2% faster: less is within the noise."""
+
+
+@dataclass
+class FusionSite:
+    """Nodes the scheduler fused into a kernel that could be stored instead, one per identical
+    kernel (identical layers flip together)."""
+
+    signature: str
+    kind: str
+    """prologue (a computed operand of a matrix product) or epilogue (a matrix product read by
+    elementwise ops in the same kernel)."""
+    nodes: list[Node]
+
+    def describe(self) -> str:
+        node = self.nodes[0]
+        where = node.origin.split(' ("')[0][:60]  # the torch op and module, not the source line
+        return f"store the {self.kind} {node.op.name.lower()}{list(node.shape)} ×{len(self.nodes)} ({where})"
+
+
+def fusion_sites(graph: Graph, kernels: list[Kernel], materialized: set[Node]) -> list[FusionSite]:
+    uses = graph.consumers()
+
+    def is_product(node: Node) -> bool:
+        return node.op is Op.MUL and any(consumer.op is Op.SUM for consumer, _ in uses[node])
+
+    sites: dict[str, FusionSite] = {}
+    for kernel in kernels:
+        if kernel.attention is not None:
+            continue  # the fused attention kernel is one choice as a whole
+        key = kernel_key(kernel, materialized)
+        fused = list(dict.fromkeys(kernel.fused))
+        for position, node in enumerate(fused):
+            if node is kernel.node or node in materialized or node.op in LEAF or is_product(node):
+                continue  # a product is M·N·K elements: never stored
+            if node.op is Op.SUM and node.srcs[0].op is Op.MUL and node.views[0].shape[node.arg] > 1:
+                kind = "epilogue"
+            elif node.op not in REDUCE and any(is_product(consumer) for consumer, _ in uses[node]):
+                kind = "prologue"
+            else:
+                continue
+            site = sites.setdefault(f"{key}:{position}", FusionSite(f"{key}:{position}", kind, []))
+            site.nodes.append(node)
+    return list(sites.values())
+
+
+def _with_attention(kernels: list[Kernel], like: list[Kernel]) -> list[Kernel]:
+    by_node = {kernel.node: kernel.attention for kernel in like if kernel.attention is not None}
+    for kernel in kernels:
+        kernel.attention = by_node.get(kernel.node)
+    return kernels
+
+
+def _climb_fusion(bench: Bench, kernels: list[Kernel], materialized: set[Node], groups: list[Group],
+                  search_cache: SearchCache | None, deadline: float, seed: int, register_blocks: bool):
+    """Hill-climb over the fusion sites: from the searched program, store one family of sites
+    (the cost model's likeliest first), search the schedules of the kernels that changes, and keep
+    it if a whole call is faster; until the budget ends. The decision is cached like the rest.
+    Returns the program, its groups, a report and the rounds run."""
+    from lumos.compile.egraph.fusion import fusion_space
+
+    sites = fusion_sites(bench.graph, kernels, materialized)
+    if not sites:
+        return kernels, materialized, groups, None, 0
+    space = fusion_space(bench.graph, materialized | {node for site in sites for node in site.nodes})
+    bench.add_reference({node for site in sites for node in site.nodes})  # one interpreter run for every step
+    report = {"sites": len(sites), "rules": space.rules, "enodes": space.serialized.term_nodes,
+              "eclasses": space.serialized.term_classes, "saturate_s": space.seconds, "steps": [], "stored": []}
+    key = "fusion:" + hashlib.sha256("|".join(sorted(g.key for g in groups) + sorted(s.signature for s in sites))
+                                     .encode()).hexdigest()[:24]
+    cached = search_cache.get_decision(key) if search_cache is not None else None
+    known = {group.key: group for group in groups}
+    rounds = 0
+
+    def program(stored_sites: list[FusionSite], base: set[Node]):
+        stored = space.stores(base | {node for site in stored_sites for node in site.nodes})
+        return _with_attention(build_kernels(bench.graph, stored), kernels), stored
+
+    rates = machine_rates()
+
+    def predicted(site: FusionSite) -> float:
+        new_kernels, _ = program([site], materialized)
+        return sum(predict_ms(kernel, KernelSchedule(), rates) for kernel in new_kernels)
+
+    if cached is not None:
+        chosen = [site for site in sites if site.signature in cached["stored"]]
+        if chosen:
+            kernels, materialized = program(chosen, materialized)
+            groups = make_groups(kernels, materialized, seed, register_blocks)
+            bench.add_reference({kernel.node for kernel in kernels})
+            rounds += _search_groups(bench, kernels, materialized, groups, search_cache, deadline, known)
+        return kernels, materialized, groups, {**cached, "cached": True}, rounds
+    for site in sorted(sites, key=predicted):
+        if time.perf_counter() + 1.0 > deadline:
+            break
+        new_kernels, stored = program([site], materialized)
+        new_groups = make_groups(new_kernels, stored, seed, register_blocks)
+        bench.add_reference({kernel.node for kernel in new_kernels})
+        step = {"site": site.describe(), "kind": site.kind, "nodes": len(site.nodes), "kept": False}
+        try:
+            rounds += _search_groups(bench, new_kernels, stored, new_groups, search_cache,
+                                     min(deadline, time.perf_counter() + FUSION_STEP_S), known)
+        except (BuildError, AssertionError) as error:  # the renderer cannot take this program
+            report["steps"].append({**step, "rejected": str(error)[:80]})
+            continue
+        known.update({group.key: group for group in new_groups})
+        if not all(g.cached is not None or g.best is not None for g in new_groups):
+            report["steps"].append({**step, "rejected": "not verified"})
+            continue
+        before_ms, after_ms = bench.confirm((kernels, materialized, _chosen(groups)),
+                                            (new_kernels, stored, _chosen(new_groups)))
+        step.update(before_ms=before_ms, ms=after_ms, kept=after_ms < FUSION_MARGIN * before_ms)
+        report["steps"].append(step)
+        if step["kept"]:
+            kernels, materialized, groups = new_kernels, stored, new_groups
+            report["stored"].append(site.signature)
+    if search_cache is not None:
+        search_cache.put_decision(key, report)
+    return kernels, materialized, groups, report, rounds

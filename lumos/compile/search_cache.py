@@ -55,17 +55,20 @@ class SearchEntry:
     tried: int
     rejected: int
     rules: dict[str, int] = field(default_factory=dict)
+    alternatives: list[dict] = field(default_factory=list)
+    """Every candidate timed or rejected, fastest first (search.Group.tried)."""
 
     @staticmethod
     def from_group(group) -> SearchEntry:
         report = group.report()
         return SearchEntry(group.best.schedule, report["best_ms"], report["worst_ms"], report["baseline_ms"],
-                           report["candidates"], report["tried"], report["rejected"], dict(group.rules))
+                           report["candidates"], report["tried"], report["rejected"], dict(group.rules),
+                           report["alternatives"])
 
     def report(self) -> dict:
         return {"rules": self.rules, "candidates": self.candidates, "tried": self.tried, "rejected": self.rejected,
                 "baseline_ms": self.baseline_ms, "best": self.schedule.describe(), "best_ms": self.best_ms,
-                "worst_ms": self.worst_ms}
+                "worst_ms": self.worst_ms, "alternatives": self.alternatives}
 
 
 class SearchCache:

@@ -82,7 +82,8 @@ def test_table_output_and_clear_cache(project):
     result = lumos(project, "compile", "--run", run_id, "--batch", "4", "--seq", "6", "--search-budget", "2", "--explain")
     assert result.exit_code == 0, result.output
     for row in ("primitive ops in", "kernels out", "fused ops", "planned peak memory", "time per forward",
-                "schedule search", "fused attention", "rules fired", "baseline"):
+                "schedule search", "fused attention", "rules fired", "baseline", "e-graph", "e-nodes", "cost model",
+                "alternatives tried"):
         assert row in result.stdout
     result = lumos(project, "compile", "--run", run_id, "--batch", "4", "--seq", "6", "--no-search")
     assert result.exit_code == 0, result.output

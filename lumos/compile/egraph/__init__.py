@@ -1,10 +1,14 @@
 """egglog encodings of the program and the rewrite rules, one named ruleset per file.
 
 - `terms`: the IR as egglog terms (every operand a view of its source, views as opaque ids with
-  facts asserted from Python) and back to a graph;
+  facts asserted from Python);
+- `extract`: the cheapest program of an e-graph under a cost, back as a graph, with the buffers
+  its `store`s keep;
+- `rewrite`: the compiler's e-graph pass (program.py): algebra and views over the whole graph;
 - `algebra`: x·1, x+0, exp2(log2 x), recip(recip x), constant folding, distributivity;
 - `views`: composition of movement ops (a view of a view is one view; identity views vanish);
-- `fusion`: a buffer's producer inlined into its consumer (prologues and epilogues);
+- `fusion`: a buffer's producer inlined into its consumer (prologues and epilogues); every
+  buffer stored or inlined in one e-graph, a program one extraction (search.py climbs over them);
 - `schedule`: the loop-nest variants of one kernel, every one extracted for search.py to measure;
 - `attention`: softmax by the max-rescaling identity and online softmax: a fused attention kernel
   that never stores its score matrix (offered to search.py, kept if verified and faster).

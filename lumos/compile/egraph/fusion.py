@@ -10,9 +10,15 @@ memory traffic), answered by extraction and measurement, not by the rule.
 
 from __future__ import annotations
 
-from egglog import i64, ruleset, vars_
+import math
+import time
+from dataclasses import dataclass
 
-from lumos.compile.egraph.terms import Term, named
+from egglog import EGraph, i64, ruleset, vars_
+
+from lumos.compile.egraph.extract import ENode, Serialized, build_graph, choose, default_cost, encode, serialize
+from lumos.compile.egraph.terms import Encoding, Term, named
+from lumos.compile.ir import Graph, Node
 
 (x,) = vars_("x", Term)
 v, axis = vars_("v axis", i64)
@@ -22,3 +28,64 @@ fusion_rules = ruleset(
     named("prologue into sum", Term.sum(Term.view(Term.store(x), v), axis), Term.sum(Term.view(x, v), axis)),
     named("prologue into max", Term.max(Term.view(Term.store(x), v), axis), Term.max(Term.view(x, v), axis)),
 )
+
+
+# ---------------------------------------------------------------------------------------------
+# Fusion as a choice: every buffer the scheduler keeps, and every site it fuses, as a `store`
+# in one e-graph; the fusion rules put the inlined form beside each. A program is an extraction:
+# pricing a store as a free read keeps the buffer, pricing it out of reach inlines it.
+
+
+@dataclass
+class FusionSpace:
+    encoding: Encoding
+    serialized: Serialized
+    rules: dict[str, int]
+    seconds: float
+
+    def extract(self, keep: set[Node]) -> dict[str, str]:
+        """The program with the stores of `keep` available and every other store priced out."""
+        allowed = {self.serialized.originals[node.id] for node in keep}
+
+        def cost(enode: ENode) -> float:
+            if enode.op == "Term.store":
+                return STORE_READ if enode.eclass in allowed else math.inf
+            return default_cost(enode)
+
+        return choose(self.serialized, cost, cut=("Term.store",))
+
+    def graph(self, keep: set[Node]) -> tuple[Graph, set[Node]]:
+        """That program as a new graph, with the nodes it stores."""
+        return build_graph(self.encoding, self.serialized, self.extract(keep))
+
+    def stores(self, keep: set[Node]) -> set[Node]:
+        """That program's buffers: the nodes (of the encoded graph) whose `store` it kept."""
+        chosen = self.extract(keep)
+        by_class: dict[str, list[Node]] = {}  # identical nodes share an e-class (and a choice)
+        for node in self.encoding.graph.nodes:
+            if (eclass := self.serialized.originals.get(node.id)) is not None:
+                by_class.setdefault(eclass, []).append(node)
+        stored, stack, seen = set(), [self.serialized.originals[n.id] for n in self.encoding.graph.outputs.values()], set()
+        while stack:  # the e-classes the extracted program reaches
+            eclass = stack.pop()
+            if eclass in seen or eclass not in chosen:
+                continue
+            seen.add(eclass)
+            enode = self.serialized.nodes[chosen[eclass]]
+            if enode.op == "Term.store":
+                stored.update(by_class[eclass])
+            stack.extend(c for c in enode.children if c not in self.serialized.literals)
+        return stored
+
+
+STORE_READ = 0.001
+"""Reading a kept buffer costs next to nothing, whatever computed it (`choose` cuts its subtree)."""
+
+
+def fusion_space(graph: Graph, stores: set[Node]) -> FusionSpace:
+    started = time.perf_counter()
+    egraph = EGraph()
+    encoding = encode(egraph, graph, stores)
+    report = egraph.run(fusion_rules.saturate())
+    rules = {getattr(r, "name", None) or str(r): n for r, n in report.num_matches_per_rule.items() if n}
+    return FusionSpace(encoding, serialize(egraph), rules, time.perf_counter() - started)

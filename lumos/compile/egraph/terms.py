@@ -6,16 +6,14 @@ opaque numbers in the e-graph; facts about them, such as "has no padding mask" o
 these two gives that one", are computed in Python and asserted as relations before a ruleset
 runs). `Term.store(x)` marks a buffer written to memory (fusion.py decides whether to keep it).
 
-`to_terms` encodes a graph; `to_graph` builds a new graph from extracted terms, sharing
-identical subterms, so that the interpreter can check a ruleset before and after.
+`to_terms` encodes a graph; extract.py reads the cheapest program back out of an e-graph.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from egglog import EGraph, Expr, String, StringLike, f64, f64Like, i64, i64Like, relation, rule, union
-from egglog.deconstruct import get_callable_args, get_callable_fn, get_literal_value
+from egglog import Expr, String, StringLike, f64, f64Like, i64, i64Like, relation, rule, union
 
 from lumos.compile.ir import Graph, Node, Op, View, contiguous_strides
 
@@ -93,6 +91,8 @@ identity = relation("identity", i64)
 composes = relation("composes", i64, i64, i64)
 """Reading through view a, then through view b, is reading through view c."""
 same_shape = relation("same_shape", i64, i64)
+original = relation("original", Term, i64)
+"""The term is (equivalent to) the node of this id in the encoded graph (extract.py reads it back)."""
 
 
 def named(name: str, lhs: Term, rhs: Term, *conditions):
@@ -181,8 +181,10 @@ def _span(view: View) -> int:
     return view.offset + sum((size - 1) * stride for size, stride in zip(view.shape, view.strides, strict=True)) + 1
 
 
-def to_terms(graph: Graph, stores: set[Node] | None = None) -> Encoding:
-    """Every node as a term; nodes in `stores` are wrapped in `Term.store` (a written buffer)."""
+def to_terms(graph: Graph, stores: set[Node] | None = None, bind=None) -> Encoding:
+    """Every node as a term; nodes in `stores` are wrapped in `Term.store` (a written buffer).
+    With `bind` (node, term → term), each node's term is what `bind` returns: an `EGraph.let`
+    keeps terms shallow (a nested term is expanded as a tree, exponential in shared subterms)."""
     encoding = Encoding(graph)
     for node in graph.nodes:
         operands = [Term.view(encoding.terms[src], i64(encoding.view_id(view, src.shape)))
@@ -203,83 +205,5 @@ def to_terms(graph: Graph, stores: set[Node] | None = None) -> Encoding:
             raise NotImplementedError(node.op)
         if stores is not None and node in stores:
             term = Term.store(term)
-        encoding.terms[node] = term
+        encoding.terms[node] = term if bind is None else bind(node, term)
     return encoding
-
-
-def run(encoding: Encoding, *rulesets, iterations: int = 8) -> tuple[EGraph, dict[str, Term], dict[str, int]]:
-    """The graph's outputs in an e-graph, the rulesets run (saturating, or `iterations` rounds);
-    returns the e-graph, a handle per output and how often each rule fired."""
-    egraph = EGraph()
-    roots = {name: egraph.let(f"out_{index}", encoding.terms[node])
-             for index, (name, node) in enumerate(encoding.graph.outputs.items())}
-    facts = encoding.facts()
-    if facts:
-        egraph.register(*facts)
-    fired: dict[str, int] = {}
-    for ruleset_ in rulesets:
-        report = egraph.run(ruleset_ * iterations)
-        for rule_, count in report.num_matches_per_rule.items():
-            if count:
-                name = getattr(rule_, "name", None) or str(rule_)
-                fired[name] = fired.get(name, 0) + count
-    return egraph, roots, fired
-
-
-def to_graph(encoding: Encoding, extracted: dict[str, Term]) -> Graph:
-    """A new graph computing the extracted output terms (constant tensors and inputs carried over)."""
-    old = encoding.graph
-    graph = Graph(tensors=dict(old.tensors), output_shapes=dict(old.output_shapes), batch=old.batch)
-    inputs = {name: graph.add(Op.INPUT, shape=node.shape, arg=name) for name, node in old.inputs.items()}
-    for name, node in inputs.items():
-        node.batched = old.inputs[name].batched
-    graph.inputs = inputs
-    tensor_shapes = {node.arg: node.shape for node in old.nodes if node.op is Op.CONST and isinstance(node.arg, str)}
-    built: dict[str, Node] = {}
-
-    def operand(term) -> tuple[Node, View]:
-        if get_callable_fn(term) == Term.view:
-            source, view_id = get_callable_args(term)
-            view = encoding.views[get_literal_value(view_id)]
-            return node_of(source), view
-        node = node_of(term)  # a bare tensor as an operand: read in order
-        return node, View.contiguous(node.shape)
-
-    def node_of(term) -> Node:
-        key = str(term)
-        if key in built:
-            return built[key]
-        fn, args = get_callable_fn(term), get_callable_args(term)
-        if fn == Term.input:
-            node = inputs[get_literal_value(args[0])]
-        elif fn == Term.tensor:
-            name = get_literal_value(args[0])
-            node = graph.add(Op.CONST, shape=tensor_shapes[name], arg=name)
-        elif fn == Term.num:
-            node = graph.scalar(get_literal_value(args[0]))
-        elif fn == Term.store:
-            node = node_of(args[0])
-        elif fn == Term.view:  # a view where a node is needed: a copy (x + 0)
-            source, view = operand(term)
-            node = graph.add(Op.ADD, (source, graph.scalar(0.0)), (view, View(view.shape, (0,) * len(view.shape))),
-                             view.shape)
-        else:
-            op = next(op for table in (UNARY, BINARY, REDUCE) for op, maker in table.items() if maker == fn) \
-                if fn != Term.gather else Op.GATHER
-            if op in REDUCE.keys():
-                source, view = operand(args[0])
-                axis = get_literal_value(args[1])
-                shape = tuple(1 if d == axis else size for d, size in enumerate(view.shape))
-                node = graph.add(op, (source,), (view,), shape, arg=axis)
-            elif op is Op.GATHER:
-                (table, table_view), (ids, ids_view) = operand(args[0]), operand(args[1])
-                node = graph.add(op, (table, ids), (table_view, ids_view), ids_view.shape + table_view.shape[1:])
-            else:
-                reads = [operand(arg) for arg in args]
-                node = graph.add(op, [s for s, _ in reads], [v for _, v in reads], reads[0][1].shape)
-        built[key] = node
-        return node
-
-    for name, term in extracted.items():
-        graph.outputs[name] = node_of(term)
-    return graph

@@ -9,8 +9,8 @@ import pytest
 from lumos.compile.egraph.algebra import algebra_rules
 from lumos.compile.egraph.attention import find_attention, fuse_attention
 from lumos.compile.egraph.fusion import fusion_rules
+from lumos.compile.egraph.rewrite import saturate
 from lumos.compile.egraph.schedule import schedule_candidates
-from lumos.compile.egraph.terms import run, to_graph, to_terms
 from lumos.compile.egraph.views import view_rules
 from lumos.compile.hl_ops import Tensor, attention, mark_output
 from lumos.compile.interpret import interpret
@@ -23,9 +23,8 @@ from lumos.compile.schedule import KernelSchedule, schedule
 
 
 def rewritten(graph: Graph, *rulesets, stores=None):
-    encoding = to_terms(graph, stores)
-    egraph, roots, fired = run(encoding, *rulesets)
-    return to_graph(encoding, {name: egraph.extract(term) for name, term in roots.items()}), fired
+    after, _, report = saturate(graph, rulesets, stores)
+    return after, report.rules
 
 
 def assert_same(before: Graph, after: Graph, inputs) -> None:
@@ -57,6 +56,19 @@ def test_algebra_preserves_semantics_and_removes_work(redundant):
     assert_same(graph, after, inputs)
 
 
+def test_the_compiler_runs_the_rules_and_compiles_the_extracted_program(redundant, kernel_cache):
+    graph, inputs = redundant
+    want = interpret(graph, inputs)["y"]
+    ops = computed(graph)
+    compilation = compile_graph(graph, kernel_cache)
+    report = compilation.rewrite
+    assert {"x*1", "exp2(log2 x)", "distribute a*c+b*c"} <= set(report.rules)
+    assert report.ops_before == ops and report.ops_after == computed(compilation.graph) < ops // 2
+    assert report.enodes >= report.eclasses > 0 and report.saturate_s > 0
+    assert compilation.stats()["primitive_ops"] == report.ops_after  # what was scheduled is the extracted program
+    np.testing.assert_allclose(load_program(compilation)(inputs)["y"].reshape(want.shape), want, rtol=1e-5, atol=1e-5)
+
+
 def test_views_compose_movement_ops():
     rng = np.random.default_rng(4)
     graph = Graph()
@@ -80,6 +92,28 @@ def test_fusion_inlines_producers_and_preserves_semantics():
     stores = {node for node in graph.nodes if node.op not in LEAF}  # every node its own loop
     after, fired = rewritten(graph, fusion_rules, stores=stores)
     assert fired.get("inline producer") and (fired.get("prologue into sum") or fired.get("prologue into max"))
+    assert_same(graph, after, {"x": rng.standard_normal((4, 9, 8)).astype(np.float32)})
+
+
+def test_store_survives_extraction_and_the_extraction_decides_what_is_stored():
+    from lumos.compile.egraph.fusion import fusion_space
+
+    rng = np.random.default_rng(5)
+    graph = Graph()
+    x = Tensor.input(graph, "x", (4, 9, 8))
+    w = Tensor.constant(graph, "w", rng.standard_normal((8, 8)).astype(np.float32))
+    mark_output(graph, "y", x.linear(w).gelu().layer_norm(None, None, 1e-5))
+    graph = graph.prune()
+    every = {node for node in graph.nodes if node.op not in LEAF}
+    space = fusion_space(graph, every)
+    assert space.rules.get("inline producer")
+    outputs = set(graph.outputs.values())
+    assert space.stores(every) == every  # every store available: every buffer kept
+    assert space.stores(outputs) == outputs  # none but the output: everything inlined
+    _, kernels_materialized = schedule(graph)
+    assert space.stores(kernels_materialized) == kernels_materialized  # the scheduler's program is one extraction
+    after, stored = space.graph(kernels_materialized)  # store survives extraction into a graph
+    assert len(stored) == len(kernels_materialized) and set(after.outputs.values()) <= stored
     assert_same(graph, after, {"x": rng.standard_normal((4, 9, 8)).astype(np.float32)})
 
 

@@ -61,8 +61,71 @@ def test_the_budget_is_respected(kernel_cache):
     assert compilation.search.rounds == 1  # only the baseline, which always runs
     assert all(group.best is group.candidates[0] for group in compilation.search.groups)
     compilation, _ = searched(kernel_cache, budget=4)
-    first_round = compilation.search.seconds / max(compilation.search.rounds, 1)
-    assert compilation.search.seconds < 4 + 2 * first_round
+    mean_round = compilation.search.seconds / max(compilation.search.rounds, 1)
+    # The rounds stop when the next would pass the deadline; then one whole-call comparison runs.
+    # On a loaded machine one round can take a few times the mean, hence the margin.
+    assert compilation.search.seconds < 4 + 4 * mean_round + 2
+
+
+def test_the_hill_climb_times_every_candidate_once_baseline_first_and_reports_them(kernel_cache):
+    compilation, _ = searched(kernel_cache, budget=120, layers=1)
+    search = compilation.search
+    for group in search.groups:
+        timed = [c for c in group.candidates if c.ms is not None or c.rejected]
+        assert len(timed) == len(group.candidates)  # the budget sufficed: every candidate, none twice
+        assert len({c.source_hash for c in timed}) == len(timed)
+        alternatives = group.report()["alternatives"]
+        assert len(alternatives) == len(timed) and alternatives[0]["ms"] == group.best.ms
+    assert -1 <= search.cost_model["spearman_within"] <= 1 and search.cost_model["measured"] > 3
+
+
+def test_the_climb_steps_from_the_best_candidate_to_its_cheapest_predicted_neighbour(kernel_cache):
+    from lumos.compile.search import MUTATION_PENALTY, make_groups, mutations
+
+    graph, _ = mlp_stack(1)
+    compilation = compile_graph(graph, kernel_cache)
+    group = max(make_groups(compilation.kernels, compilation.materialized, 0), key=lambda g: len(g.candidates))
+    assert group.next_index() == 0  # the renderer's heuristic first: the search never does worse
+    far = max(range(1, len(group.candidates)), key=lambda i: mutations(KernelSchedule(), group.candidates[i].schedule))
+    group.candidates[0].verified, group.candidates[0].ms = True, 10.0
+    group.candidates[far].verified, group.candidates[far].ms = True, 1.0  # the best so far
+    group.queue.remove(far)
+    anchor = group.candidates[far].schedule
+
+    def score(i):
+        return group.candidates[i].predicted_ms * (1 + MUTATION_PENALTY * mutations(anchor, group.candidates[i].schedule))
+
+    expected = min(group.queue, key=score)
+    assert group.next_index() == expected and expected not in group.queue
+
+
+def test_the_cost_model_ranks_a_blocked_matmul_above_dot_products(kernel_cache):
+    from lumos.compile.cost_model import machine_rates, predict_ms, spearman
+
+    graph, _ = mlp_stack(1)
+    compilation = compile_graph(graph, kernel_cache)
+    matmul = next(k for k in compilation.kernels if k.kind == "reduce" and len(k.reads) == 2)
+    rates = machine_rates()
+    assert rates.flops > 1e8 and rates.bandwidth > 1e8
+    blocked = predict_ms(matmul, KernelSchedule(interchange=True, tile=16, rows=4), rates)
+    assert blocked < predict_ms(matmul, KernelSchedule(interchange=True), rates) < predict_ms(
+        matmul, KernelSchedule(interchange=False), rates)
+    assert spearman([1, 2, 3, 4], [10, 20, 30, 40]) == 1.0 and spearman([1, 2, 3], [3, 2, 1]) == -1.0
+    assert spearman([1, 2], [1, 2]) is None and spearman([1, 1, 1], [1, 2, 3]) is None
+
+
+def test_the_fusion_climb_times_extracted_programs_and_keeps_only_faster_ones(kernel_cache):
+    from lumos.compile.search import FUSION_MARGIN
+
+    compilation, inputs = searched(kernel_cache, budget=40, layers=2)
+    fusion = compilation.search.fusion
+    assert fusion["sites"] >= 2 and fusion["enodes"] > 0 and fusion["rules"].get("inline producer")
+    assert {step["kind"] for step in fusion["steps"]} <= {"prologue", "epilogue"} and fusion["steps"]
+    for step in fusion["steps"]:
+        assert "rejected" in step or step["kept"] == (step["ms"] < FUSION_MARGIN * step["before_ms"])
+    assert len(fusion["stored"]) == sum(step["kept"] for step in fusion["steps"])
+    got = load_program(compilation)(inputs)["y"]
+    np.testing.assert_allclose(got, interpret(compilation.graph, inputs)["y"], atol=1e-4, rtol=1e-4)
 
 
 def test_the_search_never_returns_an_unverified_candidate(kernel_cache, monkeypatch):
