@@ -78,8 +78,15 @@ def rewrite_graph(graph: Graph, rulesets=(algebra_rules, view_rules)) -> Rewrite
     """Rewrite `graph` in place into the cheapest program the rulesets reach from it (kept as
     traced when that is no cheaper)."""
     new, _, report = saturate(graph, rulesets)
-    if report.ops_after < report.ops_before:
+    if report.ops_after < report.ops_before and not _outputs_become_leaves(graph, new):
         replace_graph(graph, new)
     else:
         report.ops_after = report.ops_before
     return report
+
+
+def _outputs_become_leaves(old: Graph, new: Graph) -> bool:
+    """True when an output the traced graph computes (such as a module returning an input, which
+    the frontend writes as a copy) would be an input or constant itself after the rewrite: the
+    later passes write outputs only from kernels, so such a program is kept as traced."""
+    return any(new.outputs[name].op in LEAF and node.op not in LEAF for name, node in old.outputs.items())
