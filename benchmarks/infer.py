@@ -1,13 +1,16 @@
 """Batch inference throughput: users/s of `lumos infer` end to end (features + model + Delta write)
 and of the model alone, at two user counts, on local[*]; and what 100M users a day would cost.
 
-    python benchmarks/infer.py [--users 5000 20000] [--events-per-user 40] [--out benchmarks/results/infer.json]
+    python benchmarks/infer.py [--users 5000 20000] [--events-per-user 40] [--engines torch compiled]
+                               [--out benchmarks/results/infer.json]
 
 A quickstart-sized model (lumos/quickstart/train.toml's model, a few training steps: throughput
 does not depend on how well it learned) is trained and promoted once on a small synthetic world.
 Each measured world is a fresh synthetic log of the given number of users, read through
 `--source` as a nightly job would read today's events. "Model only" scores the same users'
-feature rows in one process with every core, from in-memory Arrow, no Spark.
+feature rows in one process with every core, from in-memory Arrow, no Spark. With `--engines
+torch compiled` the model is also compiled once (`lumos compile`, batch 512, a short search) and
+each world is scored by both engines, one after the other.
 """
 
 from __future__ import annotations
@@ -41,9 +44,10 @@ from lumos.train.run import train
 
 AS_OF = datetime.date(2026, 9, 29)
 USERS_PER_DAY = 100_000_000
+COMPILE_SEARCH_S = 60.0
 
 
-def setup(folder: Path) -> None:
+def setup(folder: Path, compiled: bool) -> None:
     from lumos.core.spark import workspace_spark
     from lumos.data.ingest import run_ingest
     from lumos.data.recipe import IngestRecipe
@@ -59,6 +63,10 @@ def setup(folder: Path) -> None:
     config = load_config(TrainConfig, RECIPES / "train.toml", ["run.max_steps=5", "run.eval_every=1000"])
     summary = train(config, workspace)
     promote(workspace, "bench", "production", run_id=summary.run_id)
+    if compiled:
+        from lumos.compile.engine import compile_run
+
+        compile_run(workspace, summary.run_id, batch_size=512, search_budget_s=COMPILE_SEARCH_S)
 
 
 def model_only(workspace, users_source: Path) -> dict:
@@ -85,35 +93,38 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--users", type=int, nargs="+", default=[5000, 20000])
     parser.add_argument("--events-per-user", type=int, default=40)
+    parser.add_argument("--engines", nargs="+", default=["torch"], choices=["torch", "compiled"])
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "infer.json")
     args = parser.parse_args()
 
     folder = Path(tempfile.mkdtemp(prefix="lumos-bench-infer-"))
     print(f"workspace {folder}: training and promoting a quickstart-sized model", flush=True)
-    setup(folder)
+    setup(folder, "compiled" in args.engines)
     workspace = open_workspace(folder)
     results = []
     for users in args.users:
         source = folder / f"world-{users}"
         generate_quickstart(source, SyntheticSpec(users=users, events=users * args.events_per_user, seed=users))
-        options = InferOptions(as_of=AS_OF, source=str(source / "events"), output=f"bench.predictions_{users}")
-        started = time.perf_counter()
-        summary = infer(workspace, "bench@production", options)
-        end_to_end = time.perf_counter() - started
         alone = model_only(workspace, source / "events")
-        result = {
-            "users": users, "events": users * args.events_per_user, "rows_written": summary.rows,
-            "end_to_end_seconds": round(end_to_end, 2), "end_to_end_users_per_s": round(summary.rows / end_to_end, 1),
-            "model_only": alone,
-        }
-        cores = os.cpu_count() or 1
-        hours = USERS_PER_DAY / result["end_to_end_users_per_s"] / 3600
-        result["machine_hours_for_100M_users"] = round(hours, 1)
-        result["core_hours_for_100M_users"] = round(hours * cores, 1)
-        results.append(result)
-        print(f"{users:>7,} users: end to end {result['end_to_end_users_per_s']:>8,.0f} users/s "
-              f"({end_to_end:.1f} s), model only {alone['users_per_s']:>8,.0f} users/s; "
-              f"100M users/day ≈ {hours:.1f} h on this {cores}-core machine", flush=True)
+        for engine in args.engines:
+            options = InferOptions(as_of=AS_OF, source=str(source / "events"), output=f"bench.predictions_{users}_{engine}",
+                                   engine=engine)
+            started = time.perf_counter()
+            summary = infer(workspace, "bench@production", options)
+            end_to_end = time.perf_counter() - started
+            result = {
+                "users": users, "events": users * args.events_per_user, "engine": engine, "rows_written": summary.rows,
+                "end_to_end_seconds": round(end_to_end, 2), "end_to_end_users_per_s": round(summary.rows / end_to_end, 1),
+                "model_only": alone,
+            }
+            cores = os.cpu_count() or 1
+            hours = USERS_PER_DAY / result["end_to_end_users_per_s"] / 3600
+            result["machine_hours_for_100M_users"] = round(hours, 1)
+            result["core_hours_for_100M_users"] = round(hours * cores, 1)
+            results.append(result)
+            print(f"{users:>7,} users, {engine:>8}: end to end {result['end_to_end_users_per_s']:>8,.0f} users/s "
+                  f"({end_to_end:.1f} s), model only (torch) {alone['users_per_s']:>8,.0f} users/s; "
+                  f"100M users/day ≈ {hours:.1f} h on this {cores}-core machine", flush=True)
     report = {"benchmark": "infer", "machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
                                                 "torch": torch.__version__},
               "as_of": AS_OF.isoformat(), "results": results}

@@ -1,10 +1,20 @@
-"""Ingest throughput: events per second for the quickstart recipe at growing sizes on local[*].
+"""Ingest throughput against a hand-written PySpark floor, at growing sizes, on local[*] or a master.
 
-    python benchmarks/ingest.py [--sizes 1000000 4000000] [--out benchmarks/results/ingest.json]
+    python benchmarks/ingest.py [--sizes 1000000 2000000 4000000] [--events-per-user 100]
+                                [--master spark://127.0.0.1:7077] [--profile] [--out FILE]
 
-Each size gets fresh synthetic data (100 events per user) and a fresh workspace; the time counted
-is `run_ingest` alone (validation, vocabularies, sequences, three Delta commits), with the Spark
-session already started, so the growth of cost with size shows.
+Each size gets fresh synthetic data (`lumos data synth` with --events N and N/100 users: the
+issue's 2M events of 20,000 users) and a fresh workspace. Two jobs run on the same session, one
+after the other, each timed alone:
+
+- floor: the plainest PySpark job that does the core of ingest: read the events, drop exact
+  duplicates, and write each user's time-sorted events to Parquet;
+- lumos: `run_ingest` with the quickstart recipe (validation with reasons, vocabularies, 11 time
+  cutoffs of sequences with targets and calendar context, three Delta commits with lineage).
+
+The Spark session is started once before any timing, so both figures leave its start-up out.
+`--profile` turns on Spark's event log and prints, per Lumos job, its duration, its stages, the
+rows it scanned from the source files and the bytes it shuffled: where the time goes.
 """
 
 from __future__ import annotations
@@ -15,6 +25,7 @@ import os
 import platform
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from lumos.core.config import load_config
@@ -28,53 +39,128 @@ from lumos.quickstart import RECIPES
 RECIPE = RECIPES / "ingest.toml"
 
 
-def measure(spark, events: int, scratch: Path) -> dict:
-    data_dir = scratch / f"data-{events}"
-    spec = SyntheticSpec(users=max(events // 100, 1), events=events, seed=0)
-    started = time.perf_counter()
-    generate_quickstart(data_dir, spec)
-    synth_seconds = time.perf_counter() - started
+def floor_job(spark, events_dir: Path, out: Path) -> None:
+    """Read, drop duplicates, write each user's events sorted by time: what any ingest must do."""
+    events = spark.read.parquet(str(events_dir)).dropDuplicates()
+    events.repartition("user_id").sortWithinPartitions("user_id", "ts").write.mode("overwrite").parquet(str(out))
 
-    workspace = open_workspace(_project(scratch / f"ws-{events}"))
+
+def measure(spark, events: int, events_per_user: int, scratch: Path) -> dict:
+    data_dir = scratch / f"data-{events}"
+    spec = SyntheticSpec(users=max(events // events_per_user, 1), events=events, seed=0)
+    generate_quickstart(data_dir, spec)
+
+    started = time.perf_counter()
+    floor_job(spark, data_dir / "events", scratch / f"floor-{events}")
+    floor_seconds = time.perf_counter() - started
+
+    workspace = open_workspace(_folder(scratch / f"ws-{events}"))
     recipe = load_config(IngestRecipe, RECIPE, [f"source.path={data_dir / 'events'}",
                                                   f"users.path={data_dir / 'users.parquet'}",
                                                   f"calendar.path={data_dir / 'calendar.csv'}"])
+    jobs_before = _last_job_id(spark)
     started = time.perf_counter()
     result = run_ingest(spark, workspace, recipe, RECIPE.parent)
     seconds = time.perf_counter() - started
     return {
         "events": events,
         "users": spec.users,
-        "synth_seconds": round(synth_seconds, 2),
+        "floor_seconds": round(floor_seconds, 2),
         "ingest_seconds": round(seconds, 2),
+        "ratio_to_floor": round(seconds / floor_seconds, 2),
         "events_per_second": round(events / seconds),
+        "floor_events_per_second": round(events / floor_seconds),
+        "spark_jobs": _last_job_id(spark) - jobs_before,
         "sequence_rows": sum(result.stats["rows_by_split"].values()),
         "tokens": result.stats["tokens"],
     }
 
 
-def _project(folder: Path) -> Path:
+def _last_job_id(spark) -> int:
+    ids = spark.sparkContext.statusTracker().getJobIdsForGroup(None)
+    return max(ids, default=-1)
+
+
+def print_profile(event_log_dir: Path) -> None:
+    """Per step of the event log (jobs named by `lumos ingest`'s steps, else by call site): the
+    seconds from its first job's start to its last job's end, jobs, stages, rows read from files
+    and bytes shuffled."""
+    jobs: dict[int, dict] = {}
+    stage_job: dict[int, int] = {}
+    for log in sorted(path for path in event_log_dir.rglob("*") if path.is_file()):
+        for line in log.read_text().splitlines():
+            if not line.startswith("{"):  # the log folder also holds an empty status file
+                continue
+            event = json.loads(line)
+            kind = event["Event"]
+            if kind == "SparkListenerJobStart":
+                description = event.get("Properties", {}).get("spark.job.description") or "(other Spark work)"
+                jobs[event["Job ID"]] = {"start": event["Submission Time"], "what": description, "stages": 0,
+                                         "rows_in": 0, "shuffle_mb": 0.0}
+                for stage in event["Stage IDs"]:
+                    stage_job[stage] = event["Job ID"]
+            elif kind == "SparkListenerJobEnd":
+                jobs[event["Job ID"]]["end"] = event["Completion Time"]
+            elif kind == "SparkListenerStageCompleted":
+                info = event["Stage Info"]
+                job = jobs[stage_job[info["Stage ID"]]]
+                job["stages"] += 1
+                for accumulable in info.get("Accumulables", []):
+                    name, value = accumulable.get("Name", ""), accumulable.get("Value", 0)
+                    if name == "internal.metrics.input.recordsRead":
+                        job["rows_in"] += int(value)
+                    elif name == "internal.metrics.shuffle.write.bytesWritten":
+                        job["shuffle_mb"] += int(value) / 2**20
+    steps: dict[str, dict] = {}
+    for job in sorted(jobs.values(), key=lambda job: job["start"]):
+        step = steps.setdefault(job["what"], {"start": job["start"], "end": job["start"], "jobs": 0, "stages": 0,
+                                              "rows_in": 0, "shuffle_mb": 0.0})
+        step["end"] = max(step["end"], job.get("end", job["start"]))
+        step["jobs"] += 1
+        for key in ("stages", "rows_in", "shuffle_mb"):
+            step[key] += job[key]
+    print(f"{'seconds':>8} {'jobs':>5} {'stages':>6} {'rows in':>11} {'shuffle MB':>10}  step")
+    for what, step in steps.items():
+        print(f"{(step['end'] - step['start']) / 1000:>8.2f} {step['jobs']:>5} {step['stages']:>6} "
+              f"{step['rows_in']:>11,} {step['shuffle_mb']:>10.1f}  {what}")
+
+
+def _folder(folder: Path) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     return folder
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--sizes", type=int, nargs="+", default=[1_000_000, 4_000_000])
+    parser.add_argument("--sizes", type=int, nargs="+", default=[1_000_000, 2_000_000, 4_000_000])
+    parser.add_argument("--events-per-user", type=int, default=100)
+    parser.add_argument("--master", help="Spark master (default: the workspace default, local[*])")
+    parser.add_argument("--profile", action="store_true", help="print where Lumos's time goes, per Spark job")
     parser.add_argument("--out", default=str(Path(__file__).resolve().parent / "results" / "ingest.json"))
     args = parser.parse_args()
 
     with tempfile.TemporaryDirectory(prefix="lumos-bench-") as scratch:
-        workspace = open_workspace(_project(Path(scratch) / "session"))
+        scratch = Path(scratch)
+        workspace = open_workspace(_folder(scratch / "session"))
+        conf = dict(workspace.settings.spark.conf)
+        if args.profile:
+            conf |= {"spark.eventLog.enabled": "true", "spark.eventLog.compress": "false", "spark.eventLog.dir": str(_folder(scratch / "events-log"))}
+        spark_settings = replace(workspace.settings.spark, conf=conf, master=args.master or workspace.settings.spark.master)
+        workspace = replace(workspace, settings=replace(workspace.settings, spark=spark_settings))
         spark = workspace_spark(workspace)
+        spark.range(1).count()  # the session and its JVM are up before any timing
         results = []
         for events in args.sizes:
-            result = measure(spark, events, Path(scratch))
+            result = measure(spark, events, args.events_per_user, scratch)
             print(json.dumps(result), flush=True)
             results.append(result)
+        master = spark.sparkContext.master
+        spark.stop()
+        if args.profile:
+            print_profile(scratch / "events-log")
     report = {
         "benchmark": "ingest",
-        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "spark_master": spark.sparkContext.master},
+        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "spark_master": master},
         "results": results,
     }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)

@@ -19,7 +19,7 @@ from lumos.core.lineage import LineageInput, LineageRecord
 from lumos.core.tables import TableRef, content_hash, table_exists, table_history, table_location, write_table
 from lumos.core.workspace import Workspace
 from lumos.data.recipe import IngestRecipe
-from lumos.data.sequences import build_sequences, build_vocab
+from lumos.data.sequences import build_sequences, build_vocab, sequence_tokens
 from lumos.data.sources import read_source
 from lumos.data.validation import (
     check_columns,
@@ -107,7 +107,8 @@ def run_ingest(spark, workspace: Workspace, recipe: IngestRecipe, recipe_dir: Pa
         report(f"already ingested as {earlier.tables['sequences']}; nothing written")
         return earlier
 
-    report("validating rows")
+    step = _stepper(spark, report)
+    step("validating rows")
     checked = sources.checked.persist()
     try:
         counts = count_rejects(checked)
@@ -115,10 +116,14 @@ def run_ingest(spark, workspace: Workspace, recipe: IngestRecipe, recipe_dir: Pa
         rows_read, rejected = counts.rows_read, counts.by_rule
 
         events = valid_events(checked)
-        report("building vocabularies")
+        step("building vocabularies")
         vocab = build_vocab(events, users, recipe).persist()
-        report("building sequences")
-        sequences = build_sequences(events, vocab, users, calendar, recipe).persist()
+        vocab_rows = vocab.count()
+        step("ordering each user's tokens")
+        tokens = sequence_tokens(events, recipe).persist()
+        users_with_events = tokens.where(tokens["position"] == 0).count()
+        step("building sequences")
+        sequences = build_sequences(events, vocab, users, calendar, recipe, tokens).persist()
         try:
             summary = sequences.groupBy("split").agg({"user_id": "count", "length": "sum"}).collect()
             rows_by_split = {row["split"]: row["count(user_id)"] for row in sorted(summary, key=lambda r: r["split"])}
@@ -127,19 +132,19 @@ def run_ingest(spark, workspace: Workspace, recipe: IngestRecipe, recipe_dir: Pa
                 "rows_rejected": sum(rejected.values()),
                 "rejected_by_rule": rejected,
                 "events": rows_read - counts.rejected,
-                "users": events.select("user_id").distinct().count(),
+                "users": users_with_events,
                 "tokens": sum(row["sum(length)"] or 0 for row in summary),
                 "rows_by_split": rows_by_split,
                 "content_hash": content_hash(sequences),  # what `lumos reproduce` compares a rebuild against
             }
-            report("writing tables")
+            step("writing tables")
             written = {"rejects": write_table(spark, workspace, refs["rejects"], rejected_rows(checked),
                                               LineageRecord(**lineage_base, stats={"rows": stats["rows_rejected"],
                                                                                    "rejected_by_rule": rejected}))}
             fault_point("after_rejects")  # test hooks: lumos.core.faults
             with crash_during_write("mid_vocab", table_location(workspace, refs["vocab"])):
                 written["vocab"] = write_table(spark, workspace, refs["vocab"], vocab,
-                                               LineageRecord(**lineage_base, stats={"rows": vocab.count()}))
+                                               LineageRecord(**lineage_base, stats={"rows": vocab_rows}))
             fault_point("before_sequences")
             # Sequences last: its lineage names the exact vocab and rejects versions of this run,
             # and its presence marks the ingest as complete (the idempotency check reads it).
@@ -148,11 +153,23 @@ def run_ingest(spark, workspace: Workspace, recipe: IngestRecipe, recipe_dir: Pa
                                                LineageRecord(**lineage_base, stats={**stats, "tables": tables}))
         finally:
             sequences.unpersist()
+            tokens.unpersist()
             vocab.unpersist()
     finally:
         checked.unpersist()
+        step(None)
     tables = {role: str(written[role]) for role in ("sequences", "vocab", "rejects")}
     return IngestResult(recipe.dataset, tables, reused=False, stats=stats)
+
+
+def _stepper(spark, report: Report) -> Callable[[str | None], None]:
+    """Report a step, and name the Spark jobs that follow after it (the Spark UI and event log
+    show "lumos ingest: <step>" instead of a call site); None clears the name."""
+    def step(name: str | None) -> None:
+        if name is not None:
+            report(name)
+        spark.sparkContext.setJobDescription(None if name is None else f"lumos ingest: {name}")
+    return step
 
 
 def enforce_reject_budget(checked, counts: RejectCounts, recipe: IngestRecipe) -> None:

@@ -134,15 +134,18 @@ def build_sequences(
     users: DataFrame | None,
     calendar: DataFrame | None,
     recipe: IngestRecipe,
+    tokens: DataFrame | None = None,
 ) -> DataFrame:
     """One row per (user, split, as_of): history arrays, static features, targets, future context.
 
     `events`: user_id, ts (timestamp), event_type, and where the recipe maps them item_id, value
     (double), cat_<name> (string), num_<name> (double). `users` (when recipe.users): user_id,
     user_<name>. `calendar` (when recipe.calendar): date, and one 0/1 column per flag. `vocab` is
-    what `build_vocab` returned (or that table read back).
+    what `build_vocab` returned (or that table read back). `tokens` is `sequence_tokens(events,
+    recipe)` when the caller keeps it persisted: the cuts, the act targets and the histories all
+    read it, and without a persisted copy its per-user sort and windows run once for each.
     """
-    tokens = _tokens(events, recipe)
+    tokens = sequence_tokens(events, recipe) if tokens is None else tokens
     rows = _cut_rows(tokens, recipe)
     if recipe.targets.horizons_days:
         rows = _with_act_targets(rows, _act_events(events, tokens, recipe), recipe)
@@ -185,7 +188,7 @@ def _history_features(recipe: IngestRecipe) -> list[str]:
 # Tokens: one row per token, with its place in the user's full sequence
 
 
-def _tokens(events: DataFrame, recipe: IngestRecipe) -> DataFrame:
+def sequence_tokens(events: DataFrame, recipe: IngestRecipe) -> DataFrame:
     """Events (or day tokens) with, per user, `position` (0-based), `gap_bucket`, `token_count`
     and for time splits `tokens_before_<i>`: how many tokens precede cutoff i."""
     tokens = events.withColumn("funnel_rank", _funnel_rank(recipe)).withColumn("tie_key", _tie_key(recipe))
@@ -238,7 +241,7 @@ def _day_tokens(events: DataFrame, recipe: IngestRecipe) -> DataFrame:
     fields = [*_token_order(recipe), "event_type"]
     aggregates = [F.max(F.struct(*fields)).alias("last"), F.count(F.lit(1)).cast("int").alias("count")]
     if recipe.columns.value:
-        aggregates.append(_ordered_sum(F.array_sort(F.collect_list("value"))).alias("day_value"))
+        aggregates.append(_ordered_sum(F.sort_array(F.collect_list("value"))).alias("day_value"))
     days = events.groupBy("user_id", _utc_day(F.col("ts")).alias("day")).agg(*aggregates)
     last_event = [F.col(f"last.{name}").alias(name) for name in fields if name != "value"]
     day_value = [F.col("day_value").alias("value")] if recipe.columns.value else []
@@ -337,7 +340,7 @@ def _with_act_targets(rows: DataFrame, act_events: DataFrame, recipe: IngestReci
     joined = rows.join(act_events, in_window, "left")
     matched = F.when(F.col("act_micros").isNotNull(), F.struct("act_micros", "act_value"))
     # Sorted by (time, value), so the value sums below add in a fixed order.
-    grouped = joined.groupBy(*rows.columns).agg(F.array_sort(F.collect_list(matched)).alias("acts"))
+    grouped = joined.groupBy(*rows.columns).agg(F.sort_array(F.collect_list(matched)).alias("acts"))
     targets = [column for days in horizons for column in _horizon_targets(days, as_of)]
     return grouped.select(*rows.columns, *targets)
 
@@ -356,27 +359,34 @@ def _with_history(rows: DataFrame, user_tokens: DataFrame, recipe: IngestRecipe)
     """Add `length`, one array per history feature, `age_days`, and `next_item`."""
     max_len = recipe.tokens.max_len
     cut = F.col("cut_position")
+    first = F.greatest(cut - max_len, F.lit(0))
     joined = rows.join(user_tokens, F.col("user_id") == F.col("token_user_id"))
-    # The arrays are sorted by position, so both filters keep token order: oldest first.
-    history = F.filter("tokens", lambda token: (token["position"] >= cut - max_len) & (token["position"] < cut))
-    target = F.filter("tokens", lambda token: token["position"] == cut)
-    with_history = joined.select(*rows.columns, history.alias("history"), target.alias("target"))
-
+    # A user's tokens are sorted by position and hold every position within reach of a cut (see
+    # _user_tokens), so a history is one contiguous run of the array, found and cut out by native
+    # array functions: Spark runs a lambda over an array element by element, uncompiled, and a
+    # filter over the whole array per row was most of ingest's time.
+    start = F.greatest(F.array_position("positions", first), F.lit(1)).cast("int")  # 1-based; an empty history reads from 1
+    target = F.array_position("positions", cut).cast("int")  # 0: no target token (a cutoff after the last token)
+    with_history = joined.select(
+        *rows.columns,
+        F.slice("tokens", start, cut - first).alias("history"),
+        F.when(target > 0, F.element_at("tokens", target)).alias("target"),
+    )
     as_of_micros = F.unix_micros("as_of")
-    arrays = [F.transform("history", _field(name)).alias(name) for name in _history_features(recipe)]
+    arrays = [F.col("history")[name].alias(name) for name in _history_features(recipe)]
     age_days = F.transform(
         "history", lambda token: ((as_of_micros - token["ts_micros"]) / MICROS_PER_DAY).cast("float")
     )
     ages = [age_days.alias("age_days")] if recipe.tokens.age_days else []
-    # No target token (a time cutoff after the user's last token) leaves next_item null.
-    next_item = [F.try_element_at("target", F.lit(1))["item"].alias("next_item")] if recipe.targets.next_item else []
+    next_item = [F.col("target")["item"].alias("next_item")] if recipe.targets.next_item else []
     return with_history.select(
         *rows.columns, F.size("history").alias("length"), *arrays, *ages, *next_item
     )
 
 
 def _user_tokens(tokens: DataFrame, vocab: DataFrame, recipe: IngestRecipe) -> DataFrame:
-    """(token_user_id, tokens): per user, the sorted token structs that some row reads, ids mapped.
+    """(token_user_id, tokens, positions): per user, the token structs that some row reads sorted
+    by position, ids mapped, and their positions.
 
     Only tokens within reach of a cut are kept (the target and the max_len before it), so a
     user's array is bounded by the recipe, however long their history: max_len + 3 tokens for
@@ -399,9 +409,10 @@ def _user_tokens(tokens: DataFrame, vocab: DataFrame, recipe: IngestRecipe) -> D
     fields["weekday"] = F.pmod(_utc_day(F.col("ts")) + EPOCH_WEEKDAY, F.lit(7)).cast("int")
     fields["gap_bucket"] = F.col("gap_bucket").cast("int")
     token = F.struct(*[column.alias(name) for name, column in fields.items()])
-    return reachable.groupBy(F.col("user_id").alias("token_user_id")).agg(
-        F.array_sort(F.collect_list(token)).alias("tokens")
+    per_user = reachable.groupBy(F.col("user_id").alias("token_user_id")).agg(
+        F.sort_array(F.collect_list(token)).alias("tokens")
     )
+    return per_user.withColumn("positions", F.col("tokens")["position"])
 
 
 def _within_reach(recipe: IngestRecipe) -> Column:
@@ -447,22 +458,33 @@ def _with_future_context(rows: DataFrame, calendar: DataFrame, recipe: IngestRec
     """future_<flag>: the flag on date(as_of) + d for each decoder slot d (0 where the date is absent)."""
     flags = recipe.calendar.flags
     slots = max(recipe.targets.horizons_days, default=1)
-    # The calendar is small: one row of {epoch day → flag} maps, broadcast to every row.
+    # The calendar is small: the arrays are built once per day it can reach (one row of
+    # {epoch day → flag} maps read per day), then broadcast and joined to the rows by day. Looking
+    # the maps up per row was a linear scan of each map, uncompiled, for every slot of every row.
     dated = calendar.where(F.col("date").isNotNull())
     lookup = dated.agg(
+        F.min(F.unix_date("date")).alias("first_date"),
+        F.max(F.unix_date("date")).alias("last_date"),
         *[
             F.map_from_entries(F.collect_list(F.struct(F.unix_date("date"), F.col(flag).cast("int")))).alias(
                 f"calendar_{flag}"
             )
             for flag in flags
-        ]
+        ],
     )
-    first_day = _utc_day(F.col("as_of")).cast("int")
+    # Days before the calendar's first date can still see it within `slots` days; later days see nothing.
+    reachable_days = F.explode(F.sequence(F.col("first_date") - (slots - 1), F.col("last_date")))
     offsets = F.sequence(F.lit(0), F.lit(slots - 1))
-    future = [
-        F.transform(offsets, _flag_on_day(f"calendar_{flag}", first_day)).alias(f"future_{flag}") for flag in flags
-    ]
-    return rows.crossJoin(F.broadcast(lookup)).select(*rows.columns, *future)
+    by_day = lookup.where(F.col("first_date").isNotNull()).select(reachable_days.alias("context_day"), "*").select(
+        "context_day",
+        *[F.transform(offsets, _flag_on_day(f"calendar_{flag}", F.col("context_day"))).alias(f"context_{flag}")
+          for flag in flags],
+    )
+    no_flags = F.array_repeat(F.lit(0), slots)
+    joined = rows.join(F.broadcast(by_day), _utc_day(F.col("as_of")).cast("int") == F.col("context_day"), "left")
+    return joined.select(
+        *rows.columns, *[F.coalesce(F.col(f"context_{flag}"), no_flags).alias(f"future_{flag}") for flag in flags]
+    )
 
 
 # ---------------------------------------------------------------------------------------------

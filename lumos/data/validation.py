@@ -74,13 +74,17 @@ def check_events(raw, recipe: IngestRecipe):
 
     mapped = event_columns(recipe)
     has_malformed = MALFORMED in raw.columns
-    row_json = F.to_json(F.struct(*[F.col(quote_column(name)) for name in raw.columns if name != MALFORMED]))
+    source_columns = [F.col(quote_column(name)) for name in raw.columns if name != MALFORMED]
     casted = raw.select(
         *[_cast(F.col(quote_column(c.source)), c.kind).alias(c.canonical) for c in mapped],
         *[F.col(quote_column(c.source)).isNotNull().alias(f"_given_{c.canonical}") for c in mapped if c.kind == "double"],
-        (F.coalesce(F.col(MALFORMED), row_json) if has_malformed else row_json).alias("_row"),
+        F.struct(*source_columns).alias("_source"),
+        (F.col(MALFORMED) if has_malformed else F.lit(None).cast("string")).alias("_malformed_text"),
         (F.col(MALFORMED).isNotNull() if has_malformed else F.lit(False)).alias("_malformed"),
     )
+    # One shuffle by user here serves every later step: the duplicate check below and the per-user
+    # windows, aggregations and joins of sequences all find the events already partitioned by user.
+    casted = casted.repartition("user_id")
     by_role = {c.canonical: c for c in mapped}
     rules = [
         ("malformed_line", F.col("_malformed"),
@@ -122,15 +126,24 @@ def check_events(raw, recipe: IngestRecipe):
         rule = F.when(condition, F.lit(name)).otherwise(rule)
         reason = F.when(condition, message).otherwise(reason)
     checked = casted.withColumn("_rule", rule).withColumn("_reason", reason)
-    checked = checked.drop("_malformed", *[name for name in checked.columns if name.startswith("_given_")])
     if recipe.cleaning.reject_duplicates:
         canonical = [c.canonical for c in mapped]
-        copies = Window.partitionBy(*canonical, "_rule").orderBy("_row")
-        is_copy = F.col("_rule").isNull() & (F.row_number().over(copies) > 1)
-        checked = checked.withColumn("_reason", F.when(is_copy, F.lit("exact duplicate of an earlier row"))
-                                     .otherwise(F.col("_reason")))
-        checked = checked.withColumn("_rule", F.when(is_copy, F.lit("duplicate")).otherwise(F.col("_rule")))
-    return checked
+        # Which of two copies is "earlier" only shows in which raw row the rejects table quotes
+        # (their mapped columns are equal), so a hash of the raw row orders them: stable across
+        # runs, and far cheaper than ordering by the row's JSON (a collision between two different
+        # raw rows only swaps which of them is quoted).
+        copies = Window.partitionBy(*canonical, "_rule").orderBy(F.xxhash64("_source"))
+        checked = checked.withColumn("_copy", F.col("_rule").isNull() & (F.row_number().over(copies) > 1))
+        checked = checked.withColumns({
+            "_reason": F.when(F.col("_copy"), F.lit("exact duplicate of an earlier row")).otherwise(F.col("_reason")),
+            "_rule": F.when(F.col("_copy"), F.lit("duplicate")).otherwise(F.col("_rule")),
+        }).drop("_copy")
+    # The original row, as JSON, only where the rejects table quotes it: serialising every valid
+    # row too cost as much as the rules themselves.
+    row_json = F.coalesce(F.col("_malformed_text"), F.to_json("_source"))
+    checked = checked.withColumn("_row", F.when(F.col("_rule").isNotNull(), row_json))
+    return checked.drop("_source", "_malformed_text", "_malformed",
+                        *[name for name in checked.columns if name.startswith("_given_")])
 
 
 def valid_events(checked):
@@ -185,4 +198,12 @@ def strip_whitespace(column):
     """
     from pyspark.sql import functions as F
 
-    return F.regexp_replace(column.cast("string"), _EDGE_WHITESPACE, "")
+    text = column.cast("string")
+    # The regex runs only on values that start or end with a space, a control character or a
+    # non-ASCII character (where every Unicode space lies): plain ids skip it, and it was the
+    # costliest part of validation.
+    edges = [F.ascii(text), F.ascii(F.substring(text, -1, 1))]
+    suspect = F.lit(False)
+    for code in edges:
+        suspect = suspect | (code <= 32) | (code >= 127)
+    return F.when(suspect, F.regexp_replace(text, _EDGE_WHITESPACE, "")).otherwise(text)
