@@ -10,16 +10,16 @@ PTX that `cuda_runtime.py` loads where one exists.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from lumos.compile.cache import Build, KernelCache
 from lumos.compile.egraph.attention import find_attention, fuse_attention
 from lumos.compile.egraph.rewrite import RewriteReport, rewrite_graph
-from lumos.compile.ir import LEAF, Graph, Node, check_graph
+from lumos.compile.ir import LEAF, Graph, Node
 from lumos.compile.layout import transpose_activations, transpose_weights
 from lumos.compile.plan import BufferPlan, plan_buffers
+from lumos.compile.program import run_passes
 from lumos.compile.render_cuda import CudaProgram, render_program
 from lumos.compile.schedule import Kernel, schedule
 
@@ -111,11 +111,4 @@ PASSES: list[tuple[str, Callable[[CudaCompilation, KernelCache], None]]] = [
 
 
 def compile_cuda_graph(graph: Graph, cache: KernelCache, options: CudaOptions | None = None) -> CudaCompilation:
-    compilation = CudaCompilation(graph, options or CudaOptions())
-    check_graph(graph)
-    for name, run in PASSES:
-        started = time.perf_counter()
-        run(compilation, cache)
-        compilation.timings[name] = time.perf_counter() - started
-        check_graph(graph)
-    return compilation
+    return run_passes(PASSES, CudaCompilation(graph, options or CudaOptions()), cache)

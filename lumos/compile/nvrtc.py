@@ -80,7 +80,7 @@ def compile_cuda(source: str, arch: str, flags: tuple[str, ...] = FLAGS, name: s
         (compiled,) = nvrtc.nvrtcCompileProgram(program, len(options), options)
         result, size = nvrtc.nvrtcGetProgramLogSize(program)
         _check(result, "log size")
-        log = b" " * size
+        log = _writable(size)
         (result,) = nvrtc.nvrtcGetProgramLog(program, log)
         log_text = log.rstrip(b"\0 ").decode(errors="replace")
         if compiled != nvrtc.nvrtcResult.NVRTC_SUCCESS:
@@ -88,14 +88,23 @@ def compile_cuda(source: str, arch: str, flags: tuple[str, ...] = FLAGS, name: s
         if cubin:
             result, size = nvrtc.nvrtcGetCUBINSize(program)
             _check(result, "cubin size")
-            code = b" " * size
+            code = _writable(size)
             (result,) = nvrtc.nvrtcGetCUBIN(program, code)
         else:
             result, size = nvrtc.nvrtcGetPTXSize(program)
             _check(result, "PTX size")
-            code = b" " * size
+            code = _writable(size)
             (result,) = nvrtc.nvrtcGetPTX(program, code)
         _check(result, "output")
-        return PTX(arch, code, log_text)
+        return PTX(arch, code[:size], log_text)
     finally:
         nvrtc.nvrtcDestroyProgram(program)
+
+
+def _writable(size: int) -> bytes:
+    """A fresh buffer of at least `size` bytes for NVRTC to write into.
+
+    NVRTC writes into the bytes object it is given. `b" " * 1` is CPython's shared one-byte b" "
+    (an empty log has size 1, its NUL): writing into it turned every b" " in the process into
+    b"\\0", and with it every space that urllib decoded. Two or more bytes are always a new object."""
+    return b" " * max(size, 2)

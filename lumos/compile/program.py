@@ -137,13 +137,17 @@ PASSES: list[tuple[str, Callable[[Compilation, KernelCache], None]]] = [
 
 def compile_graph(graph: Graph, cache: KernelCache, options: Options | None = None,
                   example_inputs: Mapping[str, np.ndarray] | None = None) -> Compilation:
-    compilation = Compilation(graph, options or Options(), example_inputs=example_inputs)
-    check_graph(graph)
-    for name, run in PASSES:
+    return run_passes(PASSES, Compilation(graph, options or Options(), example_inputs=example_inputs), cache)
+
+
+def run_passes(passes, compilation, cache: KernelCache):
+    """Run a target's pass list over `compilation`, timing each pass and checking the graph after it."""
+    check_graph(compilation.graph)
+    for name, run in passes:
         started = time.perf_counter()
         run(compilation, cache)
         compilation.timings[name] = time.perf_counter() - started
-        check_graph(graph)
+        check_graph(compilation.graph)
     return compilation
 
 

@@ -4,6 +4,8 @@ flags, and gathers are bounds-checked. (Running the kernels needs a GPU: test_cu
 
 from __future__ import annotations
 
+from urllib.parse import unquote
+
 import pytest
 import torch
 
@@ -82,6 +84,15 @@ def test_nvrtc_names_the_error_in_generated_code():
     with pytest.raises(CudaBuildError, match="undefined"):
         compile_cuda(HEADER + 'extern "C" __global__ void k(float* out) { out[0] = not_defined; }', "sm_80")
     assert nvrtc_version().split(".")[0].isdigit()
+
+
+def test_nvrtc_leaves_python_objects_alone():
+    """NVRTC writes its log into the buffer it is given; an empty log (size 1) once went into
+    CPython's shared b" ", and every space that urllib decoded afterwards was a NUL."""
+    for _ in range(2):
+        compile_cuda('extern "C" __global__ void k(float* x) { x[0] = 1.0f; }', "sm_80")
+    assert b" " == bytes([32])
+    assert unquote("a%20b") == "a b"
 
 
 def test_the_cuda_kernel_cache_keys_on_nvrtc_arch_and_flags(tmp_path):
