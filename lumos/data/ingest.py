@@ -50,7 +50,7 @@ class CheckedInputs:
     vocab and sequences from, and what inference rebuilds a date's features from."""
 
     checked: Any
-    """The events with canonical columns plus `_rule`, `_reason` (null when valid) and `_row`."""
+    """The events with canonical columns plus `_rule`, `_reason` and `_row` (null on valid rows)."""
     users: Any
     """The users frame (user_id, user_<name>), or None when the recipe has no users."""
     calendar: Any

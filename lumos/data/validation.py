@@ -68,7 +68,8 @@ def check_columns(frame, wanted: list[str], key: str, location: str) -> None:
 
 
 def check_events(raw, recipe: IngestRecipe):
-    """The raw frame with canonical columns plus `_rule`, `_reason` (null when valid) and `_row`."""
+    """The raw frame with canonical columns plus `_rule`, `_reason` and `_row` (the raw row as JSON),
+    all three null on valid rows. Partitioned by user_id (see below)."""
     from pyspark.sql import Window
     from pyspark.sql import functions as F
 
