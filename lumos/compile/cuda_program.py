@@ -1,6 +1,6 @@
 """The CUDA target's pipeline: from a primitive graph to PTX, one linear list of passes.
 
-    check → layout (transpose weights) → schedule (fuse into kernels) → attention (online-softmax
+    check → e-graph (egraph/rewrite.py, as the C target) → layout (transpose weights) → schedule (fuse into kernels) → attention (online-softmax
     kernels, egraph/attention.py) → plan buffers → render CUDA → build (NVRTC, kernel cache)
 
 The same fusion and buffer plan as the C target (program.py); no schedule search yet (kernels

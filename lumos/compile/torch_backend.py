@@ -1,7 +1,6 @@
 """Lumos as a torch.compile backend, for inference:
 
-    import lumos.compile                       # registers the backend "lumos"
-    fast = torch.compile(model.eval(), backend="lumos")
+    fast = torch.compile(model.eval(), backend="lumos")   # torch finds "lumos" by entry point (pyproject)
     with torch.no_grad():
         fast(x)
 
@@ -32,8 +31,6 @@ from lumos.compile.cache import KernelCache
 from lumos.compile.export_frontend import CompiledModule, compile_module
 from lumos.compile.frontend import UnsupportedOp
 from lumos.compile.program import Options
-
-BACKEND_NAME = "lumos"
 
 
 class _GraphWithWeights(nn.Module):
@@ -134,15 +131,3 @@ def make_backend(cache: KernelCache | None = None, options: Options | None = Non
     def backend(graph: torch.fx.GraphModule, example_inputs: list) -> Callable:
         return LumosGraph(graph, example_inputs, cache, options)
     return backend
-
-
-def register_backend() -> None:
-    """Register `lumos_backend` under "lumos" (once per process)."""
-    from torch._dynamo.backends.registry import _COMPILER_FNS
-    from torch._dynamo.backends.registry import register_backend as register
-
-    if BACKEND_NAME not in _COMPILER_FNS:
-        register(lumos_backend, name=BACKEND_NAME)
-
-
-register_backend()  # importing the module is enough; an installed Lumos is also found by entry point

@@ -12,7 +12,6 @@ import pytest
 import torch
 from torch import nn
 
-import lumos.compile.torch_backend  # noqa: F401  (registers the torch.compile backend "lumos")
 from lumos.compile.export_frontend import compile_module, export_module, math_path, verify_module
 from lumos.compile.frontend import UnsupportedOp, lower_program
 from lumos.compile.interpret import interpret
