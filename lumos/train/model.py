@@ -54,10 +54,10 @@ def last_position_of(memory_mask: Tensor, dtype: torch.dtype) -> Tensor:
 class Attention(nn.Module):
     """Multi-head attention of `x` over `context` (itself for self-attention)."""
 
-    def __init__(self, d_model: int, n_heads: int, dropout: float):
+    def __init__(self, d_model: int, n_heads: int, dropout: float, attention_dropout: float):
         super().__init__()
         self.n_heads = n_heads
-        self.dropout = dropout
+        self.attention_dropout = attention_dropout
         self.query = nn.Linear(d_model, d_model)
         self.key_value = nn.Linear(d_model, 2 * d_model)
         self.proj = nn.Linear(d_model, d_model)
@@ -72,7 +72,7 @@ class Attention(nn.Module):
         k = k.view(B, S, self.n_heads, C // self.n_heads).transpose(1, 2)  # (B, nh, S, D)
         v = v.view(B, S, self.n_heads, C // self.n_heads).transpose(1, 2)  # (B, nh, S, D)
         y = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=allowed, dropout_p=self.dropout if self.training else 0.0
+            q, k, v, attn_mask=allowed, dropout_p=self.attention_dropout if self.training else 0.0
         )  # (B, nh, L, D)
         y = y.transpose(1, 2).reshape(B, L, C)  # (B, L, C)
         return self.residual_dropout(self.proj(y))
@@ -95,7 +95,7 @@ class EncoderBlock(nn.Module):
     def __init__(self, config: ModelConfig):
         super().__init__()
         self.ln_1 = nn.LayerNorm(config.d_model)
-        self.attn = Attention(config.d_model, config.n_heads, config.dropout)
+        self.attn = Attention(config.d_model, config.n_heads, config.dropout, config.resolved_attention_dropout)
         self.ln_2 = nn.LayerNorm(config.d_model)
         self.mlp = MLP(config.d_model, config.d_ff, config.dropout)
 
@@ -111,9 +111,9 @@ class DecoderBlock(nn.Module):
     def __init__(self, config: ModelConfig):
         super().__init__()
         self.ln_1 = nn.LayerNorm(config.d_model)
-        self.self_attn = Attention(config.d_model, config.n_heads, config.dropout)
+        self.self_attn = Attention(config.d_model, config.n_heads, config.dropout, config.resolved_attention_dropout)
         self.ln_2 = nn.LayerNorm(config.d_model)
-        self.cross_attn = Attention(config.d_model, config.n_heads, config.dropout)
+        self.cross_attn = Attention(config.d_model, config.n_heads, config.dropout, config.resolved_attention_dropout)
         self.ln_3 = nn.LayerNorm(config.d_model)
         self.mlp = MLP(config.d_model, config.d_ff, config.dropout)
 
@@ -137,7 +137,12 @@ class ModelConfig:
     d_ff: int = 256
     """Hidden width of every MLP."""
     dropout: float = 0.1
-    """Dropout on embeddings, attention weights and residual branches; 0 <= dropout < 1."""
+    """Dropout on embeddings, residual branches and (unless attention_dropout is set) attention
+    weights; 0 <= dropout < 1."""
+    attention_dropout: float | None = None
+    """Dropout on attention weights; None: as `dropout`. 0 lets PyTorch's fused attention kernel
+    run, where dropout makes it draw a mask over every (query, key) pair: on 2 CPU cores at
+    MovieLens's 201-token rows, 0.20 s a training step against 0.40 s."""
     max_len: int | None = None
     """Size of the positional table: the longest history the model accepts (>= the data's max_len).
     None: the data's max_len (the ingest's tokens.max_len, from the feature spec)."""
@@ -181,6 +186,10 @@ class ModelConfig:
     what a feature is worth, or to match a baseline that sees items only. The item feature is
     always read (the retrieval head scores against its table)."""
 
+    @property
+    def resolved_attention_dropout(self) -> float:
+        return self.dropout if self.attention_dropout is None else self.attention_dropout
+
     def __post_init__(self) -> None:
         problems = []
         for name in ("d_model", "n_heads", "encoder_layers", "decoder_layers", "d_ff", "max_len", "negatives"):
@@ -188,8 +197,10 @@ class ModelConfig:
                 problems.append((name, f"must be at least 1, got {getattr(self, name)}"))
         if self.n_heads >= 1 and self.d_model % self.n_heads:
             problems.append(("d_model", f"must be divisible by n_heads ({self.n_heads}), got {self.d_model}"))
-        if not 0 <= self.dropout < 1:
-            problems.append(("dropout", f"must be in [0, 1), got {self.dropout}"))
+        for name in ("dropout", "attention_dropout"):
+            value = getattr(self, name)
+            if value is not None and not 0 <= value < 1:
+                problems.append((name, f"must be in [0, 1), got {value}"))
         unknown = [head for head in self.heads if head not in HEADS]
         if unknown:
             problems.append(("heads", f"unknown head(s) {unknown}; choose from {list(HEADS)}"))

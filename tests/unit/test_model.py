@@ -12,7 +12,7 @@ from safetensors.torch import load_file, save_file
 from lumos.core.config import from_dict
 from lumos.core.errors import ConfigError
 from lumos.data.contract import Batch, FeatureSpec
-from lumos.train.model import LumosModel, ModelConfig, memory_mask_of, signed_expm1, signed_log1p
+from lumos.train.model import Attention, LumosModel, ModelConfig, memory_mask_of, signed_expm1, signed_log1p
 
 FEATURES = FeatureSpec(
     token_categorical={"item": 12, "event_type": 4, "hour": 24},
@@ -353,6 +353,20 @@ def test_config_problems_are_reported_at_once_with_key_paths():
     assert from_dict(ModelConfig, {"heads": ["binary"], "retrieval": "sampled"}).heads == ("binary",)
     with pytest.raises(ConfigError, match="exclude_seen_in_loss"):
         from_dict(ModelConfig, {"retrieval": "sampled", "exclude_seen_in_loss": True})
+
+
+def test_attention_dropout_is_its_own_rate():
+    """model.attention_dropout drops attention weights alone; left out, it follows model.dropout."""
+    batch = make_batch()
+    attention_only = make_model(dataclasses.replace(CONFIG, dropout=0.0, attention_dropout=0.5)).train()
+    assert not torch.equal(attention_only.loss(batch)[0], attention_only.loss(batch)[0])
+    neither = make_model(dataclasses.replace(CONFIG, dropout=0.0)).train()
+    assert torch.equal(neither.loss(batch)[0], neither.loss(batch)[0])
+    rates = {module.attention_dropout for module in make_model(dataclasses.replace(CONFIG, dropout=0.3)).modules()
+             if isinstance(module, Attention)}
+    assert rates == {0.3}
+    with pytest.raises(ConfigError, match="attention_dropout"):
+        from_dict(ModelConfig, {"attention_dropout": 1.0})
 
 
 def test_the_model_takes_the_data_max_len_unless_set():
