@@ -9,6 +9,7 @@ import importlib.util
 import sys
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -281,6 +282,23 @@ def test_tiny_end_to_end_and_sasrec_on_the_same_rows(project):
     run = sasrec.train_and_score(data, sasrec.SASRecConfig(d_model=8, max_epochs=2, patience=5, batch_size=8,
                                                            exclude_seen=True), report=lambda _: None)
     assert run["test_rows"] == 24 and all(0.0 <= run[name] <= 1.0 for name in sasrec.METRICS)
+    shorter = sasrec.train_and_score(data, sasrec.SASRecConfig(d_model=8, max_epochs=1, batch_size=8, max_len=5,
+                                                               attention_dropout=0.0), report=lambda _: None)
+    assert shorter["test_rows"] == 24 and shorter["parameters"] < run["parameters"]  # a 6-row position table
+
+
+def test_sasrec_reads_its_max_len_but_excludes_the_whole_history():
+    """With max_len below the table's, SASRec reads the most recent items, and ranking still leaves
+    out every item of the row's history, as the protocol (and Lumos) does."""
+    model = sasrec.SASRec(sasrec.SASRecConfig(d_model=8), item_vocab_size=12, max_len=3).eval()
+    with torch.no_grad():
+        hidden = model(torch.tensor([[5, 6]]))[0, -1]
+        model.items.weight[7] = 0.0  # the target scores 0: below item 2, above items 3 and 4
+        model.items.weight[2], model.items.weight[3], model.items.weight[4] = 100 * hidden, -100 * hidden, -100 * hidden
+    whole = sasrec.SplitRows(users=["u"], histories=[[2, 3, 4, 5, 6]], targets=np.array([7]), as_of=[None])
+    recent = sasrec.SplitRows(users=["u"], histories=[[5, 6]], targets=np.array([7]), as_of=[None])
+    assert sasrec.rank_rows(model, whole, table_max_len=5, max_len=2).item() == \
+        sasrec.rank_rows(model, recent, table_max_len=2, max_len=2).item() - 1  # item 2 is left out
 
 
 def test_sasrec_rebuilds_the_same_sequences_from_either_layout(spark, project):
