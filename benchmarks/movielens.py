@@ -93,12 +93,12 @@ def id_order_check(data_version: str) -> dict[str, dict[str, float]]:
     vocab = pq.read_table([f.path for f in active_files(table_location(workspace, vocab_ref), vocab_ref.version).files])
     items = vocab.filter(pc.equal(vocab["feature"], sequences.spec.item_feature)).to_pydict()
     raw = np.full(sequences.spec.item_vocab_size, "", dtype=object)
-    counts = np.zeros(sequences.spec.item_vocab_size)
-    raw[items["id"]], counts[items["id"]] = items["token"], items["count"]
+    raw[items["id"]] = items["token"]
     sasrec = _sasrec()
     data = sasrec.read_table(str(EXAMPLE), str(sequences.ref))
     history = torch.from_numpy(sasrec.padded(data.test.histories, data.max_len))
-    popularity = M.popularity_scores(counts, len(data.test.targets)).clone()
+    # The task's own baseline (eval/score.py): ids go by descending count, so -id ranks by popularity.
+    popularity = M.popularity_scores(-np.arange(sequences.spec.item_vocab_size), len(data.test.targets)).clone()
     after_last = torch.from_numpy(np.stack([raw > raw[row[-1]] for row in data.test.histories]))  # (B, V)
     scored = {"popularity": popularity, "popularity, ids after the last first": popularity + 1e12 * after_last}
     return {name: M.retrieval_metrics(M.target_ranks(scores, torch.from_numpy(data.test.targets), history))
