@@ -79,6 +79,7 @@ def model_only(workspace, users_source: Path) -> dict:
     data = training_data(workspace, TableRef.parse(training_run(workspace, version.run_id, "bench").data.tags["lumos.data"]))
     features = inference_rows(workspace_spark(workspace), workspace, data, AS_OF, str(users_source))
     table = features.rows.toArrow()
+    features.release()
     batches = list(table_batches(table, model.features, 512, "bench"))
     torch.set_num_threads(os.cpu_count() or 1)
     score_batch(model, None, batches[0], 10, True)  # warm-up

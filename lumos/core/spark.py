@@ -36,6 +36,10 @@ def spark_conf(settings: SparkSettings) -> dict[str, str]:
         "spark.sql.extensions": DELTA_EXTENSION,
         "spark.sql.catalog.spark_catalog": DELTA_CATALOG,
         "spark.sql.shuffle.partitions": str(settings.shuffle_partitions),
+        # Delta rebuilds a table's state (its file list and stats) with a shuffle into 50
+        # partitions by default, at every read and write: 50 tiny tasks that took 3-5 s each time
+        # on 2 cores, for tables whose logs hold a few files per version. As many as a shuffle.
+        "spark.databricks.delta.snapshotPartitions": str(settings.shuffle_partitions),
         "spark.ui.enabled": str(settings.ui).lower(),
         "spark.driver.memory": settings.driver_memory,
         # Event times are instants; reading and writing them in UTC keeps days and hours stable

@@ -146,7 +146,7 @@ def build_sequences(
     read it, and without a persisted copy its per-user sort and windows run once for each.
     """
     tokens = sequence_tokens(events, recipe) if tokens is None else tokens
-    rows = _cut_rows(tokens, recipe)
+    rows = cut_rows(tokens, recipe)
     if recipe.targets.horizons_days:
         rows = _with_act_targets(rows, _act_events(events, tokens, recipe), recipe)
     rows = _with_history(rows, _user_tokens(tokens, vocab, recipe), recipe)
@@ -266,7 +266,8 @@ def _gap_bucket(previous_ts: Column, ts: Column) -> Column:
 # Cuts: (user_id, split, as_of, cut_position), one per sequences row
 
 
-def _cut_rows(tokens: DataFrame, recipe: IngestRecipe) -> DataFrame:
+def cut_rows(tokens: DataFrame, recipe: IngestRecipe) -> DataFrame:
+    """(user_id, split, as_of, cut_position): one per row `build_sequences` writes."""
     if recipe.splits.mode == "leave_last_out":
         cuts = _leave_last_out_cuts(tokens, recipe.splits.train_targets, recipe.tokens.max_len)
     else:

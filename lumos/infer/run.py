@@ -14,6 +14,7 @@ import datetime
 import shutil
 import time
 from collections.abc import Callable
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -97,10 +98,11 @@ def infer(workspace: Workspace, model_ref: str, options: InferOptions, report: R
     from lumos.core.spark import workspace_spark
 
     # The lock comes before Spark starts: a second run for the date fails in seconds, having done nothing.
-    with partition_lock(workspace, output, options.as_of):
+    with partition_lock(workspace, output, options.as_of), ExitStack() as cleanup:
         spark = workspace_spark(workspace)
         report(f"building features as of {options.as_of}")
         features = inference_rows(spark, workspace, data, options.as_of, options.source)
+        cleanup.callback(features.release)  # the cached frames go once rows and rejects are written
         rows, inputs = features.rows, features.inputs
         rejects = _write_rejects(spark, workspace, output, version.label, options.as_of, features, report)
         job = ScoringJob(
