@@ -69,8 +69,10 @@ def setup(folder: Path, compiled: bool) -> None:
         compile_run(workspace, summary.run_id, batch_size=512, search_budget_s=COMPILE_SEARCH_S)
 
 
-def model_only(workspace, users_source: Path) -> dict:
-    """Users/s of the model alone over the same rows infer scores (features built once, in memory)."""
+def model_only(workspace, users_source: Path, max_users: int | None = None) -> dict:
+    """Users/s of the model alone over the same rows infer scores (features built once, in memory;
+    the first `max_users` of them when given: the rate does not depend on how many there are, and
+    a million users' rows would not fit in this process's memory)."""
     from lumos.core.spark import workspace_spark
 
     version = resolve_model(workspace, "bench@production")
@@ -78,7 +80,8 @@ def model_only(workspace, users_source: Path) -> dict:
     model.eval()
     data = training_data(workspace, TableRef.parse(training_run(workspace, version.run_id, "bench").data.tags["lumos.data"]))
     features = inference_rows(workspace_spark(workspace), workspace, data, AS_OF, str(users_source))
-    table = features.rows.toArrow()
+    rows = features.rows if max_users is None else features.rows.limit(max_users)
+    table = rows.toArrow()
     features.release()
     batches = list(table_batches(table, model.features, 512, "bench"))
     torch.set_num_threads(os.cpu_count() or 1)
@@ -94,6 +97,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--users", type=int, nargs="+", default=[5000, 20000])
     parser.add_argument("--events-per-user", type=int, default=40)
+    parser.add_argument("--model-only-max-users", type=int, default=200_000,
+                        help="score at most this many users' rows for the model-alone rate (default 200000)")
     parser.add_argument("--engines", nargs="+", default=["torch"], choices=["torch", "compiled"])
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "infer.json")
     args = parser.parse_args()
@@ -106,7 +111,7 @@ def main() -> None:
     for users in args.users:
         source = folder / f"world-{users}"
         generate_quickstart(source, SyntheticSpec(users=users, events=users * args.events_per_user, seed=users))
-        alone = model_only(workspace, source / "events")
+        alone = model_only(workspace, source / "events", args.model_only_max_users)
         for engine in args.engines:
             options = InferOptions(as_of=AS_OF, source=str(source / "events"), output=f"bench.predictions_{users}_{engine}",
                                    engine=engine)
