@@ -10,6 +10,7 @@ import typer
 from lumos.cli.options import JsonOption
 from lumos.cli.output import echo, emit_json, handles_errors, json_data, print_table, renamed, state
 from lumos.core.errors import UsageError
+from lumos.core.registry import DEFAULT_ALIAS
 from lumos.core.workspace import open_workspace
 
 
@@ -18,7 +19,7 @@ def promote(
     ctx: typer.Context,
     model: Annotated[str, typer.Option("--model", help="Registered model name, e.g. quickstart.")],
     run_id: Annotated[str | None, typer.Argument(help="The training run to promote (omit with --version).")] = None,
-    alias: Annotated[str, typer.Option("--alias", help="The alias to move.")] = "production",
+    alias: Annotated[str, typer.Option("--alias", help="The alias to move.")] = DEFAULT_ALIAS,
     version: Annotated[int | None, typer.Option("--version", help="Move the alias to this existing version (rollback).")] = None,
     require: Annotated[
         list[str] | None,

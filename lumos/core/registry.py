@@ -14,6 +14,9 @@ from lumos.core.errors import UsageError
 from lumos.core.tracking import tracking_client
 from lumos.core.workspace import Workspace
 
+DEFAULT_ALIAS = "production"
+"""The alias `lumos promote` moves unless told otherwise, and nightly jobs name (NAME@production)."""
+
 _NAME = r"[A-Za-z][A-Za-z0-9_.-]*"
 MODEL_NAME = re.compile(rf"^{_NAME}$")
 MODEL_REF = re.compile(rf"^(?P<name>{_NAME})(?:@(?P<alias>[A-Za-z][A-Za-z0-9_-]*)|/(?P<version>\d+))$")

@@ -16,13 +16,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from lumos.core.config import load_config
+from lumos.core.registry import DEFAULT_ALIAS
 from lumos.core.workspace import CONFIG_FILE, Workspace, init_workspace, open_workspace
 from lumos.data.synthetic import SyntheticSpec, generate_quickstart
 from lumos.quickstart import RECIPES
 
 Report = Callable[[str], None]
 MODEL_NAME = "quickstart"
-ALIAS = "production"
 # The promotion gate: tell next week's buyers from the rest clearly better than chance (AUC 0.5).
 REQUIREMENTS = ("will_purchase_7d:auc_roc>=0.6",)
 
@@ -96,14 +96,14 @@ def run_quickstart(
         primary[result.task] = (metric, result.metrics.get(metric, float("nan")), result.baseline_metrics.get(metric))
     lap("eval")
 
-    report(f"promote: {MODEL_NAME}@{ALIAS}, gated on {', '.join(requirements) or 'nothing'}")
-    promoted = promote(workspace, MODEL_NAME, ALIAS, run_id=trained.run_id,
+    report(f"promote: {MODEL_NAME}@{DEFAULT_ALIAS}, gated on {', '.join(requirements) or 'nothing'}")
+    promoted = promote(workspace, MODEL_NAME, DEFAULT_ALIAS, run_id=trained.run_id,
                        requirements=[parse_requirement(item) for item in requirements])
     lap("promote")
 
     as_of = data_spec.start + datetime.timedelta(days=data_spec.days)  # the morning after the last activity
     report(f"infer: every user as of {as_of}")
-    predicted = infer(workspace, f"{MODEL_NAME}@{ALIAS}", InferOptions(as_of=as_of), report)
+    predicted = infer(workspace, f"{MODEL_NAME}@{DEFAULT_ALIAS}", InferOptions(as_of=as_of), report)
     lap("infer")
     return QuickstartSummary(
         directory=directory, workspace=workspace, tables=ingested.tables, run_id=trained.run_id, eval_primary=primary,
