@@ -16,6 +16,7 @@ import base64
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -128,11 +129,14 @@ def render(page: str, screenshot: Path, expected: list[str]) -> str:
     the test waits for what the React app fetches instead of guessing a fixed delay."""
     browser = chromium()
     port = free_port()
-    with tempfile.TemporaryDirectory(prefix="lumos-chromium-") as profile:
+    # Chromium's helper processes may still write to the profile as the folder is removed
+    # ("Directory not empty: 'Default'" failed a CI run): they share the browser's process group,
+    # which is stopped whole, and a leftover temporary profile is no failure.
+    with tempfile.TemporaryDirectory(prefix="lumos-chromium-", ignore_cleanup_errors=True) as profile:
         process = subprocess.Popen(
             [browser, *CHROMIUM_FLAGS, f"--user-data-dir={profile}", f"--remote-debugging-port={port}",
              "--window-size=1400,900", page],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
         )
         try:
             devtools = DevTools(page_websocket(port))
@@ -150,7 +154,16 @@ def render(page: str, screenshot: Path, expected: list[str]) -> str:
             devtools.close()
         finally:
             stop(process)
+            stop_group(process)
     return text
+
+
+def stop_group(process: subprocess.Popen) -> None:
+    """Kill what is left of the process group `process` leads (chromium's helpers)."""
+    try:
+        os.killpg(process.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
 
 
 def free_port() -> int:
