@@ -72,7 +72,7 @@ def setup(folder: Path, compiled: bool) -> None:
 def model_only(workspace, users_source: Path, max_users: int | None = None) -> dict:
     """Users/s of the model alone over the same rows infer scores (features built once, in memory;
     the first `max_users` of them when given: the rate does not depend on how many there are, and
-    a million users' rows would not fit in this process's memory)."""
+    a million users' rows, held here as Arrow, would take several GB (estimated, not tried)."""
     from lumos.core.spark import workspace_spark
 
     version = resolve_model(workspace, "bench@production")
