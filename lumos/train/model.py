@@ -52,30 +52,67 @@ def last_position_of(memory_mask: Tensor, dtype: torch.dtype) -> Tensor:
 
 
 class Attention(nn.Module):
-    """Multi-head attention of `x` over `context` (itself for self-attention)."""
+    """Multi-head attention of `x` over `context` (itself for self-attention).
 
-    def __init__(self, d_model: int, n_heads: int, dropout: float, attention_dropout: float):
+    softmax: the usual normalized attention. silu: HSTU's pointwise aggregated attention (Zhai et
+    al. 2024): each allowed key weighs silu(q·k/√D + bias), not normalized against the other keys
+    (so how much of the history agrees is kept, not only which part), averaged over the allowed
+    keys; the heads' output is then LayerNormed and gated by silu(U x) before the projection.
+    """
+
+    def __init__(self, d_model: int, n_heads: int, dropout: float, attention_dropout: float,
+                 kind: Literal["softmax", "silu"] = "softmax"):
         super().__init__()
         self.n_heads = n_heads
         self.attention_dropout = attention_dropout
+        self.kind = kind
         self.query = nn.Linear(d_model, d_model)
         self.key_value = nn.Linear(d_model, 2 * d_model)
+        # HSTU's U: a gate on the aggregated values (silu only).
+        self.gate = nn.Linear(d_model, d_model) if kind == "silu" else None
+        self.output_ln = nn.LayerNorm(d_model) if kind == "silu" else None
         self.proj = nn.Linear(d_model, d_model)
         self.residual_dropout = nn.Dropout(dropout)
 
-    def forward(self, x: Tensor, context: Tensor, allowed: Tensor | None = None) -> Tensor:
-        """`allowed` (B, 1, 1 or L, S), True = this query may attend to this key; None = all."""
+    def forward(self, x: Tensor, context: Tensor, allowed: Tensor | None = None, bias: Tensor | None = None) -> Tensor:
+        """`allowed` (B, 1, 1 or L, S), True = this query may attend to this key; None = all.
+        `bias` (1, nh, L, S) added to every score (relative position bias); None = none."""
         B, L, C = x.shape
         S = context.shape[1]
         q = self.query(x).view(B, L, self.n_heads, C // self.n_heads).transpose(1, 2)  # (B, nh, L, D)
         k, v = self.key_value(context).split(C, dim=2)  # (B, S, C) each
         k = k.view(B, S, self.n_heads, C // self.n_heads).transpose(1, 2)  # (B, nh, S, D)
         v = v.view(B, S, self.n_heads, C // self.n_heads).transpose(1, 2)  # (B, nh, S, D)
-        y = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=allowed, dropout_p=self.attention_dropout if self.training else 0.0
-        )  # (B, nh, L, D)
+        dropout = self.attention_dropout if self.training else 0.0
+        if self.kind == "silu":
+            y = self._pointwise(q, k, v, allowed, bias, dropout)
+        else:
+            if bias is not None:  # a float mask: the bias, -inf where not allowed
+                allowed = bias if allowed is None else bias.masked_fill(~allowed, float("-inf"))
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, dropout_p=dropout)  # (B, nh, L, D)
         y = y.transpose(1, 2).reshape(B, L, C)  # (B, L, C)
+        if self.gate is not None:
+            y = self.output_ln(y) * F.silu(self.gate(x))
         return self.residual_dropout(self.proj(y))
+
+    @staticmethod
+    def _pointwise(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor | None, bias: Tensor | None,
+                   dropout: float) -> Tensor:
+        """(B, nh, L, D) the mean over allowed keys of silu(score) * value. A mean over the keys
+        each query may see, not HSTU's division by a fixed length: a row's output then does not
+        depend on how long the other rows of its batch are (the LayerNorm after makes the scale
+        moot either way)."""
+        scores = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])  # (B, nh, L, S)
+        if bias is not None:
+            scores = scores + bias
+        weights = F.silu(scores)
+        if allowed is not None:
+            weights = weights * allowed.to(weights.dtype)
+            count = allowed.to(weights.dtype).sum(dim=-1, keepdim=True).clamp(min=1.0)  # (B, 1, L or 1, 1)
+        else:
+            count = float(k.shape[-2])
+        weights = F.dropout(weights, p=dropout) if dropout else weights
+        return (weights / count) @ v
 
 
 class MLP(nn.Module):
@@ -95,13 +132,14 @@ class EncoderBlock(nn.Module):
     def __init__(self, config: ModelConfig):
         super().__init__()
         self.ln_1 = nn.LayerNorm(config.d_model)
-        self.attn = Attention(config.d_model, config.n_heads, config.dropout, config.resolved_attention_dropout)
+        self.attn = Attention(config.d_model, config.n_heads, config.dropout, config.resolved_attention_dropout,
+                              config.attention)
         self.ln_2 = nn.LayerNorm(config.d_model)
         self.mlp = MLP(config.d_model, config.d_ff, config.dropout)
 
-    def forward(self, x: Tensor, allowed: Tensor) -> Tensor:
+    def forward(self, x: Tensor, allowed: Tensor, bias: Tensor | None = None) -> Tensor:
         h = self.ln_1(x)
-        x = x + self.attn(h, h, allowed)
+        x = x + self.attn(h, h, allowed, bias)
         return x + self.mlp(self.ln_2(x))
 
 
@@ -133,7 +171,10 @@ class ModelConfig:
     encoder_layers: int = 2
     """Transformer blocks over the history."""
     decoder_layers: int = 1
-    """Blocks over the prediction slots (self-attention, cross-attention to the history, MLP)."""
+    """Blocks over the prediction slots (self-attention, cross-attention to the history, MLP).
+    0: no decoder; each slot is its learned query (plus, with position_targets, the encoder's state
+    at the last real position, which makes the next-item slot SASRec's last-position output)
+    through a LayerNorm."""
     d_ff: int = 256
     """Hidden width of every MLP."""
     dropout: float = 0.1
@@ -158,6 +199,18 @@ class ModelConfig:
     """bidirectional: every history token sees the whole history. causal: each token sees only the
     user token and older tokens, so every position holds a summary of the history up to it (what
     position_targets trains)."""
+    user_token: bool = True
+    """A learned vector in the first encoder position, beside the static user attributes. Off: that
+    position holds the static attributes only (zeros without any), still a key that every query,
+    and a row with no history, can attend to."""
+    attention: Literal["softmax", "silu"] = "softmax"
+    """The encoder's attention: softmax, or HSTU's pointwise silu attention with a gated,
+    normalized output (Zhai et al. 2024; `Attention`). The decoder's stays softmax."""
+    relative_position_bias: bool = False
+    """A learned bias per head and distance between query and key position, added to every
+    encoder attention score (HSTU's rab^p; T5's relative attention), shared by the layers. HSTU's
+    bias over time gaps is not offered: the table holds each token's gap to the previous one
+    (gap_bucket), not the timestamps that pairwise gaps need."""
     position_targets: bool = False
     """With causal attention and the retrieval head: the next-item slot is trained at every encoder
     position (cross-attending to the history up to it, predicting the token that follows; the
@@ -192,9 +245,11 @@ class ModelConfig:
 
     def __post_init__(self) -> None:
         problems = []
-        for name in ("d_model", "n_heads", "encoder_layers", "decoder_layers", "d_ff", "max_len", "negatives"):
+        for name in ("d_model", "n_heads", "encoder_layers", "d_ff", "max_len", "negatives"):
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 problems.append((name, f"must be at least 1, got {getattr(self, name)}"))
+        if self.decoder_layers < 0:
+            problems.append(("decoder_layers", f"must be at least 0, got {self.decoder_layers}"))
         if self.n_heads >= 1 and self.d_model % self.n_heads:
             problems.append(("d_model", f"must be divisible by n_heads ({self.n_heads}), got {self.d_model}"))
         for name in ("dropout", "attention_dropout"):
@@ -212,6 +267,9 @@ class ModelConfig:
             problems.append(("exclude_seen_in_loss", 'needs retrieval = "full"'))
         if self.position_targets and "retrieval" not in self.heads:
             problems.append(("position_targets", "needs the retrieval head in heads"))
+        if self.decoder_layers == 0 and (not self.position_targets or tuple(self.heads) != ("retrieval",)):
+            problems.append(("decoder_layers", "0 needs position_targets and heads = [\"retrieval\"]: without a "
+                             "decoder no other slot reads the history"))
         require_valid(problems)
 
 
@@ -275,7 +333,7 @@ class LumosModel(nn.Module):
         self.position = nn.Embedding(self.max_len, C)  # index 0 = the most recent token
         # The user token: static attributes on their own pathway, plus a learned vector so that a
         # row with no attributes and no history still has something to attend to.
-        self.user_token = nn.Parameter(torch.zeros(C))
+        self.user_token = nn.Parameter(torch.zeros(C)) if config.user_token else None
         self.static_embeddings = nn.ModuleDict(
             {name: nn.Embedding(size, C) for name, size in features.static_categorical.items()}
         )
@@ -286,6 +344,13 @@ class LumosModel(nn.Module):
         # Not persistent: (S, S) lower triangle for causal attention, sliced to the batch's length.
         S_max = self.max_len + 1
         self.register_buffer("causal", torch.ones(S_max, S_max, dtype=torch.bool).tril(), persistent=False)
+        if config.relative_position_bias:
+            # Distance query - key, shifted to index [0, 2 S_max - 1): position 0 is the user token.
+            distance = torch.arange(S_max)[:, None] - torch.arange(S_max)[None, :]
+            self.register_buffer("relative_index", distance + S_max - 1, persistent=False)
+            self.relative_position = nn.Embedding(2 * S_max - 1, config.n_heads)
+        else:
+            self.relative_position = None
         self.encoder_ln = nn.LayerNorm(C)
         # No affine: no loss reaches the pooled embedding, so learned scale and shift would never
         # train (and DDP rejects parameters that get no gradient).
@@ -337,7 +402,8 @@ class LumosModel(nn.Module):
         for name, param in self.named_parameters():
             if name.endswith("proj.weight") and name.startswith(("encoder.", "decoder.")):
                 nn.init.normal_(param, std=0.02 / math.sqrt(n_residual))
-        nn.init.normal_(self.user_token, std=0.02)
+        if self.user_token is not None:
+            nn.init.normal_(self.user_token, std=0.02)
         nn.init.normal_(self.slot_queries, std=0.02)
 
     def num_parameters(self) -> int:
@@ -366,7 +432,7 @@ class LumosModel(nn.Module):
         if self.token_numeric is not None:
             x = x + self.token_numeric(signed_log1p(batch.numeric * self.numeric_read))
 
-        user = self.user_token.expand(B, -1)  # (B, C)
+        user = self.user_token.expand(B, -1) if self.user_token is not None else x.new_zeros(B, x.shape[-1])  # (B, C)
         for name, table in self.static_embeddings.items():
             user = user + table(batch.static_categorical[name])
         if self.static_numeric is not None:
@@ -375,12 +441,15 @@ class LumosModel(nn.Module):
         memory_mask = memory_mask_of(mask)
 
         x = self.embedding_dropout(x)
+        S = T + 1
         allowed = memory_mask[:, None, None, :]  # (B, 1, 1, S): padding is never a key
         if self.config.encoder_attention == "causal":
-            S = T + 1
             allowed = allowed & self.causal[:S, :S]  # (B, 1, S, S)
+        bias = None
+        if self.relative_position is not None:
+            bias = self.relative_position(self.relative_index[:S, :S]).permute(2, 0, 1)[None]  # (1, nh, S, S)
         for block in self.encoder:
-            x = block(x, allowed)
+            x = block(x, allowed, bias)
         return self.encoder_ln(x), memory_mask
 
     def pool(self, memory: Tensor, memory_mask: Tensor) -> Tensor:

@@ -98,16 +98,23 @@ def test_forward_shapes_at_awkward_sizes_with_an_empty_history():
     assert torch.isneginf(scores[:, :2]).all() and torch.isfinite(scores[:, 2:]).all()
 
 
-def test_a_batch_with_no_history_at_all():
-    model, batch = make_model(), make_batch(lengths=(0, 0, 0))  # T = 0: only the user tokens
+@pytest.mark.parametrize("user_token", [True, False])
+def test_a_batch_with_no_history_at_all(user_token):
+    model = make_model(dataclasses.replace(CONFIG, user_token=user_token))
+    assert (model.user_token is not None) == user_token
+    batch = make_batch(lengths=(0, 0, 0))  # T = 0: only the user tokens
     batch.next_item.zero_()
     total, losses = model.loss(batch)
     assert model(batch).act_logits.shape == (3, 2)
     assert torch.isfinite(total) and losses["retrieval"].item() == 0.0
 
 
-def test_padding_is_never_attended():
-    model, batch = make_model(), make_batch()
+HSTU = dataclasses.replace(CONFIG, attention="silu", relative_position_bias=True)
+
+
+@pytest.mark.parametrize("config", [CONFIG, HSTU], ids=["softmax", "hstu"])
+def test_padding_is_never_attended(config):
+    model, batch = make_model(config), make_batch()
     before = outputs(model, batch)
     padded = ~batch.mask
     garbage = make_batch(seed=1)
@@ -135,8 +142,10 @@ def test_encoder_attention_is_not_causal():
 CAUSAL = dataclasses.replace(CONFIG, encoder_attention="causal", position_targets=True)
 
 
-def test_causal_encoder_positions_never_see_later_tokens():
-    model, batch = make_model(CAUSAL), make_batch()
+@pytest.mark.parametrize("config", [CAUSAL, dataclasses.replace(HSTU, encoder_attention="causal", position_targets=True)],
+                         ids=["softmax", "hstu"])
+def test_causal_encoder_positions_never_see_later_tokens(config):
+    model, batch = make_model(config), make_batch()
     before = outputs(model, batch)["memory"]
     changed = 9  # a real history token of row 0, at encoder position 10
     batch.tokens["item"][0, changed] = batch.tokens["item"][0, changed] % 11 + 1
@@ -145,6 +154,54 @@ def test_causal_encoder_positions_never_see_later_tokens():
     torch.testing.assert_close(after[0, : changed + 1], before[0, : changed + 1], rtol=0, atol=1e-6)
     assert not torch.allclose(after[0, changed + 1], before[0, changed + 1], atol=1e-6)
     torch.testing.assert_close(after[1:], before[1:], rtol=0, atol=1e-6)
+
+
+def test_hstu_rows_do_not_depend_on_the_batch_they_are_in():
+    """The silu attention averages over the keys a query may see, and the relative bias depends
+    on distances only: a row scores the same beside a longer row."""
+    model = make_model(dataclasses.replace(HSTU, encoder_attention="causal", position_targets=True))
+    short, long = make_batch(lengths=(5, 3)), make_batch(lengths=(5, 3, 20), seed=1)
+    for name in short.tokens:
+        long.tokens[name][:2, :5] = short.tokens[name]
+    long.numeric[:2, :5] = short.numeric
+    long.static_categorical = {name: torch.cat([ids, ids[:1]]) for name, ids in short.static_categorical.items()}
+    long.static_numeric = torch.cat([short.static_numeric, short.static_numeric[:1]])
+    long.future = torch.cat([short.future, short.future[:1]])
+    alone, beside = outputs(model, short), outputs(model, long)
+    for name in ("user_embedding", "item_query"):
+        torch.testing.assert_close(beside[name][:2], alone[name], rtol=0, atol=1e-5)
+
+
+def test_silu_attention_averages_silu_weighted_values_over_the_allowed_keys():
+    torch.manual_seed(0)
+    q, k, v = torch.randn(1, 1, 3, 4), torch.randn(1, 1, 5, 4), torch.randn(1, 1, 5, 4)
+    allowed = torch.tensor([[1, 0, 0, 0, 0], [1, 1, 0, 0, 0], [1, 1, 1, 0, 1]], dtype=torch.bool)[None, None]
+    got = Attention._pointwise(q, k, v, allowed, bias=None, dropout=0.0)
+    for query in range(3):
+        keys = allowed[0, 0, query].nonzero().flatten()
+        weights = F.silu(k[0, 0, keys] @ q[0, 0, query] / 2.0)  # not normalized against each other
+        torch.testing.assert_close(got[0, 0, query], (weights[:, None] * v[0, 0, keys]).sum(0) / len(keys))
+    torch.manual_seed(0)
+    attention = Attention(d_model=8, n_heads=2, dropout=0.0, attention_dropout=0.0, kind="silu").eval()
+    x = torch.randn(1, 4, 8)
+    allowed = torch.tensor([True, True, True, False])[None, None, None, :]
+    with torch.no_grad():  # a key that is not allowed is never read
+        torch.testing.assert_close(attention(x, x, allowed), attention(x, torch.cat([x[:, :3], 100 * x[:, 3:]], 1), allowed))
+
+
+def test_no_decoder_makes_the_next_item_slot_the_last_position():
+    config = dataclasses.replace(CAUSAL, decoder_layers=0, heads=("retrieval",))
+    model, batch = make_model(config), make_batch()
+    assert len(model.decoder) == 0
+    with torch.no_grad():
+        memory, memory_mask = model.encode(batch)
+        at_every_position = model.decode_positions(batch, memory, memory_mask)  # (B, S, C)
+        at_the_last = at_every_position[torch.arange(3), torch.tensor(LENGTHS)]  # position 1 + length - 1
+        torch.testing.assert_close(model(batch).item_query, model.item_projection(at_the_last))
+    total, losses = model.loss(batch)
+    assert torch.isfinite(total)
+    with pytest.raises(ConfigError, match="decoder_layers"):
+        from_dict(ModelConfig, {"decoder_layers": 0})
 
 
 def test_each_position_targets_the_item_that_follows_it():

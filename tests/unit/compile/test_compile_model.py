@@ -57,7 +57,10 @@ def compare(model: LumosModel, got: dict[str, np.ndarray], batch) -> None:
     (FEATURES, ModelConfig(d_model=8, n_heads=2, encoder_layers=2, decoder_layers=1, d_ff=16, max_len=32,
                            encoder_attention="causal", position_targets=True, scale_item_embedding=True,
                            item_projection=False, item_bias=False), 3, 17),  # the MovieLens recipe's options
-], ids=["awkward", "quickstart", "causal"])
+    (FEATURES, ModelConfig(d_model=8, n_heads=2, encoder_layers=2, decoder_layers=0, d_ff=16, max_len=32,
+                           heads=("retrieval",), encoder_attention="causal", position_targets=True,
+                           attention="silu", relative_position_bias=True), 3, 17),  # HSTU's attention, no decoder
+], ids=["awkward", "quickstart", "causal", "hstu"])
 def test_interpreter_and_c_match_eager(features, config, rows, length, kernel_cache):
     torch.manual_seed(0)
     model = trained_looking(LumosModel(config, features))
