@@ -2,7 +2,7 @@
 and of the model alone, at two user counts, on local[*]; and what 100M users a day would cost.
 
     python benchmarks/infer.py [--users 5000 20000] [--events-per-user 40] [--engines torch compiled]
-                               [--out benchmarks/results/infer.json]
+                               [--master spark://127.0.0.1:7077] [--out benchmarks/results/infer.json]
 
 A quickstart-sized model (lumos/quickstart/train.toml's model, a few training steps: throughput
 does not depend on how well it learned) is trained and promoted once on a small synthetic world.
@@ -10,7 +10,9 @@ Each measured world is a fresh synthetic log of the given number of users, read 
 `--source` as a nightly job would read today's events. "Model only" scores the same users'
 feature rows in one process with every core, from in-memory Arrow, no Spark. With `--engines
 torch compiled` the model is also compiled once (`lumos compile`, batch 512, a short search) and
-each world is scored by both engines, one after the other.
+each world is scored by both engines, one after the other. With `--master`, every Spark step (the
+set-up's ingest included) runs on that cluster instead of local[*], e.g. one started by
+`benchmarks/standalone_cluster.sh start`; the model-alone rate is still this process's.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import datetime
 import json
 import os
 import platform
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -47,12 +50,19 @@ USERS_PER_DAY = 100_000_000
 COMPILE_SEARCH_S = 60.0
 
 
-def setup(folder: Path, compiled: bool) -> None:
+def setup(folder: Path, compiled: bool, master: str | None, executor_memory: str) -> None:
     from lumos.core.spark import workspace_spark
     from lumos.data.ingest import run_ingest
     from lumos.data.recipe import IngestRecipe
 
-    init_workspace(folder)
+    if master:
+        # Executors run this Python (PySpark sends PYSPARK_PYTHON) and reach the driver on loopback.
+        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+        (folder / "lumos.toml").write_text(f'[spark]\nmaster = "{master}"\n\n[spark.conf]\n'
+                                           f'"spark.executor.memory" = "{executor_memory}"\n')
+    else:
+        init_workspace(folder)
     generate_quickstart(folder / "train-data", SyntheticSpec(users=1000, events=40_000))
     workspace = open_workspace(folder)
     recipe = load_config(IngestRecipe, RECIPES / "ingest.toml", [
@@ -100,12 +110,14 @@ def main() -> None:
     parser.add_argument("--model-only-max-users", type=int, default=200_000,
                         help="score at most this many users' rows for the model-alone rate (default 200000)")
     parser.add_argument("--engines", nargs="+", default=["torch"], choices=["torch", "compiled"])
+    parser.add_argument("--master", help="a Spark master to run on instead of local[*], e.g. spark://127.0.0.1:7077")
+    parser.add_argument("--executor-memory", default="3g", help="spark.executor.memory with --master (default 3g)")
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "infer.json")
     args = parser.parse_args()
 
     folder = Path(tempfile.mkdtemp(prefix="lumos-bench-infer-"))
     print(f"workspace {folder}: training and promoting a quickstart-sized model", flush=True)
-    setup(folder, "compiled" in args.engines)
+    setup(folder, "compiled" in args.engines, args.master, args.executor_memory)
     workspace = open_workspace(folder)
     results = []
     for users in args.users:
@@ -133,6 +145,7 @@ def main() -> None:
                   f"100M users/day ≈ {hours:.1f} h on this {cores}-core machine", flush=True)
     report = {"benchmark": "infer", "machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
                                                 "torch": torch.__version__},
+              "spark_master": args.master or "local[*]",
               "as_of": AS_OF.isoformat(), "results": results}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2))
