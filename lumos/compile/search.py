@@ -316,7 +316,9 @@ class Bench:
         """Reference values for nodes that new candidate programs store (one more interpreter run,
         once the reference exists)."""
         self.wanted |= nodes
-        missing = {node for node in nodes if self._reference is not None and node not in self._reference}
+        if self._reference is None:  # the first measurement computes them with the rest
+            return
+        missing = {node for node in nodes if node not in self._reference}
         if missing:
             self._reference.update(reference_values(self.graph, self.small, missing, self.rows))
 

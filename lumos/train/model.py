@@ -91,7 +91,7 @@ class Attention(nn.Module):
                 allowed = bias if allowed is None else bias.masked_fill(~allowed, float("-inf"))
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, dropout_p=dropout)  # (B, nh, L, D)
         y = y.transpose(1, 2).reshape(B, L, C)  # (B, L, C)
-        if self.gate is not None:
+        if self.kind == "silu":
             y = self.output_ln(y) * F.silu(self.gate(x))
         return self.residual_dropout(self.proj(y))
 
@@ -107,8 +107,9 @@ class Attention(nn.Module):
             scores = scores + bias
         weights = F.silu(scores)
         if allowed is not None:
-            weights = weights * allowed.to(weights.dtype)
-            count = allowed.to(weights.dtype).sum(dim=-1, keepdim=True).clamp(min=1.0)  # (B, 1, L or 1, 1)
+            allowed = allowed.to(weights.dtype)
+            weights = weights * allowed
+            count = allowed.sum(dim=-1, keepdim=True).clamp(min=1.0)  # (B, 1, L or 1, 1)
         else:
             count = float(k.shape[-2])
         weights = F.dropout(weights, p=dropout) if dropout else weights
@@ -331,8 +332,8 @@ class LumosModel(nn.Module):
         n_numeric = len(features.token_numeric) if any(numeric_read) else 0
         self.token_numeric = nn.Linear(n_numeric, C, bias=False) if n_numeric else None
         self.position = nn.Embedding(self.max_len, C)  # index 0 = the most recent token
-        # The user token: static attributes on their own pathway, plus a learned vector so that a
-        # row with no attributes and no history still has something to attend to.
+        # The user token: static attributes on their own pathway, plus (model.user_token) a learned
+        # vector. The position is there either way: a row with no history still has a key.
         self.user_token = nn.Parameter(torch.zeros(C)) if config.user_token else None
         self.static_embeddings = nn.ModuleDict(
             {name: nn.Embedding(size, C) for name, size in features.static_categorical.items()}
