@@ -395,6 +395,7 @@ def search_schedules(graph: Graph, kernels: list[Kernel], materialized: set[Node
     schedules_until = deadline - FUSION_SHARE * budget_s if fusion else deadline
     inputs = inputs if inputs is not None else random_inputs(graph, seed)
     plain = (kernels, materialized)
+    known: dict[str, Group] = {}  # every group searched, by key: programs share them, and all are stored at the end
     fused_report, fused, groups, rounds, fusion_report = None, None, None, 0, None
     if attention:
         from lumos.compile.egraph.attention import find_attention, fuse_attention
@@ -412,7 +413,7 @@ def search_schedules(graph: Graph, kernels: list[Kernel], materialized: set[Node
         fused_report = search_cache.get_decision(decision_key) if search_cache is not None else None
         if fused_report is None:
             fused_report, searched, rounds = _choose_attention(bench, plain, fused, used, fired, search_cache, seed,
-                                                               register_blocks, schedules_until)
+                                                               register_blocks, schedules_until, known)
             groups = searched[fused_report["chosen"]]
             if search_cache is not None:
                 search_cache.put_decision(decision_key, fused_report)
@@ -422,11 +423,15 @@ def search_schedules(graph: Graph, kernels: list[Kernel], materialized: set[Node
             kernels, materialized = fused
     if groups is None:
         groups = make_groups(kernels, materialized, seed, register_blocks)
-        rounds += _search_groups(bench, kernels, materialized, groups, search_cache, schedules_until)
+        rounds += _search_groups(bench, kernels, materialized, groups, search_cache, schedules_until, known)
     if fusion:
         kernels, materialized, groups, fusion_report, fusion_rounds = _climb_fusion(
-            bench, kernels, materialized, groups, search_cache, deadline, seed, register_blocks)
-        rounds += fusion_rounds + _resume(bench, kernels, materialized, groups, search_cache, deadline)
+            bench, kernels, materialized, groups, search_cache, deadline, seed, register_blocks, known)
+        rounds += fusion_rounds + _resume(bench, kernels, materialized, groups, deadline)
+    if search_cache is not None:
+        for group in known.values():
+            if group.cached is None and group.best is not None:
+                search_cache.put(group.key, SearchEntry.from_group(group))
     schedules = _chosen(groups)
     # The whole program, searched against not searched: kept only if a whole call is faster.
     confirm_key = hashlib.sha256("|".join(sorted(g.key for g in groups)).encode()).hexdigest()[:24]
@@ -444,39 +449,33 @@ def search_schedules(graph: Graph, kernels: list[Kernel], materialized: set[Node
 
 
 def _search_groups(bench: Bench, kernels, materialized, groups: list[Group], search_cache: SearchCache | None,
-                   deadline: float, searched: dict[str, Group] | None = None) -> int:
-    """Search the groups not in `search_cache` until `deadline`; store what was found. A group
-    also in `searched` (another program's groups, by key: the same kernel) shares its candidates,
-    measured or not. Returns the rounds run."""
+                   deadline: float, known: dict[str, Group]) -> int:
+    """Search the groups not in `search_cache` until `deadline`. A group already in `known`
+    (another program's, by key: the same kernel) shares its candidates, measured or not, and goes
+    on from where that search stopped; new groups join `known`. Nothing is stored here: a phase
+    that runs out of time leaves its groups unfinished, and a later phase (the fused program, the
+    fusion climb) may finish them, so the search stores every group once, at its end. Returns the
+    rounds run."""
     for group in groups:
         if search_cache is not None:
             group.cached = search_cache.get(group.key)
-        if group.cached is None and searched and group.key in searched:
-            other = searched[group.key]
+        if group.cached is None and group.key in known:
+            other = known[group.key]
             group.candidates, group.queue, group.retry, group.cached = other.candidates, other.queue, other.retry, other.cached
+        known.setdefault(group.key, group)
     pending = [group for group in groups if group.cached is None]
     if not pending:
         return 0
-    rounds = _run_rounds(bench, kernels, materialized, groups, pending, deadline)
-    if search_cache is not None:
-        for group in pending:
-            if group.best is not None:
-                search_cache.put(group.key, SearchEntry.from_group(group))
-    return rounds
+    return _run_rounds(bench, kernels, materialized, groups, pending, deadline)
 
 
-def _resume(bench: Bench, kernels, materialized, groups: list[Group], search_cache: SearchCache | None,
-            deadline: float) -> int:
+def _resume(bench: Bench, kernels, materialized, groups: list[Group], deadline: float) -> int:
     """Go on with the schedule search of groups not finished, until `deadline` (the fusion climb's
     share of the budget, when it needed less). Returns the rounds run."""
     pending = [group for group in groups if group.cached is None and group.searching and group.best is not None]
     if not pending or time.perf_counter() + 1.0 > deadline:
         return 0
-    rounds = _run_rounds(bench, kernels, materialized, groups, pending, deadline)
-    if search_cache is not None:
-        for group in pending:
-            search_cache.put(group.key, SearchEntry.from_group(group))
-    return rounds
+    return _run_rounds(bench, kernels, materialized, groups, pending, deadline)
 
 
 def _chosen(groups: list[Group]) -> dict[str, KernelSchedule]:
@@ -489,7 +488,8 @@ def _chosen(groups: list[Group]) -> dict[str, KernelSchedule]:
 
 
 def _choose_attention(bench: Bench, plain: tuple, fused: tuple, used, fired, search_cache: SearchCache | None,
-                      seed: int, register_blocks: bool, deadline: float) -> tuple[dict, dict[bool, list[Group]], int]:
+                      seed: int, register_blocks: bool, deadline: float,
+                      known: dict[str, Group]) -> tuple[dict, dict[bool, list[Group]], int]:
     """Search both programs' schedules (the fused one only for the kernels the unfused one lacks,
     with half the time left), then time a whole call of each: the fused kernels are kept when they
     are verified and the call is faster. With default schedules alone the choice was a coin toss:
@@ -497,11 +497,10 @@ def _choose_attention(bench: Bench, plain: tuple, fused: tuple, used, fired, sea
     program's searched groups (by whether it is the fused one) and the rounds run."""
     plain_groups = make_groups(*plain, seed, register_blocks)
     halfway = time.perf_counter() + (deadline - time.perf_counter()) / 2
-    rounds = _search_groups(bench, *plain, plain_groups, search_cache, halfway)
+    rounds = _search_groups(bench, *plain, plain_groups, search_cache, halfway, known)
     fused_groups = make_groups(*fused, seed, register_blocks)
-    try:
-        rounds += _search_groups(bench, *fused, fused_groups, search_cache, deadline,
-                                 {group.key: group for group in plain_groups})
+    try:  # the kernels both programs share go on being searched here
+        rounds += _search_groups(bench, *fused, fused_groups, search_cache, deadline, known)
         attention_groups = [g for g in fused_groups if g.kernels[0].attention is not None]
         verified = all(g.cached is not None or g.best is not None for g in attention_groups)
     except (BuildError, AssertionError):  # the fused kernels' default schedule does not build, or is wrong
@@ -634,7 +633,8 @@ def _with_attention(kernels: list[Kernel], like: list[Kernel]) -> list[Kernel]:
 
 
 def _climb_fusion(bench: Bench, kernels: list[Kernel], materialized: set[Node], groups: list[Group],
-                  search_cache: SearchCache | None, deadline: float, seed: int, register_blocks: bool):
+                  search_cache: SearchCache | None, deadline: float, seed: int, register_blocks: bool,
+                  known: dict[str, Group]):
     """Hill-climb over the fusion sites: from the searched program, store one family of sites
     (the cost model's likeliest first), search the schedules of the kernels that changes, and keep
     it if a whole call is faster; until the budget ends. The decision is cached like the rest.
@@ -651,7 +651,6 @@ def _climb_fusion(bench: Bench, kernels: list[Kernel], materialized: set[Node], 
     key = "fusion:" + hashlib.sha256("|".join(sorted(g.key for g in groups) + sorted(s.signature for s in sites))
                                      .encode()).hexdigest()[:24]
     cached = search_cache.get_decision(key) if search_cache is not None else None
-    known = {group.key: group for group in groups}
     rounds = 0
 
     def program(stored_sites: list[FusionSite], base: set[Node]):
@@ -685,7 +684,6 @@ def _climb_fusion(bench: Bench, kernels: list[Kernel], materialized: set[Node], 
         except (BuildError, AssertionError) as error:  # the renderer cannot take this program
             report["steps"].append({**step, "rejected": str(error)[:80]})
             continue
-        known.update({group.key: group for group in new_groups})
         if not all(g.cached is not None or g.best is not None for g in new_groups):
             report["steps"].append({**step, "rejected": "not verified"})
             continue

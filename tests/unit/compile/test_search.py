@@ -155,6 +155,30 @@ def test_the_search_cache_is_reused(kernel_cache):
     assert all(g.report()["cached"] and g.report()["best_ms"] is not None for g in second.search.groups)
 
 
+
+def test_a_phase_out_of_time_hands_its_groups_on_and_nothing_is_stored_half_searched(kernel_cache):
+    """The attention choice searches the unfused program, then the fused one: a kernel both share
+    must go on being searched in the second phase, not be cached with its baseline alone."""
+    from lumos.compile.search import Bench, _search_groups, make_groups
+
+    options = Options()
+    store = SearchCache(kernel_cache, options.cc, options.cflags)
+    store.clear()
+    graph, inputs = mlp_stack()
+    compilation = compile_graph(graph, kernel_cache, Options(search_budget_s=0), inputs)
+    kernels, materialized = compilation.kernels, compilation.materialized
+    bench = Bench(graph, {k.node for k in kernels}, inputs, kernel_cache, options.cc, options.cflags)
+    known = {}
+    first = make_groups(kernels, materialized, seed=0)
+    assert _search_groups(bench, kernels, materialized, first, store, deadline=0.0, known=known) == 1  # round 0 only
+    matmul = next(g for g in first if len(g.candidates) > 2)
+    assert matmul.searching and store.get(matmul.key) is None
+    second = make_groups(kernels, materialized, seed=0)  # the same kernels, as the fused program has them
+    _search_groups(bench, kernels, materialized, second, store, deadline=float("inf"), known=known)
+    again = next(g for g in second if g.key == matmul.key)
+    assert not again.searching and sum(c.ms is not None for c in again.candidates) > 1
+    assert store.get(matmul.key) is None  # search_schedules stores every known group once, at its end
+
 @pytest.mark.slow
 def test_searched_model_matches_torch(kernel_cache):
     features = FeatureSpec(token_categorical={"item": 12, "hour": 24}, token_numeric=("value",), horizons_days=(1,), max_len=16)
