@@ -11,6 +11,8 @@ warm-up, taken round-robin so that every engine sees the same background load. A
 peak memory against one buffer per node, and its largest difference from eager.
 
 GFLOP/s counts the matrix products (2·M·N·K each, from the primitive graph), which dominate.
+The machine's FMA peak is measured first (benchmarks/fma_peak.py, every torch thread), and the
+Lumos models' kernels that hold matrix products, timed one by one, are reported against it.
 Lumos runs with its schedule search (cold: empty caches; warm: the same compile again, which
 reuses the search cache and the kernel cache), with the search but without its register-blocked
 matmul candidates (`lumos_unblocked`: what the search found before them, timed in the same
@@ -51,6 +53,7 @@ from pathlib import Path
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # read when OpenMP loads, so before torch (see above)
 
+import fma_peak
 import numpy as np
 import torch
 
@@ -146,6 +149,9 @@ def bench_model(name: str, model: LumosModel, batch_size: int, repeats: int, ind
         result["search_confirmed"] = search.confirmed
         result["search_kernels"] = search.report()
         result["kernel_ms"] = _kernel_profile(cold, batch)
+        products = [row for row in result["kernel_ms"] if row["gflops"] > 0]  # kernels holding matrix products
+        result["matmul_kernel_ms"] = sum(row["ms"] for row in products)
+        result["matmul_kernel_gflops"] = sum(row["gflops"] * row["ms"] for row in products) / result["matmul_kernel_ms"]
         result["unblocked_kernel_ms"] = _kernel_profile(unblocked, batch)
     print(f"  load average     {', '.join(f'{x:.2f}' for x in result['load_average'])} (1, 5, 15 min) after the timed calls")
     print(f"  torch eager      {result['eager_ms']:8.2f} ms", flush=True)
@@ -178,6 +184,8 @@ def bench_model(name: str, model: LumosModel, batch_size: int, repeats: int, ind
     if "kernel_ms" in result:
         top = ", ".join(f"{row['kernel']} {row['kind']} {row['ms']:.1f} ms" for row in result["kernel_ms"][:5])
         print(f"  slowest kernels  {top}")
+        print(f"  matmul kernels   {result['matmul_kernel_gflops']:.1f} GFLOP/s over {result['matmul_kernel_ms']:.1f} ms "
+              "(the kernels that hold matrix products, timed one by one)")
         attention = result.get("search_attention")
         if attention:
             print(f"  fused attention  {attention['matches']} found, {'kept' if attention['chosen'] else 'not kept'} "
@@ -441,6 +449,7 @@ def main() -> None:
     args = parser.parse_args()
     args.out = args.out or ROOT / "benchmarks" / "results" / ("compile.json" if args.target == "cpu" else "compile_cuda.json")
     chosen = [*LUMOS_MODELS, *EXTERNAL_MODELS] if "all" in args.models else args.models
+    peak = fma_peak.measure(torch.get_num_threads(), seconds=0.5) if args.target == "cpu" else None
 
     torch.manual_seed(0)
     train = load_config(TrainConfig, RECIPES / "train.toml")
@@ -462,8 +471,11 @@ def main() -> None:
                 for name in EXTERNAL_MODELS if name in chosen]
     report = {"machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "torch": torch.__version__,
                           "torch_threads": torch.get_num_threads(), "load_average": os.getloadavg(),
-                          "omp_wait_policy": os.environ["OMP_WAIT_POLICY"]},
+                          "omp_wait_policy": os.environ["OMP_WAIT_POLICY"], "fma_peak": peak},
               "results": results}
+    print(f"FMA peak {peak['peak_gflops']:.1f} GFLOP/s ({peak['threads']} threads, benchmarks/fma_peak.py); matmul kernels: "
+          + ", ".join(f"{r['model']} {r['matmul_kernel_gflops'] / peak['peak_gflops']:.0%}"
+                      for r in results if "matmul_kernel_gflops" in r))
     if args.attention_seq:
         report["attention"] = bench_attention(args.attention_seq, 16, 2, 32, args.repeats, args.search_budget)
     args.out.parent.mkdir(parents=True, exist_ok=True)
