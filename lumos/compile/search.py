@@ -267,9 +267,7 @@ class SearchResult:
 
     @property
     def cache_hit(self) -> bool:
-        """Every group's schedule came from the search cache and nothing was measured. A search can
-        fill the cache and read it back itself (one fusion choice's kernels stored, another's kept
-        that share them): its groups all look cached, but it searched, so it is no hit."""
+        """Every group's schedule came from the search cache and nothing was measured."""
         return self.rounds == 0 and all(group.cached is not None for group in self.groups)
 
     def report(self) -> list[dict]:
