@@ -48,6 +48,44 @@ def read_view(source: np.ndarray, view: View) -> np.ndarray:
     return out if pads is None else np.pad(out, pads)
 
 
+AXES = "abcdefghijklmnopqrstuvwxyz"
+
+
+def summed_products(graph: Graph, keep: set[Node] = frozenset()) -> set[Node]:
+    """MUL nodes read only by a SUM through an unmasked identity view, whose operands are unmasked:
+    matrix products, evaluated with their SUM by `product_sum` instead of as an M·N·K array."""
+    uses = graph.consumers()
+    outputs = set(graph.outputs.values())
+    products = set()
+    for node in graph.nodes:
+        if (node.op is Op.MUL and node not in keep and node not in outputs and len(uses[node]) == 1
+                and all(view.mask is None for view in node.views)):
+            consumer, index = uses[node][0]
+            if consumer.op is Op.SUM and consumer.views[index].is_identity:
+                products.add(node)
+    return products
+
+
+def product_sum(node: Node, product: Node, sources: list[np.ndarray]) -> np.ndarray:
+    """SUM `node` over the MUL `product` of two views of `sources`, by einsum over each operand's
+    own axes: a broadcast (stride 0) axis is dropped from its operand, so the M·N·K products are
+    never materialized. Sums in float32 in another order than run_node's SUM (within 1e-6)."""
+    operands, subscripts = [], []
+    for source, view in zip(sources, product.views, strict=True):
+        flat = np.ascontiguousarray(source, dtype=np.float32).reshape(-1)
+        strided = np.lib.stride_tricks.as_strided(flat[view.offset:], shape=view.shape,
+                                                  strides=[stride * 4 for stride in view.strides], writeable=False)
+        kept = [axis for axis, (size, stride) in enumerate(zip(view.shape, view.strides, strict=True))
+                if stride != 0 or size == 1]
+        operands.append(strided[tuple(slice(None) if axis in kept else 0 for axis in range(len(view.shape)))])
+        subscripts.append(kept)
+    out_axes = [axis for axis in range(len(product.shape)) if axis != node.arg and any(axis in k for k in subscripts)]
+    spec = ",".join("".join(AXES[axis] for axis in kept) for kept in subscripts) + "->" + "".join(AXES[a] for a in out_axes)
+    summed = np.einsum(spec, *operands, optimize=True)
+    shape = [product.shape[axis] if axis in out_axes else 1 for axis in range(len(product.shape))]
+    return np.ascontiguousarray(np.broadcast_to(summed.reshape(shape), node.shape), dtype=np.float32)
+
+
 def run_node(node: Node, operands: list[np.ndarray], tensors: Mapping[str, np.ndarray]) -> np.ndarray:
     with np.errstate(all="ignore"):
         if node.op is Op.CONST:
@@ -70,12 +108,19 @@ def run_node(node: Node, operands: list[np.ndarray], tensors: Mapping[str, np.nd
 def interpret(graph: Graph, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
     """Run the graph on named inputs; returns the named outputs."""
     values: dict[Node, np.ndarray] = {}
+    products = summed_products(graph)
     for node in graph.nodes:
         if node.op is Op.INPUT:
             value = np.asarray(inputs[node.arg], np.float32)
             if value.shape != node.shape:
                 raise ValueError(f"input {node.arg!r}: expected shape {node.shape}, got {value.shape}")
             values[node] = value
+            continue
+        if node in products:
+            continue  # computed by its SUM
+        if node.op is Op.SUM and node.srcs[0] in products:
+            product = node.srcs[0]
+            values[node] = product_sum(node, product, [values[src] for src in product.srcs])
             continue
         operands = [read_view(values[src], view) for src, view in zip(node.srcs, node.views, strict=True)]
         values[node] = run_node(node, operands, graph.tensors)

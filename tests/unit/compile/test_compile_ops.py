@@ -134,3 +134,28 @@ def test_generated_c_matches_torch(name, native_outputs):
 def test_every_primitive_op_is_covered(graph):
     used = {node.op for node in graph.nodes}
     assert set(Op) - LEAF - used == set(), "add a case for every primitive"
+
+
+@pytest.mark.parametrize("case", ["linear", "matmul_transposed", "attention", "sum_of_products_over_a_broadcast_axis"])
+def test_products_are_summed_without_their_product_array_and_agree(case):
+    """The interpreter sums a matrix product (a MUL read only by a SUM) by einsum over each
+    operand's own axes; it must give what the MUL-then-SUM primitives give."""
+    from lumos.compile.interpret import read_view, run_node, summed_products
+
+    graph = Graph()
+    t = {name: Tensor.input(graph, name, value.shape) for name, value in INPUTS.items()}
+    out = {
+        "linear": lambda: t["x"].linear(t["w"]),
+        "matmul_transposed": lambda: t["x"].matmul(t["y"].transpose(1, 2).transpose(1, 2)),
+        "attention": lambda: attention(t["x"], t["pos"], t["x"], t["mask"].unsqueeze(1)),
+        "sum_of_products_over_a_broadcast_axis": lambda: (t["x"] * t["row"]).sum(1),
+    }[case]()
+    mark_output(graph, "out", out)
+    graph = graph.prune()
+    assert summed_products(graph), "the case holds a product the interpreter sums by einsum"
+    naive = {}
+    for node in graph.nodes:
+        naive[node] = (np.asarray(INPUTS[node.arg], np.float32) if node.op is Op.INPUT else
+                       run_node(node, [read_view(naive[s], v) for s, v in zip(node.srcs, node.views)], graph.tensors))
+    np.testing.assert_allclose(interpret(graph, INPUTS)["out"], naive[graph.outputs["out"]].reshape(out.shape),
+                               rtol=1e-5, atol=1e-5)
