@@ -1,4 +1,6 @@
-"""The reference interpreter: every primitive in numpy, one node at a time.
+"""The reference interpreter: every primitive in numpy, one node at a time, except that a matrix
+product (a MUL read only by a SUM) is summed with its SUM by einsum, so that its M·N·K products
+are never an array.
 
 It defines what the IR means; every backend is tested against it and it is tested against
 PyTorch eager.
