@@ -29,9 +29,15 @@ BINARY_NUMPY = {
 }
 
 
+def strided(source: np.ndarray, view: View) -> np.ndarray:
+    """The unmasked `view` of a source array, as a read-only numpy view (no copy)."""
+    flat = np.ascontiguousarray(source, dtype=np.float32).reshape(-1)
+    return np.lib.stride_tricks.as_strided(flat[view.offset:], shape=view.shape,
+                                           strides=[stride * 4 for stride in view.strides], writeable=False)
+
+
 def read_view(source: np.ndarray, view: View) -> np.ndarray:
     """The operand `view` of a contiguous source array, as a new array."""
-    flat = np.ascontiguousarray(source, dtype=np.float32).reshape(-1)
     if view.mask is None:
         box, pads = view, None
     else:
@@ -44,9 +50,7 @@ def read_view(source: np.ndarray, view: View) -> np.ndarray:
     if any(size == 0 for size in box.shape):
         out = np.zeros(box.shape, np.float32)
     else:
-        out = np.lib.stride_tricks.as_strided(
-            flat[box.offset:], shape=box.shape, strides=[stride * 4 for stride in box.strides], writeable=False
-        ).copy()
+        out = strided(source, box).copy()
     return out if pads is None else np.pad(out, pads)
 
 
@@ -68,18 +72,17 @@ def summed_products(graph: Graph, keep: set[Node] = frozenset()) -> set[Node]:
     return products
 
 
-def product_sum(node: Node, product: Node, sources: list[np.ndarray]) -> np.ndarray:
-    """SUM `node` over the MUL `product` of two views of `sources`, by einsum over each operand's
-    own axes: a broadcast (stride 0) axis is dropped from its operand, so the M·N·K products are
-    never materialized. Sums in float32 in another order than run_node's SUM (within 1e-6)."""
+def product_sum(node: Node, values: Mapping[Node, np.ndarray]) -> np.ndarray:
+    """The SUM `node` of a product in `summed_products`, from its operands' `values`, by einsum over
+    each operand's own axes: a broadcast (stride 0) axis is dropped from its operand, so the M·N·K
+    products are never materialized. Sums in float32 in another order than run_node's SUM."""
+    product = node.srcs[0]
     operands, subscripts = [], []
-    for source, view in zip(sources, product.views, strict=True):
-        flat = np.ascontiguousarray(source, dtype=np.float32).reshape(-1)
-        strided = np.lib.stride_tricks.as_strided(flat[view.offset:], shape=view.shape,
-                                                  strides=[stride * 4 for stride in view.strides], writeable=False)
+    for src, view in zip(product.srcs, product.views, strict=True):
         kept = [axis for axis, (size, stride) in enumerate(zip(view.shape, view.strides, strict=True))
                 if stride != 0 or size == 1]
-        operands.append(strided[tuple(slice(None) if axis in kept else 0 for axis in range(len(view.shape)))])
+        operands.append(strided(values[src], view)[tuple(slice(None) if axis in kept else 0
+                                                          for axis in range(len(view.shape)))])
         subscripts.append(kept)
     out_axes = [axis for axis in range(len(product.shape)) if axis != node.arg and any(axis in k for k in subscripts)]
     spec = ",".join("".join(AXES[axis] for axis in kept) for kept in subscripts) + "->" + "".join(AXES[a] for a in out_axes)
@@ -121,8 +124,7 @@ def interpret(graph: Graph, inputs: Mapping[str, np.ndarray]) -> dict[str, np.nd
         if node in products:
             continue  # computed by its SUM
         if node.op is Op.SUM and node.srcs[0] in products:
-            product = node.srcs[0]
-            values[node] = product_sum(node, product, [values[src] for src in product.srcs])
+            values[node] = product_sum(node, values)
             continue
         operands = [read_view(values[src], view) for src, view in zip(node.srcs, node.views, strict=True)]
         values[node] = run_node(node, operands, graph.tensors)

@@ -116,9 +116,8 @@ def reference_values(graph: Graph, inputs: Mapping[str, np.ndarray], keep: set[N
             value = np.asarray(inputs[node.arg], np.float32)
             values[node] = value[:rows] if rows is not None and node.batched else value
         elif node.op is Op.SUM and node.srcs[0] in products:
-            product = node.srcs[0]
-            values[node] = product_sum(node, product, [values[src] for src in product.srcs])
-            released = (*node.srcs, *product.srcs)
+            values[node] = product_sum(node, values)
+            released = (*node.srcs, *node.srcs[0].srcs)
         else:
             operands = []
             for src, view in zip(node.srcs, node.views, strict=True):
