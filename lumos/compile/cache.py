@@ -9,6 +9,10 @@ built for another's instruction set (SIGILL). An entry is a folder `<root>/<targ
 temporary folder and renamed into place, so readers never see half an entry; an entry whose
 library is missing or does not match its recorded hash (a partial or corrupted write) is removed
 and rebuilt.
+
+A C library is compiled as one translation unit per core, at the same time, then linked: its
+source marks where it may be cut (`UNIT_BREAK`). On 2 cores that halves the build (quickstart:
+1.2 s → 0.65 s), and the schedule search builds a program every round.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ import subprocess
 import tempfile
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -33,6 +38,12 @@ SOURCE = "library.c"
 PTX = "kernels.ptx"
 CUDA_SOURCE = "kernels.cu"
 ENTRY = "entry.json"
+
+
+UNIT_BREAK = "/* lumos: translation unit */"
+"""Where a C source may be cut into translation units: the text before the first break is the
+header every unit starts with; the parts between breaks (kernels, then the driver) are dealt out
+to the units in order. The whole source is valid C too (what library.c holds)."""
 
 
 class BuildError(LumosError):
@@ -86,12 +97,37 @@ def _sha256_file(path: Path) -> str:
     return digest.hexdigest()
 
 
+def translation_units(source: str, count: int) -> list[str]:
+    """`source` cut at its UNIT_BREAKs into at most `count` units of about equal length, each
+    with the header; one unit (the source itself) when it has no breaks or `count` is 1."""
+    header, *parts = source.split(UNIT_BREAK)
+    if len(parts) < 2 or count <= 1:
+        return [source]
+    target = sum(map(len, parts)) / min(count, len(parts))
+    units: list[list[str]] = [[]]
+    filled = 0.0
+    for part in parts:
+        if units[-1] and filled + len(part) / 2 > target * len(units) and len(units) < count:
+            units.append([])
+        units[-1].append(part)
+        filled += len(part)
+    return [header + "".join(unit) for unit in units]
+
+
+def _run(command: list[str]) -> None:
+    result = subprocess.run(command, capture_output=True, text=True)
+    if result.returncode != 0:
+        raise BuildError(f"{' '.join(command)} failed:\n{result.stderr[-4000:]}")
+
+
 class KernelCache:
-    def __init__(self, root: str | Path, target: str = "cpu", cpu: str | None = None):
+    def __init__(self, root: str | Path, target: str = "cpu", cpu: str | None = None, jobs: int | None = None):
         self.root = Path(root) / target
         self.target = target
         self.cpu = cpu if cpu is not None else host_cpu()
         """The CPU libraries are built for and run on (this host's unless given)."""
+        self.jobs = jobs or len(os.sched_getaffinity(0))
+        """Translation units compiled at the same time (default: one per core this process may use)."""
 
     @staticmethod
     def for_workspace(workspace: Workspace, target: str = "cpu") -> KernelCache:
@@ -133,10 +169,21 @@ class KernelCache:
 
         def make(staging: Path) -> None:
             (staging / SOURCE).write_text(source)
-            command = [cc, *flags, "-shared", "-fPIC", "-o", str(staging / LIBRARY), str(staging / SOURCE), "-lm"]
-            result = subprocess.run(command, capture_output=True, text=True)
-            if result.returncode != 0:
-                raise BuildError(f"{' '.join(command)} failed:\n{result.stderr[-4000:]}")
+            units = translation_units(source, self.jobs)
+            if len(units) == 1:
+                _run([cc, *flags, "-shared", "-fPIC", "-o", str(staging / LIBRARY), str(staging / SOURCE), "-lm"])
+                return
+            paths = [staging / f"unit{index}.c" for index in range(len(units))]
+            for path, unit in zip(paths, units, strict=True):
+                path.write_text(unit)
+            with ThreadPoolExecutor(len(units)) as pool:  # gcc runs in its own process: real parallelism
+                list(pool.map(_run, [[cc, *flags, "-fPIC", "-c", "-o", str(path.with_suffix(".o")), str(path)]
+                                     for path in paths]))
+            _run([cc, *flags, "-shared", "-fPIC", "-o", str(staging / LIBRARY), *(str(path.with_suffix(".o")) for path in paths),
+                  "-lm"])
+            for path in paths:
+                path.unlink()
+                path.with_suffix(".o").unlink()
 
         self._store(key, LIBRARY, make, {"cc": cc, "flags": list(flags), "cpu": self.cpu})
         return Build(self.entry(key) / LIBRARY, key, False, time.perf_counter() - started)

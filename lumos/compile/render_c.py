@@ -12,6 +12,7 @@ kernel depends on it.
 
 from __future__ import annotations
 
+from lumos.compile.cache import UNIT_BREAK
 from lumos.compile.ir import Graph, Node, Op
 from lumos.compile.kernel_ir import (
     AttentionIR,
@@ -36,6 +37,10 @@ HEADER = """\
 #include <omp.h>
 #include <stddef.h>
 #include <string.h>
+
+/* Kernels are seen by the driver in another translation unit (the cache compiles the units at
+   the same time), never outside the library. */
+#define LUMOS_KERNEL __attribute__((visibility("hidden")))
 
 /* 2^x without a library call, so that loops over it vectorize: x = n + f with n = rint(x) and
    |f| <= 1/2, 2^f by its degree-7 Taylor polynomial (relative error < 1e-7), 2^n by building
@@ -215,7 +220,7 @@ def render_attention(kernel: Kernel, materialized: set[Node], params: dict[Node,
     signature = ["const int n", "float* restrict out"] + [f"const float* restrict {name}" for name in ir.params]
     lines = [f"/* {ir.name}: %{out.id} attention{list(out.shape)}, online softmax over {keys} keys "
              f"(scores never stored), {per_block} queries at a time; {out.origin.replace('*/', '* /')} */",
-             f"static void {ir.name}({', '.join(signature)}) {{"]
+             f"LUMOS_KERNEL void {ir.name}({', '.join(signature)}) {{"]
     collapse = f" collapse({len(rows)})" if len(rows) > 1 else ""
     lines.append(f"#pragma omp for{collapse} schedule(static){'' if barrier else ' nowait'}")
     for depth, (var, size) in enumerate(rows):
@@ -504,7 +509,7 @@ def render_kernel(kernel: Kernel, materialized: set[Node], params: dict[Node, st
         return print_kernel(ir, barrier)
     loops, body = layout
     params_c = ["const int n", "float* restrict out"] + [f"const float* restrict {name}" for name in ir.params]
-    lines = [f"/* {ir.comment} */", f"static void {ir.name}({', '.join(params_c)}) {{"]
+    lines = [f"/* {ir.comment} */", f"LUMOS_KERNEL void {ir.name}({', '.join(params_c)}) {{"]
     outer = loops[:-1] if len(loops) > 1 else loops
     outer = outer[:schedule.collapse] if schedule.collapse else outer
     return "\n".join(lines + _omp_loops(loops, len(outer), body, barrier))
@@ -514,7 +519,7 @@ def print_kernel(ir: KernelIR, barrier: bool = True) -> str:
     """A kernel IR in its plain layout: OpenMP shares out the parallel loops, the innermost loop
     runs the body per element (vectorized or versioned on an invariant guard as annotated)."""
     params = ["const int n", "float* restrict out"] + [f"const float* restrict {name}" for name in ir.params]
-    lines = [f"/* {ir.comment} */", f"static void {ir.name}({', '.join(params)}) {{"]
+    lines = [f"/* {ir.comment} */", f"LUMOS_KERNEL void {ir.name}({', '.join(params)}) {{"]
     body = block_lines(ir.body, C)
     if not ir.loops:
         return "\n".join(lines + [f"#pragma omp single{'' if barrier else ' nowait'}", "{", *("  " + line for line in body), "}", "}"])
@@ -565,8 +570,12 @@ def render_library(graph: Graph, kernels: list[Kernel], materialized: set[Node],
     schedules = schedules or {}
     parts = [HEADER]
     keep = [True] * len(kernels) if always_barrier else barriers(graph, kernels, plan)
+    prototypes = []
     for kernel, barrier in zip(kernels, keep, strict=True):
-        parts.append(render_kernel(kernel, materialized, params, schedules.get(kernel.name), barrier))
+        text = render_kernel(kernel, materialized, params, schedules.get(kernel.name), barrier)
+        parts += [UNIT_BREAK, text]
+        prototypes.append(next(line for line in text.splitlines() if line.startswith("LUMOS_KERNEL ")).removesuffix(" {") + ";")
+    parts += [UNIT_BREAK, "\n".join(prototypes)]
     inputs = list(graph.inputs.values())
     tensors = tensor_names(graph)
     outputs = list(graph.outputs.values())

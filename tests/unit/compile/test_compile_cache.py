@@ -6,7 +6,9 @@ import ctypes
 import json
 from pathlib import Path
 
-from lumos.compile.cache import ENTRY, LIBRARY, KernelCache, host_cpu
+import pytest
+
+from lumos.compile.cache import ENTRY, LIBRARY, UNIT_BREAK, KernelCache, host_cpu, translation_units
 
 SOURCE = "float lumos_answer(void) { return 42.0f; }\n"
 FLAGS = ("-O1",)
@@ -70,3 +72,28 @@ def test_clear(tmp_path):
     cache.build(SOURCE, "gcc", FLAGS)
     assert cache.clear() == 1 and cache.entries() == []
     assert not cache.build(SOURCE, "gcc", FLAGS).hit
+
+
+HEADER = '#define HIDDEN __attribute__((visibility("hidden")))\n'
+PARTS = [f"HIDDEN float part{i}(void) {{ return {i}.0f; }}\n" for i in range(5)]
+DRIVER = ("HIDDEN float part0(void); HIDDEN float part1(void); HIDDEN float part2(void); HIDDEN float part3(void);\n"
+          "HIDDEN float part4(void);\nfloat lumos_answer(void) { return part0() + part1() + part2() + part3() + part4() + 32.0f; }\n")
+UNITS_SOURCE = HEADER + "".join(UNIT_BREAK + part for part in [*PARTS, DRIVER])
+
+
+def test_a_source_is_cut_into_units_that_each_start_with_the_header():
+    units = translation_units(UNITS_SOURCE, 3)
+    assert len(units) == 3 and all(unit.startswith(HEADER) for unit in units)
+    assert "".join(unit.removeprefix(HEADER) for unit in units) == UNITS_SOURCE.removeprefix(HEADER).replace(UNIT_BREAK, "")
+    assert translation_units(UNITS_SOURCE, 1) == [UNITS_SOURCE] and translation_units(SOURCE, 4) == [SOURCE]
+    assert 1 < len(translation_units(UNITS_SOURCE, 64)) <= len(PARTS) + 1  # never more units than parts
+
+
+@pytest.mark.parametrize("jobs", [1, 2, 3])
+def test_units_compiled_at_once_link_into_one_library_that_exports_only_the_driver(tmp_path, jobs):
+    built = KernelCache(tmp_path, "cpu", jobs=jobs).build(UNITS_SOURCE, "gcc", FLAGS)
+    assert answer(built.library) == 42.0
+    with pytest.raises(AttributeError):
+        ctypes.CDLL(str(built.library)).part1  # hidden: another library's part1 can never be bound instead
+    assert sorted(path.name for path in built.library.parent.iterdir()) == [ENTRY, "library.c", LIBRARY]
+    assert (built.library.parent / "library.c").read_text() == UNITS_SOURCE
