@@ -196,17 +196,19 @@ def test_key_blocks_are_distinct_candidates_of_a_fused_attention(kernel_cache):
     assert {candidate.schedule.tile for candidate in group.candidates} >= {0, 8, 16, 64}
 
 
-@pytest.mark.parametrize("queries, per_block, D, keys_transposed", [
-    (17, 1, 8, False), (17, 2, 16, True), (17, 4, 8, False), (17, 4, 8, True), (17, 8, 8, True), (1, 4, 8, True),
-    (17, 4, 6, False)])
-def test_query_blocks_are_exact_when_they_do_not_divide_the_queries(kernel_cache, queries, per_block, D, keys_transposed):
+@pytest.mark.parametrize("queries, per_block, D, keys_transposed, keys_per_block", [
+    (17, 1, 8, False, 8), (17, 2, 16, True, 8), (17, 4, 8, False, 8), (17, 4, 8, True, 8), (17, 8, 8, True, 8),
+    (1, 4, 8, True, 8), (17, 4, 6, False, 8), (17, 4, 8, True, 17), (17, 2, 16, True, 0)])
+def test_query_blocks_are_exact_when_they_do_not_divide_the_queries(kernel_cache, queries, per_block, D, keys_transposed,
+                                                                    keys_per_block):
     """17 queries in blocks of 2, 4 or 8 leave a partial last block; one query (a decoder slot's
     cross-attention) has no query loop to block. Heads of 8 and 16 accumulate in vectors, of 6 not.
-    With the keys stored along the sequence, a whole block of scores is one register-blocked
-    product (17 keys in blocks of 8: two blocked, one partial block of scores one query at a time)."""
+    With the keys stored along the sequence, a block's scores are register-blocked products over
+    tiles of keys, and the keys left over, one query at a time (17 keys in blocks of 8: two tiles,
+    then one key; all 17 keys in one block, given or the default of 32 cut to 17: a tile of 16, then one)."""
     graph, inputs = attention_graph(17, queries, D, keys_transposed)
     kernels, materialized = fused_kernels(graph, kernel_cache)
-    schedules = {kernel.name: KernelSchedule(tile=8, rows=per_block) for kernel in kernels}
+    schedules = {kernel.name: KernelSchedule(tile=keys_per_block, rows=per_block) for kernel in kernels}
     got, source = run_fused(graph, inputs, kernel_cache, kernels, materialized, plan_buffers(graph, kernels), schedules)
     assert f"{min(queries, per_block) if queries > 1 else 1} queries at a time" in source
     assert ("lumos_f8 o[" in source) == (D % 8 == 0)
