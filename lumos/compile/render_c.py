@@ -160,22 +160,19 @@ def render_attention(kernel: Kernel, materialized: set[Node], params: dict[Node,
             "  }",
         ]
         store = [f"  for (int dd = 0; dd < {width}; dd++) out[{out_index}] = o[q][dd] / l[q];"]
-    blocked = _blocked_scores(ir, query, block, per_block, this_query)
-    # Each query's scores of the keys the blocked product leaves (all of them without it), one
-    # query at a time, vectorized across keys.
-    first = "t0" if blocked else "0"
-    scores = [*("  " + line for line in blocked or []),
-              f"  for (int q = 0; q < {per_block}; q++) {{", *("  " + line for line in this_query),
-              "    #pragma omp simd",
-              f"    for (int jj = {first}; jj < jn; jj++) {{  /* a block of scores, kept in L1 */",
-              "      const int j = j0 + jj;",
-              *("      " + line for line in score_lines),
-              f"      s[q][jj] = {score};",
-              "    }",
-              "  }"]
+    # Without a register-blocked product: each query's scores, vectorized across keys.
+    scores = ["  " + line for line in _blocked_scores(ir, query, block, per_block, this_query) or [
+        f"for (int q = 0; q < {per_block}; q++) {{", *this_query,
+        "  #pragma omp simd",
+        "  for (int jj = 0; jj < jn; jj++) {  /* a block of scores, kept in L1 */",
+        "    const int j = j0 + jj;",
+        *("    " + line for line in score_lines),
+        f"    s[q][jj] = {score};",
+        "  }",
+        "}"]]
     # Every access to o is in a fully unrolled loop, so that gcc keeps it in registers.
     body = [
-        f"float m[{per_block}], l[{per_block}], corr[{per_block}], s[{per_block}][{block}];",
+        f"float m[{per_block}], l[{per_block}], corr[{per_block}], s[{per_block}][{-(-block // VECTOR) * VECTOR}];",
         declare,
         f"#pragma GCC unroll {per_block}",
         f"for (int q = 0; q < {per_block}; q++) {{",
@@ -233,11 +230,12 @@ def render_attention(kernel: Kernel, materialized: set[Node], params: dict[Node,
 
 
 def _blocked_scores(ir: AttentionIR, query: str, block: int, per_block: int, this_query: list[str]) -> list[str] | None:
-    """The scores of the block's keys for the block of queries as register-blocked products, in
-    tiles of `lanes` vectors of keys (per_block × lanes vector sums; each key vector loaded once
-    for every query), then the score's epilogue (scale, mask) per score. Leaves `t0`: the keys
-    from t0 to jn (fewer than a tile) are for the per-query loop. Needs the score to be a dot
-    product q·k whose key operand is read contiguously along the keys; else None."""
+    """The scores of the block's jn keys for the block of queries as register-blocked products
+    (per_block × lanes vector sums; each key vector loaded once for every query): tiles of up to
+    4 vectors of keys, then single vectors, then the last keys (fewer than 8) copied into a
+    zero-padded vector; then the score's epilogue (scale, mask) per score. (The last keys one
+    query at a time, a scalar dot product each, took a fifth of the kernel at 51 keys.) Needs the
+    score to be a dot product q·k whose key operand is read contiguously along the keys; else None."""
     if per_block < 2:
         return None
     scores = match_scores(ir, query)
@@ -245,40 +243,58 @@ def _blocked_scores(ir: AttentionIR, query: str, block: int, per_block: int, thi
         return None
     dot, key, query_value = scores.dot, expr(scores.key), expr(scores.query_value)
     score, epilogue = expr(ir.score), _lines(scores.epilogue)
-    # Up to 16 accumulators: they and the key vectors stay in registers (AVX-512 has 32, AVX2 16);
-    # a tile no wider than the block.
-    lanes, r = max(1, min(4, 16 // per_block, block // VECTOR)), dot.var
-    width = lanes * VECTOR
+    r = dot.var
+
+    def tile(lanes: int, load: list[str]) -> list[str]:
+        """Scores of keys t0 … t0 + 8·lanes - 1; `load` sets kv[v], the key vector v of step r."""
+        return [
+            f"lumos_f8 sa[{per_block}][{lanes}];",
+            f"#pragma GCC unroll {per_block}",
+            f"for (int q = 0; q < {per_block}; q++)",
+            f"  for (int v = 0; v < {lanes}; v++) sa[q][v] = (lumos_f8){{0}};",
+            f"for (int {r} = 0; {r} < {dot.length}; {r}++) {{",
+            f"  lumos_f8 kv[{lanes}];  /* loaded once, used by every query of the block */",
+            f"  #pragma GCC unroll {lanes}",
+            f"  for (int v = 0; v < {lanes}; v++) {{",
+            *("    " + line for line in load),
+            "  }",
+            f"  #pragma GCC unroll {per_block}",
+            f"  for (int q = 0; q < {per_block}; q++) {{",
+            *("    " + line for line in this_query),
+            f"    const float x = {query_value};",
+            f"    #pragma GCC unroll {lanes}",
+            f"    for (int v = 0; v < {lanes}; v++) sa[q][v] += x * kv[v];",
+            "  }",
+            "}",
+            f"#pragma GCC unroll {per_block}",
+            f"for (int q = 0; q < {per_block}; q++)",
+            f"  for (int v = 0; v < {lanes}; v++) lumos_store8(&s[q][t0 + {VECTOR} * v], sa[q][v]);",
+        ]
+
+    def keys_at(lanes: int) -> list[str]:
+        return [f"for (; t0 + {lanes * VECTOR} <= jn; t0 += {lanes * VECTOR}) {{",
+                *("  " + line for line in tile(lanes, [f"const int j = j0 + t0 + {VECTOR} * v;", f"kv[v] = lumos_load8(&{key});"])),
+                "}"]
+
+    # Up to 16 accumulators: they and the key vectors stay in registers (AVX-512 has 32, AVX2 16).
+    lanes = max(1, min(4, 16 // per_block, block // VECTOR))
     return [
         "int t0 = 0;",
-        f"for (; t0 + {width} <= jn; t0 += {width}) {{",
-        f"  lumos_f8 sa[{per_block}][{lanes}];",
-        f"  #pragma GCC unroll {per_block}",
-        f"  for (int q = 0; q < {per_block}; q++)",
-        f"    for (int v = 0; v < {lanes}; v++) sa[q][v] = (lumos_f8){{0}};",
-        f"  for (int {r} = 0; {r} < {dot.length}; {r}++) {{",
-        f"    lumos_f8 kv[{lanes}];  /* loaded once, used by every query of the block */",
-        f"    #pragma GCC unroll {lanes}",
-        f"    for (int v = 0; v < {lanes}; v++) {{",
-        f"      const int j = j0 + t0 + {VECTOR} * v;",
-        f"      kv[v] = lumos_load8(&{key});",
+        *keys_at(lanes),
+        *(keys_at(1) if lanes > 1 else []),
+        "if (t0 < jn) {",
+        f"  float kt[{dot.length}][{VECTOR}];  /* the last keys, zero-padded to a vector */",
+        f"  for (int {r} = 0; {r} < {dot.length}; {r}++)",
+        f"    for (int v = 0; v < {VECTOR}; v++) {{",
+        "      const int j = j0 + t0 + v;",
+        f"      kt[{r}][v] = t0 + v < jn ? {key} : 0.0f;",
         "    }",
-        f"    #pragma GCC unroll {per_block}",
-        f"    for (int q = 0; q < {per_block}; q++) {{",
-        *("      " + line for line in this_query),
-        f"      const float x = {query_value};",
-        f"      #pragma GCC unroll {lanes}",
-        f"      for (int v = 0; v < {lanes}; v++) sa[q][v] += x * kv[v];",
-        "    }",
-        "  }",
-        f"  #pragma GCC unroll {per_block}",
-        f"  for (int q = 0; q < {per_block}; q++)",
-        f"    for (int v = 0; v < {lanes}; v++) lumos_store8(&s[q][t0 + {VECTOR} * v], sa[q][v]);",
+        *("  " + line for line in tile(1, [f"kv[v] = lumos_load8(kt[{r}]);"])),
         "}",
         f"for (int q = 0; q < {per_block}; q++) {{",
         *("  " + line for line in this_query),
         "  #pragma omp simd",
-        "  for (int jj = 0; jj < t0; jj++) {",
+        "  for (int jj = 0; jj < jn; jj++) {",
         "    const int j = j0 + jj;",
         f"    const float {dot.acc} = s[q][jj];",
         *("    " + line for line in epilogue),

@@ -204,8 +204,9 @@ def test_query_blocks_are_exact_when_they_do_not_divide_the_queries(kernel_cache
     """17 queries in blocks of 2, 4 or 8 leave a partial last block; one query (a decoder slot's
     cross-attention) has no query loop to block. Heads of 8 and 16 accumulate in vectors, of 6 not.
     With the keys stored along the sequence, a block's scores are register-blocked products over
-    tiles of keys, and the keys left over, one query at a time (17 keys in blocks of 8: two tiles,
-    then one key; all 17 keys in one block, given or the default of 32 cut to 17: a tile of 16, then one)."""
+    tiles of keys, the keys left over zero-padded to one more vector (17 keys in blocks of 8: two
+    tiles, then one key padded; all 17 keys in one block, given or the default of 32 cut to 17: a
+    tile of 16, then one padded)."""
     graph, inputs = attention_graph(17, queries, D, keys_transposed)
     kernels, materialized = fused_kernels(graph, kernel_cache)
     schedules = {kernel.name: KernelSchedule(tile=keys_per_block, rows=per_block) for kernel in kernels}
