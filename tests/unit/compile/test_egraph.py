@@ -166,6 +166,15 @@ def run_fused(graph: Graph, inputs, kernel_cache, kernels, materialized, plan, s
     return program(inputs)["y"].reshape(graph.output_shapes["y"]), source
 
 
+def test_a_fused_attention_counts_each_of_its_two_products_once(kernel_cache):
+    """q·kᵀ and p·v: 2·T·T·D flops each per (batch, head), however many nodes use the scores."""
+    from lumos.compile.cost_model import kernel_flops
+
+    graph, _ = attention_graph(17, D=8, keys_transposed=True)
+    (fused,) = [kernel for kernel in fused_kernels(graph, kernel_cache)[0] if kernel.attention is not None]
+    assert kernel_flops(fused) == 2 * (2 * 3 * 2 * 17 * 17 * 8)
+
+
 def test_attention_rules_find_online_softmax_and_the_fused_kernel_never_stores_scores(kernel_cache):
     graph, inputs = attention_graph()
     matches, fired = find_attention(graph)
