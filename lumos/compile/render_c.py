@@ -75,10 +75,14 @@ static inline lumos_f8 lumos_load8(const float* p) { lumos_f8 v; memcpy(&v, p, s
 static inline void lumos_store8(float* p, lumos_f8 v) { memcpy(p, &v, sizeof v); }
 """
 
-ATTENTION_BLOCK = 32
-"""Keys per block of a fused attention kernel (its schedule's `tile` overrides it)."""
-ATTENTION_QUERIES = 4
-"""Queries per block of a fused attention kernel (its schedule's `rows` overrides it)."""
+ATTENTION_BLOCK = 128
+"""Keys per block of a fused attention kernel (its schedule's `tile` overrides it): all of them up
+to 128, so that short sequences take one pass without rescaling (the fastest schedule the search
+found at 51 and 101 keys)."""
+ATTENTION_ACCUMULATORS = 16
+"""Vector registers a fused attention kernel's block of output rows may take by default: queries
+per block = 16 / (value width / 8), at most 8 (8 queries at head size 16, 4 at 32); its
+schedule's `rows` overrides it."""
 VECTOR = 8
 """Floats per lumos_f8 vector of the register-blocked matmul (HEADER)."""
 BLOCK_UNROLL = 4
@@ -106,7 +110,8 @@ def render_attention(kernel: Kernel, materialized: set[Node], params: dict[Node,
     # values depend on the query (never for attention; the rule would still be legal).
     shared = query not in expr_vars(ir.value).union(*(stmt_vars(s) for s in ir.value_stmts))
     batch = out.batched and query == "i0"  # as many as given: no static size to block
-    per_block = min(schedule.rows or ATTENTION_QUERIES, queries) if shared and not batch else 1
+    default_rows = max(1, min(8, ATTENTION_ACCUMULATORS // max(1, width // VECTOR)))
+    per_block = min(schedule.rows or default_rows, queries) if shared and not batch else 1
     # Inside a block, the query index is defined per query; a last, partial block repeats its
     # last query rather than read past the end.
     this_query = ([f"const int {query} = {query}_0 + q < {queries} ? {query}_0 + q : {queries - 1};"]

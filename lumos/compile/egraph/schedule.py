@@ -37,8 +37,8 @@ columns / 8 weight vectors and one broadcast value, fit AVX2's 16 registers (8 �
 there; 6 × 32, 24 accumulators, fits only AVX-512's 32); which is fastest depends on the machine
 and the matmul's sizes (6 × 32 won the quickstart model's feed-forward layers here: 4.7 against
 5.3 ms for the best of the others; 12 × 16 never won and is not offered)."""
-QUERY_BLOCKS = (1, 2, 8)
-"""Queries per fused attention block besides the renderer's default (render_c.ATTENTION_QUERIES)."""
+QUERY_BLOCKS = (1, 2, 4, 8)
+"""Queries per fused attention block (besides the renderer's default, which is one of them)."""
 AUTO, ROW_WISE, DOT = 0, 1, 2
 
 
