@@ -175,9 +175,10 @@ def render_attention(kernel: Kernel, materialized: set[Node], params: dict[Node,
         f"    s[q][jj] = {score};",
         "  }",
         "}"]]
+    scores_row = -(-block // VECTOR) * VECTOR  # whole vectors: the zero-padded last keys store one
     # Every access to o is in a fully unrolled loop, so that gcc keeps it in registers.
     body = [
-        f"float m[{per_block}], l[{per_block}], corr[{per_block}], s[{per_block}][{-(-block // VECTOR) * VECTOR}];",
+        f"float m[{per_block}], l[{per_block}], corr[{per_block}], s[{per_block}][{scores_row}];",
         declare,
         f"#pragma GCC unroll {per_block}",
         f"for (int q = 0; q < {per_block}; q++) {{",
@@ -588,8 +589,9 @@ def canonical_kernel_source(kernel: Kernel, materialized: set[Node], schedule: K
 
 def render_library(graph: Graph, kernels: list[Kernel], materialized: set[Node], plan: BufferPlan,
                    schedules: dict[str, KernelSchedule] | None = None, always_barrier: bool = False) -> str:
-    """The whole program as one C file: kernels, then `lumos_forward`, the one-call driver.
-    `schedules` by kernel name (default: the renderer's heuristic); `always_barrier` ends every
+    """The whole program as one C file: kernels, then `lumos_forward`, the one-call driver, with
+    a UNIT_BREAK before each kernel and before the driver (which declares every kernel), so that
+    the cache can compile it as several translation units at once. `schedules` by kernel name (default: the renderer's heuristic); `always_barrier` ends every
     kernel with a barrier, so that the timed driver measures each kernel alone."""
     params = {node: f"b{node.id}" for node in graph.nodes}
     schedules = schedules or {}
@@ -599,7 +601,8 @@ def render_library(graph: Graph, kernels: list[Kernel], materialized: set[Node],
     for kernel, barrier in zip(kernels, keep, strict=True):
         text = render_kernel(kernel, materialized, params, schedules.get(kernel.name), barrier)
         parts += [UNIT_BREAK, text]
-        prototypes.append(next(line for line in text.splitlines() if line.startswith("LUMOS_KERNEL ")).removesuffix(" {") + ";")
+        signature = next(line for line in text.splitlines() if line.startswith("LUMOS_KERNEL "))  # after its comment
+        prototypes.append(signature.removesuffix(" {") + ";")
     parts += [UNIT_BREAK, "\n".join(prototypes)]
     inputs = list(graph.inputs.values())
     tensors = tensor_names(graph)
