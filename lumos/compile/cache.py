@@ -11,8 +11,8 @@ library is missing or does not match its recorded hash (a partial or corrupted w
 and rebuilt.
 
 A C library is compiled as one translation unit per core, at the same time, then linked: its
-source marks where it may be cut (`UNIT_BREAK`). On 2 cores that halves the build (quickstart:
-1.2 s → 0.65 s), and the schedule search builds a program every round.
+source marks where it may be cut (`UNIT_BREAK`). On 2 cores that shortens the build (quickstart:
+1.2 s → 0.8 s), and the schedule search builds a program every round.
 """
 
 from __future__ import annotations
