@@ -26,7 +26,6 @@ import subprocess
 import tempfile
 import time
 import uuid
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -115,9 +114,18 @@ def translation_units(source: str, count: int) -> list[str]:
 
 
 def _run(command: list[str]) -> None:
-    result = subprocess.run(command, capture_output=True, text=True)
-    if result.returncode != 0:
-        raise BuildError(f"{' '.join(command)} failed:\n{result.stderr[-4000:]}")
+    _run_all([command])
+
+
+def _run_all(commands: list[list[str]]) -> None:
+    """Every command at once, each in its own process, and wait for all; the first failure is
+    raised. Processes, not Python threads: the cyclic garbage collector could then drop an
+    egglog e-graph on a thread that did not make it, which egglog refuses."""
+    running = [subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for command in commands]
+    errors = [(command, process.communicate()[1]) for command, process in zip(commands, running)]  # waits for each
+    for (command, stderr), process in zip(errors, running):
+        if process.returncode != 0:
+            raise BuildError(f"{' '.join(command)} failed:\n{stderr[-4000:]}")
 
 
 class KernelCache:
@@ -176,9 +184,7 @@ class KernelCache:
             paths = [staging / f"unit{index}.c" for index in range(len(units))]
             for path, unit in zip(paths, units, strict=True):
                 path.write_text(unit)
-            with ThreadPoolExecutor(len(units)) as pool:  # gcc runs in its own process: real parallelism
-                list(pool.map(_run, [[cc, *flags, "-fPIC", "-c", "-o", str(path.with_suffix(".o")), str(path)]
-                                     for path in paths]))
+            _run_all([[cc, *flags, "-fPIC", "-c", "-o", str(path.with_suffix(".o")), str(path)] for path in paths])
             _run([cc, *flags, "-shared", "-fPIC", "-o", str(staging / LIBRARY), *(str(path.with_suffix(".o")) for path in paths),
                   "-lm"])
             for path in paths:

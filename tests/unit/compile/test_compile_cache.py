@@ -97,3 +97,13 @@ def test_units_compiled_at_once_link_into_one_library_that_exports_only_the_driv
         ctypes.CDLL(str(built.library)).part1  # hidden: another library's part1 can never be bound instead
     assert sorted(path.name for path in built.library.parent.iterdir()) == [ENTRY, "library.c", LIBRARY]
     assert (built.library.parent / "library.c").read_text() == UNITS_SOURCE
+
+
+def test_a_unit_that_does_not_compile_is_a_build_error_and_leaves_no_entry(tmp_path):
+    from lumos.compile.cache import BuildError
+
+    broken = UNITS_SOURCE.replace("return 3.0f;", "return 3.0f +;")
+    cache = KernelCache(tmp_path, "cpu", jobs=3)
+    with pytest.raises(BuildError, match="expected expression"):
+        cache.build(broken, "gcc", FLAGS)
+    assert cache.entries() == [] and not list((tmp_path / "cpu").glob(".build-*"))
