@@ -51,10 +51,10 @@ def machine_rates() -> Rates:
 
 
 def kernel_flops(kernel: Kernel) -> int:
-    """2·M·N·K of the matrix products a kernel computes (0 for the rest). Each product once: a
-    fused attention's `fused` lists its score product once per use (the max, the exponent, …),
-    and counting each of them put its GFLOP/s at 2.5 times the truth."""
-    return sum(2 * node.views[0].shape[node.arg] * node.size for node in dict.fromkeys(kernel.fused)
+    """2·M·N·K of the matrix products a kernel computes (0 for the rest), each product once:
+    `fused` lists a node once per path to it (a fused attention's score product 5 times, which put
+    its GFLOP/s at 2.5 times the truth)."""
+    return sum(2 * node.views[0].shape[node.arg] * node.size for node in kernel.unique_fused
                if node.op is Op.SUM and node.srcs[0].op is Op.MUL and node.views[0].shape[node.arg] > 1
                and node.srcs[0].op not in LEAF and prod(node.shape) > 0)
 
@@ -63,7 +63,7 @@ def kernel_work(kernel: Kernel) -> tuple[float, float]:
     """(flops, bytes): matrix products plus one op per element of every other fused node; every
     buffer read once and the output written once."""
     matmul = kernel_flops(kernel)  # a fused attention's q·kᵀ too: computed inside, never stored
-    fused = dict.fromkeys(kernel.fused)
+    fused = kernel.unique_fused
     products = {node.srcs[0] for node in fused if node.op is Op.SUM and node.srcs[0].op is Op.MUL}
     elementwise = sum(node.size for node in fused if node.op not in LEAF and node not in products
                       and not (node.op is Op.SUM and node.srcs[0] in products))

@@ -57,7 +57,7 @@ class CudaCompilation:
         for launch in self.program.launches:
             kinds[launch.kind] = kinds.get(launch.kind, 0) + 1
         primitive = [node for node in self.graph.nodes if node.op not in LEAF]
-        fused = sum(len({id(n) for n in kernel.fused}) for kernel in self.kernels)
+        fused = sum(len(kernel.unique_fused) for kernel in self.kernels)
         return {"primitive_ops": len(primitive), "kernels": len(self.kernels), "fused_ops": fused - len(self.kernels),
                 "planned_peak_bytes": self.buffers.arena_bytes, "unshared_bytes": self.buffers.unshared_bytes,
                 "per_node_bytes": self.buffers.per_node_bytes, "attention_kernels": self.attention,

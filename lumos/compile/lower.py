@@ -243,7 +243,7 @@ def lower_kernel(kernel: Kernel, materialized: set[Node], params: dict[Node, str
     out = Affine(0, tuple(zip(contiguous_strides(node.shape), idx, strict=True)))
     body = [*lowering.stmts, Store("out", out, value)]
     ir = KernelIR(kernel.name, node, [params[src] for src in kernel.reads], loops, body,
-                  len(set(map(id, kernel.fused))), schedule=schedule)
+                  len(kernel.unique_fused), schedule=schedule)
     annotate_loops(ir)
     return ir
 

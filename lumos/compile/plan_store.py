@@ -79,7 +79,7 @@ def make_plan(compilation: Compilation, model: LumosModel, batch_size: int, seq_
                     for name, node in graph.outputs.items()],
         "tensors": tensors,
         "kernels": [{"name": k.name, "node": k.node.id, "kind": k.kind, "shape": list(k.node.shape),
-                     "ops": len({id(n) for n in k.fused}), "reads": [n.id for n in k.reads], "origin": k.node.origin}
+                     "ops": len(k.unique_fused), "reads": [n.id for n in k.reads], "origin": k.node.origin}
                     for k in compilation.kernels],
         "launch_order": [k.name for k in compilation.kernels],
         "buffers": [{"node": b.node.id, "offset": b.offset, "bytes": b.bytes, "live": [b.first, b.last]}

@@ -74,7 +74,7 @@ class Compilation:
 
     def stats(self) -> dict[str, int]:
         primitive = [node for node in self.graph.nodes if node.op not in LEAF]
-        fused = sum(len({id(n) for n in kernel.fused}) for kernel in self.kernels)
+        fused = sum(len(kernel.unique_fused) for kernel in self.kernels)
         return {
             "primitive_ops": len(primitive),
             "kernels": len(self.kernels),

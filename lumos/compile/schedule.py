@@ -72,11 +72,17 @@ class Kernel:
     node: Node
     """The materialized node it writes."""
     fused: list[Node] = field(default_factory=list)
-    """Every primitive it computes: the inlined nodes and `node`."""
+    """Every primitive it computes: the inlined nodes and `node`, once per path that reaches it
+    from `node` (lowering counts the paths: a node used twice is computed once, into a local)."""
     reads: list[Node] = field(default_factory=list)
     """Buffers it reads: materialized nodes, inputs and constant tensors."""
     attention: Any = None
     """An egraph.attention.AttentionMatch: `node` is computed by one online-softmax pass."""
+
+    @property
+    def unique_fused(self) -> list[Node]:
+        """`fused` with each node once, in order: what to count or walk over."""
+        return list(dict.fromkeys(self.fused))
 
     @property
     def kind(self) -> str:

@@ -617,7 +617,7 @@ def fusion_sites(graph: Graph, kernels: list[Kernel], materialized: set[Node]) -
         if kernel.attention is not None:
             continue  # the fused attention kernel is one choice as a whole
         key = kernel_key(kernel, materialized)
-        fused = list(dict.fromkeys(kernel.fused))
+        fused = kernel.unique_fused
         for position, node in enumerate(fused):
             if node is kernel.node or node in materialized or node.op in LEAF or is_product(node):
                 continue  # a product is M·N·K elements: never stored
