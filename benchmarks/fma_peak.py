@@ -16,11 +16,11 @@ import argparse
 import ctypes
 import json
 import os
-import subprocess
 import tempfile
 import time
 from pathlib import Path
 
+from lumos.compile.cache import BuildError, KernelCache
 from lumos.compile.program import Options
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -49,10 +49,10 @@ float fma_chains(long iterations, int threads) {
 
 
 def build(width: int, folder: Path) -> ctypes.CDLL:
+    """Built as the Lumos kernels are: through a kernel cache, with the default compiler and flags."""
     options = Options()
-    source, library = folder / f"fma{width}.c", folder / f"fma{width}.so"
-    source.write_text(f"#define WIDTH {width}\n#define CHAINS {CHAINS}\n" + SOURCE)
-    subprocess.run([options.cc, *options.cflags, "-shared", "-fPIC", str(source), "-o", str(library)], check=True)
+    source = f"#define WIDTH {width}\n#define CHAINS {CHAINS}\n" + SOURCE
+    library = KernelCache(folder, "cpu").build(source, options.cc, options.cflags).library
     kernel = ctypes.CDLL(str(library)).fma_chains
     kernel.argtypes, kernel.restype = [ctypes.c_long, ctypes.c_int], ctypes.c_float
     return kernel
@@ -83,7 +83,7 @@ def measure(threads: int, seconds: float = 1.0) -> dict:
         for width in (8, 16):
             try:
                 widths[width] = peak_gflops(build(width, Path(folder)), width, threads, seconds)
-            except (subprocess.CalledProcessError, OSError) as error:  # no such vectors on this CPU
+            except (BuildError, OSError) as error:  # no such vectors on this CPU
                 print(f"  {width}-wide vectors: not built ({error})")
     return {"threads": threads, "gflops_by_width": widths, "peak_gflops": max(widths.values()),
             "load_average": os.getloadavg()}
