@@ -122,8 +122,8 @@ def _run_all(commands: list[list[str]]) -> None:
     raised. Processes, not Python threads: the cyclic garbage collector could then drop an
     egglog e-graph on a thread that did not make it, which egglog refuses."""
     running = [subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for command in commands]
-    errors = [(command, process.communicate()[1]) for command, process in zip(commands, running)]  # waits for each
-    for (command, stderr), process in zip(errors, running):
+    errors = [(command, process.communicate()[1]) for command, process in zip(commands, running, strict=True)]  # waits for each
+    for (command, stderr), process in zip(errors, running, strict=True):
         if process.returncode != 0:
             raise BuildError(f"{' '.join(command)} failed:\n{stderr[-4000:]}")
 

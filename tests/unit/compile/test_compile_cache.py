@@ -94,7 +94,7 @@ def test_units_compiled_at_once_link_into_one_library_that_exports_only_the_driv
     built = KernelCache(tmp_path, "cpu", jobs=jobs).build(UNITS_SOURCE, "gcc", FLAGS)
     assert answer(built.library) == 42.0
     with pytest.raises(AttributeError):
-        ctypes.CDLL(str(built.library)).part1  # hidden: another library's part1 can never be bound instead
+        _ = ctypes.CDLL(str(built.library)).part1  # hidden: another library's part1 can never be bound instead
     assert sorted(path.name for path in built.library.parent.iterdir()) == [ENTRY, "library.c", LIBRARY]
     assert (built.library.parent / "library.c").read_text() == UNITS_SOURCE
 

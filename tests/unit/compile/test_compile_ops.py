@@ -156,6 +156,6 @@ def test_products_are_summed_without_their_product_array_and_agree(case):
     naive = {}
     for node in graph.nodes:
         naive[node] = (np.asarray(INPUTS[node.arg], np.float32) if node.op is Op.INPUT else
-                       run_node(node, [read_view(naive[s], v) for s, v in zip(node.srcs, node.views)], graph.tensors))
+                       run_node(node, [read_view(naive[s], v) for s, v in zip(node.srcs, node.views, strict=True)], graph.tensors))
     np.testing.assert_allclose(interpret(graph, INPUTS)["out"], naive[graph.outputs["out"]].reshape(out.shape),
                                rtol=1e-5, atol=1e-5)
