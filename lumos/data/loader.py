@@ -316,6 +316,20 @@ def build_batch(columns: _Columns, rows: np.ndarray) -> Batch:
     )
 
 
+def by_history_length(table: pa.Table, spec: FeatureSpec) -> pa.Table:
+    """The table's rows, shortest history first (ties keep their order).
+
+    A batch is padded to its longest history, and real histories are skewed (in the quickstart
+    world the median is a quarter of max_len while most batches of 512 hold one full-length user),
+    so batches of rows in table order were mostly padding: scoring length-sorted batches took
+    the model a third of the time. Only for work whose rows are independent (inference, embeddings).
+    """
+    if table.num_rows < 2:
+        return table
+    lengths = pc.list_value_length(table.column(next(iter(spec.token_categorical)))).to_numpy(zero_copy_only=False)
+    return table.take(pa.array(np.argsort(lengths, kind="stable")))
+
+
 def table_batches(table: pa.Table, spec: FeatureSpec, batch_size: int, where: str) -> Iterator[Batch]:
     """Batches of an in-memory Arrow table with the sequences columns, in row order (batch
     inference: Spark hands each task its rows as Arrow)."""

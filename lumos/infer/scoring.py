@@ -102,7 +102,7 @@ def _load(job: ScoringJob) -> tuple[LumosModel, object | None]:
 
 def score_arrow(job: ScoringJob, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
     """The mapInArrow function: sequences rows in, prediction rows out."""
-    from lumos.data.loader import table_batches
+    from lumos.data.loader import by_history_length, table_batches
 
     torch.set_num_threads(job.torch_threads)
     model, compiled = _load(job)
@@ -110,7 +110,7 @@ def score_arrow(job: ScoringJob, batches: Iterator[pa.RecordBatch]) -> Iterator[
     device = next(model.parameters()).device
     item_tokens = np.asarray(job.item_tokens, dtype=object)
     for record_batch in batches:
-        table = pa.Table.from_batches([record_batch])
+        table = by_history_length(pa.Table.from_batches([record_batch]), model.features)
         users = table.column("user_id").to_pylist()
         start = 0
         for batch in table_batches(table, model.features, job.batch_size, "inference rows"):

@@ -44,3 +44,16 @@ def test_top_k_beyond_the_recommendable_items_is_trimmed_per_row():
     columns = score_batch(lumos_model, None, synthetic_batch(FEATURES, 2, 8, seed=3), top_k=50, exclude_history=True)
     assert columns["top_ids"].shape[1] == FEATURES.item_vocab_size  # k is capped at the vocabulary
     assert np.isinf(columns["top_scores"]).any()  # padding, OOV and history sink to -inf, then get trimmed
+
+
+def test_rows_are_batched_shortest_history_first_each_with_its_own_row():
+    import pyarrow as pa
+
+    from lumos.data.loader import by_history_length
+
+    histories = [[2, 3, 4], [5], [], [6, 7], [8]]
+    table = pa.table({"user_id": ["a", "b", "c", "d", "e"], "item": histories})
+    ordered = by_history_length(table, FEATURES)
+    assert ordered.column("user_id").to_pylist() == ["c", "b", "e", "d", "a"]  # ties keep their order
+    assert ordered.column("item").to_pylist() == [[], [5], [8], [6, 7], [2, 3, 4]]  # each user keeps its row
+    assert by_history_length(table.slice(0, 1), FEATURES).equals(table.slice(0, 1))
