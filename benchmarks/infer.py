@@ -2,6 +2,7 @@
 and of the model alone, at two user counts, on local[*]; and what 100M users a day would cost.
 
     python benchmarks/infer.py [--users 5000 20000] [--events-per-user 40] [--engines torch compiled]
+                               [--compile-seqs 16 32 48 64 100]
                                [--master spark://127.0.0.1:7077] [--out benchmarks/results/infer.json]
 
 A quickstart-sized model (lumos/quickstart/train.toml's model, a few training steps: throughput
@@ -9,7 +10,8 @@ does not depend on how well it learned) is trained and promoted once on a small 
 Each measured world is a fresh synthetic log of the given number of users, read through
 `--source` as a nightly job would read today's events. "Model only" scores the same users'
 feature rows in one process with every core, from in-memory Arrow, no Spark. With `--engines
-torch compiled` the model is also compiled once (`lumos compile`, batch 512, a short search) and
+torch compiled` the model is also compiled once per length of `--compile-seqs` (`lumos compile
+--seq N`, batch 512, a short search each; a batch runs on the shortest plan that holds it) and
 each world is scored by both engines, one after the other. With `--master`, every Spark step (the
 set-up's ingest included) runs on that cluster instead of local[*], e.g. one started by
 `benchmarks/standalone_cluster.sh start`; the model-alone rate is still this process's.
@@ -27,6 +29,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import pyarrow as pa
 import torch
 
 from lumos.core.config import load_config
@@ -34,7 +37,7 @@ from lumos.core.registry import resolve_model
 from lumos.core.runs import download_checkpoint, training_run
 from lumos.core.tables import TableRef
 from lumos.core.workspace import init_workspace, open_workspace
-from lumos.data.loader import table_batches
+from lumos.data.loader import by_history_length, table_batches
 from lumos.data.synthetic import SyntheticSpec, generate_quickstart
 from lumos.eval.promote import promote
 from lumos.infer.features import inference_rows, training_data
@@ -47,10 +50,11 @@ from lumos.train.run import train
 
 AS_OF = datetime.date(2026, 9, 29)
 USERS_PER_DAY = 100_000_000
-COMPILE_SEARCH_S = 60.0
+COMPILE_SEARCH_S = 30.0
+"""Search budget per compiled length."""
 
 
-def setup(folder: Path, compiled: bool, master: str | None, executor_memory: str) -> None:
+def setup(folder: Path, compile_seqs: list[int], master: str | None, executor_memory: str) -> None:
     from lumos.core.spark import workspace_spark
     from lumos.data.ingest import run_ingest
     from lumos.data.recipe import IngestRecipe
@@ -73,34 +77,46 @@ def setup(folder: Path, compiled: bool, master: str | None, executor_memory: str
     config = load_config(TrainConfig, RECIPES / "train.toml", ["run.max_steps=5", "run.eval_every=1000"])
     summary = train(config, workspace)
     promote(workspace, "bench", "production", run_id=summary.run_id)
-    if compiled:
+    for seq in compile_seqs:
         from lumos.compile.engine import compile_run
 
-        compile_run(workspace, summary.run_id, batch_size=512, search_budget_s=COMPILE_SEARCH_S)
+        compile_run(workspace, summary.run_id, batch_size=512, seq_len=seq, search_budget_s=COMPILE_SEARCH_S)
 
 
-def model_only(workspace, users_source: Path, max_users: int | None = None) -> dict:
-    """Users/s of the model alone over the same rows infer scores (features built once, in memory;
-    the first `max_users` of them when given: the rate does not depend on how many there are, and
-    a million users' rows, held here as Arrow, would take several GB (estimated, not tried)."""
+def model_only(workspace, users_source: Path, engines: list[str], max_users: int | None = None) -> dict:
+    """Users/s of the model alone, per engine, over the same rows infer scores (features built
+    once, in memory; the first `max_users` of them when given: the rate does not depend on how many
+    there are, and a million users' rows, held here as Arrow, would take several GB (estimated, not
+    tried)). Batched as a Spark task batches them: slices of Spark's Arrow batch size, each sorted
+    by history length."""
+    from lumos.compile.engine import load_compiled
     from lumos.core.spark import workspace_spark
 
     version = resolve_model(workspace, "bench@production")
     model, _ = load_model(download_checkpoint(workspace, version.run_id, "bench"))
     model.eval()
     data = training_data(workspace, TableRef.parse(training_run(workspace, version.run_id, "bench").data.tags["lumos.data"]))
-    features = inference_rows(workspace_spark(workspace), workspace, data, AS_OF, str(users_source))
+    spark = workspace_spark(workspace)
+    features = inference_rows(spark, workspace, data, AS_OF, str(users_source))
     rows = features.rows if max_users is None else features.rows.limit(max_users)
     table = rows.toArrow()
     features.release()
-    batches = list(table_batches(table, model.features, 512, "bench"))
+    arrow_batch = int(spark.conf.get("spark.sql.execution.arrow.maxRecordsPerBatch"))
+    batches = [batch for part in table.to_batches(max_chunksize=arrow_batch)
+               for batch in table_batches(by_history_length(pa.Table.from_batches([part]), model.features),
+                                          model.features, 512, "bench")]
     torch.set_num_threads(os.cpu_count() or 1)
-    score_batch(model, None, batches[0], 10, True)  # warm-up
-    started = time.perf_counter()
-    for batch in batches:
-        score_batch(model, None, batch, 10, True)
-    seconds = time.perf_counter() - started
-    return {"users": table.num_rows, "seconds": round(seconds, 3), "users_per_s": round(table.num_rows / seconds, 1)}
+    rates = {}
+    for engine in engines:
+        compiled = load_compiled(workspace, version.run_id, model) if engine == "compiled" else None
+        score_batch(model, compiled, batches[0], 10, True)  # warm-up
+        started = time.perf_counter()
+        for batch in batches:
+            score_batch(model, compiled, batch, 10, True)
+        seconds = time.perf_counter() - started
+        rates[engine] = {"users": table.num_rows, "seconds": round(seconds, 3),
+                         "users_per_s": round(table.num_rows / seconds, 1)}
+    return rates
 
 
 def main() -> None:
@@ -110,6 +126,8 @@ def main() -> None:
     parser.add_argument("--model-only-max-users", type=int, default=200_000,
                         help="score at most this many users' rows for the model-alone rate (default 200000)")
     parser.add_argument("--engines", nargs="+", default=["torch"], choices=["torch", "compiled"])
+    parser.add_argument("--compile-seqs", type=int, nargs="+", default=[16, 32, 48, 64, 100],
+                        help="history lengths to compile plans for with --engines compiled (default 16 32 48 64 100)")
     parser.add_argument("--master", help="a Spark master to run on instead of local[*], e.g. spark://127.0.0.1:7077")
     parser.add_argument("--executor-memory", default="3g", help="spark.executor.memory with --master (default 3g)")
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "infer.json")
@@ -117,13 +135,13 @@ def main() -> None:
 
     folder = Path(tempfile.mkdtemp(prefix="lumos-bench-infer-"))
     print(f"workspace {folder}: training and promoting a quickstart-sized model", flush=True)
-    setup(folder, "compiled" in args.engines, args.master, args.executor_memory)
+    setup(folder, args.compile_seqs if "compiled" in args.engines else [], args.master, args.executor_memory)
     workspace = open_workspace(folder)
     results = []
     for users in args.users:
         source = folder / f"world-{users}"
         generate_quickstart(source, SyntheticSpec(users=users, events=users * args.events_per_user, seed=users))
-        alone = model_only(workspace, source / "events", args.model_only_max_users)
+        alone = model_only(workspace, source / "events", args.engines, args.model_only_max_users)
         for engine in args.engines:
             options = InferOptions(as_of=AS_OF, source=str(source / "events"), output=f"bench.predictions_{users}_{engine}",
                                    engine=engine)
@@ -133,7 +151,7 @@ def main() -> None:
             result = {
                 "users": users, "events": users * args.events_per_user, "engine": engine, "rows_written": summary.rows,
                 "end_to_end_seconds": round(end_to_end, 2), "end_to_end_users_per_s": round(summary.rows / end_to_end, 1),
-                "model_only": alone,
+                "model_only": alone[engine],
             }
             cores = os.cpu_count() or 1
             hours = USERS_PER_DAY / result["end_to_end_users_per_s"] / 3600
@@ -141,11 +159,12 @@ def main() -> None:
             result["core_hours_for_100M_users"] = round(hours * cores, 1)
             results.append(result)
             print(f"{users:>7,} users, {engine:>8}: end to end {result['end_to_end_users_per_s']:>8,.0f} users/s "
-                  f"({end_to_end:.1f} s), model only (torch) {alone['users_per_s']:>8,.0f} users/s; "
+                  f"({end_to_end:.1f} s), model only {alone[engine]['users_per_s']:>8,.0f} users/s; "
                   f"100M users/day ≈ {hours:.1f} h on this {cores}-core machine", flush=True)
     report = {"benchmark": "infer", "machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
                                                 "torch": torch.__version__},
               "spark_master": args.master or "local[*]",
+              "compile_seqs": args.compile_seqs if "compiled" in args.engines else None,
               "as_of": AS_OF.isoformat(), "results": results}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2))

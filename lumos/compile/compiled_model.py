@@ -76,3 +76,30 @@ class CompiledModel:
         fields = {name: torch.from_numpy(out[name]) if name in out else None
                   for name in ("user_embedding", "item_query", "act_logits", "value_pred")}
         return ModelOutput(**fields)
+
+
+class PlansByLength:
+    """A model's plans at several history lengths, called like `LumosModel.forward` in eval mode:
+    each batch runs on the shortest plan that holds its histories (the longest plan takes longer
+    ones, with its fallback). A plan's cost grows with its length whatever the batch holds, so a
+    batch of short histories padded to max_len would do several times the work it needs."""
+
+    def __init__(self, plans: list[CompiledModel]):
+        if not plans:
+            raise ValueError("no plans")
+        self.plans = sorted(plans, key=lambda plan: plan.seq_len)
+
+    @property
+    def seq_len(self) -> int:
+        return self.plans[-1].seq_len
+
+    @property
+    def seq_lens(self) -> tuple[int, ...]:
+        return tuple(plan.seq_len for plan in self.plans)
+
+    def plan_for(self, length: int) -> CompiledModel:
+        return next((plan for plan in self.plans if plan.seq_len >= length), self.plans[-1])
+
+    def __call__(self, batch: Batch) -> ModelOutput:
+        return self.plan_for(batch.mask.shape[1])(batch)
+

@@ -3,8 +3,9 @@
 A *plan* is everything needed to run a compiled model again without tracing it: the generated C
 (kernels and driver), the inputs, outputs and constant tensors in the driver's order, the buffer
 plan and the launch order, and the (batch, sequence) shape it was built for. It is stored as the
-artifacts `compile/<target>/plan.json` and `compile/<target>/library.c` of the training run
-(registered model versions point at their run). Weights are not copied into it: they are bound
+artifacts `compile/<target>/seq-<n>/plan.json` and `.../library.c` of the training run (registered
+model versions point at their run), one folder per history length compiled: a run may hold plans
+at several lengths, and each batch runs on the shortest that holds it (`PlansByLength`). Weights are not copied into it: they are bound
 from the model when the plan is loaded, and a fingerprint of the model's config and feature spec
 makes sure the plan fits the model.
 """
@@ -23,7 +24,7 @@ import numpy as np
 import torch
 
 from lumos.compile.cache import KernelCache
-from lumos.compile.compiled_model import CompiledModel
+from lumos.compile.compiled_model import CompiledModel, PlansByLength
 from lumos.compile.ir import LITERAL_PREFIX
 from lumos.compile.layout import TRANSPOSED
 from lumos.compile.program import Compilation
@@ -45,8 +46,12 @@ STORED_TARGETS = ("cpu",)
 only verified on a GPU, which this code has not run on)."""
 
 
-def artifact_dir(target: str) -> str:
-    return f"compile/{target}"
+def artifact_dir(target: str, seq_len: int | None = None) -> str:
+    """compile/<target>, or within it the folder of the plan built for histories of `seq_len`."""
+    return f"compile/{target}" if seq_len is None else f"compile/{target}/{SEQ_FOLDER}{seq_len}"
+
+
+SEQ_FOLDER = "seq-"
 
 
 def model_fingerprint(model: LumosModel) -> str:
@@ -144,19 +149,21 @@ def store_plan(workspace: Workspace, run_id: str, result: CompileResult) -> str:
     from lumos.core.runs import COMPILE_TAG_PREFIX
     from lumos.core.tracking import tracking_client
 
-    target = result.plan["target"]
+    target, seq_len = result.plan["target"], result.plan["seq_len"]
     client = tracking_client(workspace)
     with tempfile.TemporaryDirectory(prefix="lumos-plan-") as scratch:
         folder = write_plan(Path(scratch) / "plan", result)
-        client.log_artifacts(run_id, str(folder), artifact_dir(target))
-    client.set_tag(run_id, f"{COMPILE_TAG_PREFIX}{target}",
-                   f"batch={result.plan['batch_size']} seq={result.plan['seq_len']} kernels={len(result.plan['kernels'])}")
-    return artifact_dir(target)
+        client.log_artifacts(run_id, str(folder), artifact_dir(target, seq_len))
+    stored = sorted(int(item.path.rsplit(SEQ_FOLDER, 1)[1]) for item in client.list_artifacts(run_id, artifact_dir(target))
+                    if item.is_dir and item.path.rsplit("/", 1)[1].startswith(SEQ_FOLDER))
+    client.set_tag(run_id, f"{COMPILE_TAG_PREFIX}{target}", f"seq={','.join(map(str, stored))}")
+    return artifact_dir(target, seq_len)
 
 
-def load_compiled(workspace: Workspace, run_id: str, model: LumosModel, target: str = "cpu") -> CompiledModel | None:
-    """The stored, verified plan for this training run (artifact of the run) built into a runnable
-    model, or None when no plan exists or the stored plan was made for a different model."""
+def load_compiled(workspace: Workspace, run_id: str, model: LumosModel, target: str = "cpu") -> PlansByLength | None:
+    """The stored, verified plans of this training run (artifacts of the run, one per history length)
+    built into a runnable model, or None when no plan exists or the stored plans were made for a
+    different model."""
     import mlflow
 
     from lumos.core.runs import COMPILE_TAG_PREFIX
@@ -176,7 +183,9 @@ def load_compiled(workspace: Workspace, run_id: str, model: LumosModel, target: 
                                                               dst_path=scratch, tracking_uri=workspace.mlflow_tracking_uri))
         except (mlflow.exceptions.MlflowException, OSError):
             return None
-        if not (folder / PLAN_FILE).is_file():
-            return None
-        # The library comes from the kernel cache, so the downloaded files are not needed afterwards.
-        return program_from_plan(folder, model, KernelCache.for_workspace(workspace, target), workspace.settings.compile)
+        # The libraries come from the kernel cache, so the downloaded files are not needed afterwards.
+        cache = KernelCache.for_workspace(workspace, target)
+        plans = [program_from_plan(plan.parent, model, cache, workspace.settings.compile)
+                 for plan in sorted(folder.glob(f"{SEQ_FOLDER}*/{PLAN_FILE}"))]
+        plans = [plan for plan in plans if plan is not None]
+        return PlansByLength(plans) if plans else None

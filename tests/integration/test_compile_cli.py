@@ -49,9 +49,9 @@ def test_compile_verifies_stores_and_serves_the_plan(project):
     assert first["kernels"] > 0 and first["primitive_ops"] > first["kernels"] and first["fused_ops"] > 0
     assert 0 < first["planned_peak_bytes"] < first["per_node_bytes"]
     assert first["max_error"] < 1e-4 and first["eager_ms"] > 0 and first["compiled_ms"] > 0
-    assert first["artifact"] == "compile/cpu"  # (the search already built the final library: a cache hit is fine)
-    artifacts = {a.path for a in tracking_client(workspace).list_artifacts(run_id, "compile/cpu")}
-    assert artifacts == {"compile/cpu/plan.json", "compile/cpu/library.c"}
+    assert first["artifact"] == "compile/cpu/seq-12"  # (the search already built the final library: a cache hit is fine)
+    artifacts = {a.path for a in tracking_client(workspace).list_artifacts(run_id, "compile/cpu/seq-12")}
+    assert artifacts == {"compile/cpu/seq-12/plan.json", "compile/cpu/seq-12/library.c"}
 
     # The same model through the registry: the kernel cache makes the second build a hit.
     client = tracking_client(workspace)
@@ -66,15 +66,25 @@ def test_compile_verifies_stores_and_serves_the_plan(project):
     assert second["search_cache_hit"] and second["search_rounds"] == 0  # the search cache: no new search
     assert second["seconds"]["search"] < first["seconds"]["search"]
 
-    # Served for inference: more rows than the plan (chunks) and a shorter history (padding).
+    # A second plan, for shorter histories, beside the first.
+    result = lumos(project, "compile", "--run", run_id, "--batch", "8", "--seq", "6", "--no-search", "--json")
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["artifact"] == "compile/cpu/seq-6"
+    assert client.get_run(run_id).data.tags["lumos.compile.cpu"] == "seq=6,12"
+
+    # Served for inference: more rows than a plan (chunks), histories shorter than a plan (padding),
+    # each batch on the shortest plan that holds it.
     compiled = load_compiled(workspace, run_id, model)
-    assert compiled is not None and (compiled.batch_size, compiled.seq_len) == (8, 12)
-    batch = synthetic_batch(model.features, 11, 9, seed=7)
-    with torch.no_grad():
-        expected = model(batch)
-    got = compiled(batch)
-    for name in ("user_embedding", "item_query", "act_logits", "value_pred"):
-        np.testing.assert_allclose(getattr(got, name).numpy(), getattr(expected, name).numpy(), atol=1e-4, rtol=1e-4)
+    assert compiled is not None and compiled.seq_lens == (6, 12)
+    assert [(plan.batch_size, plan.seq_len) for plan in compiled.plans] == [(8, 6), (8, 12)]
+    for length, plan_length in ((5, 6), (6, 6), (9, 12)):
+        assert compiled.plan_for(length).seq_len == plan_length
+        batch = synthetic_batch(model.features, 11, length, seed=7)
+        with torch.no_grad():
+            expected = model(batch)
+        got = compiled(batch)
+        for name in ("user_embedding", "item_query", "act_logits", "value_pred"):
+            np.testing.assert_allclose(getattr(got, name).numpy(), getattr(expected, name).numpy(), atol=1e-4, rtol=1e-4)
 
 
 def test_table_output_and_clear_cache(project):
