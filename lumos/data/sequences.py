@@ -135,6 +135,7 @@ def build_sequences(
     calendar: DataFrame | None,
     recipe: IngestRecipe,
     tokens: DataFrame | None = None,
+    targets: bool = True,
 ) -> DataFrame:
     """One row per (user, split, as_of): history arrays, static features, targets, future context.
 
@@ -144,11 +145,16 @@ def build_sequences(
     what `build_vocab` returned (or that table read back). `tokens` is `sequence_tokens(events,
     recipe)` when the caller keeps it persisted: the cuts, the act targets and the histories all
     read it, and without a persisted copy its per-user sort and windows run once for each.
+    `targets=False` (inference: what follows as_of is what the model predicts) writes every
+    act_<K>d and value_<K>d as 0 instead of joining each row to the events after it.
     """
     tokens = sequence_tokens(events, recipe) if tokens is None else tokens
     rows = cut_rows(tokens, recipe)
-    if recipe.targets.horizons_days:
+    if recipe.targets.horizons_days and targets:
         rows = _with_act_targets(rows, _act_events(events, tokens, recipe), recipe)
+    elif recipe.targets.horizons_days:
+        rows = rows.withColumns({name: F.lit(0).cast("int") if name.startswith("act_") else F.lit(0.0)
+                                 for days in recipe.targets.horizons_days for name in (f"act_{days}d", f"value_{days}d")})
     rows = _with_history(rows, _user_tokens(tokens, vocab, recipe), recipe)
     if recipe.users is not None:
         rows = _with_static_features(rows, _require(users, "users"), vocab, recipe)

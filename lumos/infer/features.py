@@ -109,7 +109,7 @@ def inference_rows(spark, workspace: Workspace, data: TrainingData, as_of: datet
             if frame is not None:
                 frame.unpersist()
         raise
-    rows = build_sequences(events, vocab, sources.users, sources.calendar, recipe, tokens)
+    rows = build_sequences(events, vocab, sources.users, sources.calendar, recipe, tokens, targets=False)
     rejects = rejected_rows(checked).withColumn("as_of", F.lit(as_of))
     return InferenceFeatures(rows, rejects, counts, inputs, cached=(checked, tokens))
 

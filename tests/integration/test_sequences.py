@@ -294,6 +294,11 @@ def test_time_cutoffs_day_tokens(frames):
         "age_days", "user_country",
     ]  # fmt: skip
 
+    # Inference rows (targets=False): the same rows and features, every act and value target 0.
+    without = collect(build_sequences(events, build_vocab(events, users, config), users, calendar, config,
+                                      targets=False))
+    assert_rows(without, {key: row | {"act_2d": 0, "value_2d": 0.0} for key, row in expected.items()})
+
 
 def test_minimal_recipe_and_tied_history_events_outside_the_act_window(spark):
     # No items, users or calendar; ties fall to value. min_history 0 keeps an empty train history.
