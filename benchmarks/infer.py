@@ -77,9 +77,9 @@ def setup(folder: Path, compile_seqs: list[int], master: str | None, executor_me
     config = load_config(TrainConfig, RECIPES / "train.toml", ["run.max_steps=5", "run.eval_every=1000"])
     summary = train(config, workspace)
     promote(workspace, "bench", "production", run_id=summary.run_id)
-    for seq in compile_seqs:
-        from lumos.compile.engine import compile_run
+    from lumos.compile.engine import compile_run
 
+    for seq in compile_seqs:
         compile_run(workspace, summary.run_id, batch_size=512, seq_len=seq, search_budget_s=COMPILE_SEARCH_S)
 
 

@@ -5,9 +5,9 @@ A *plan* is everything needed to run a compiled model again without tracing it: 
 plan and the launch order, and the (batch, sequence) shape it was built for. It is stored as the
 artifacts `compile/<target>/seq-<n>/plan.json` and `.../library.c` of the training run (registered
 model versions point at their run), one folder per history length compiled: a run may hold plans
-at several lengths, and each batch runs on the shortest that holds it (`PlansByLength`). Weights are not copied into it: they are bound
-from the model when the plan is loaded, and a fingerprint of the model's config and feature spec
-makes sure the plan fits the model.
+at several lengths, and each batch runs on the shortest that holds it (`PlansByLength`). Weights
+are not copied into it: they are bound from the model when the plan is loaded, and a fingerprint
+of the model's config and feature spec makes sure the plan fits the model.
 """
 
 from __future__ import annotations
@@ -46,12 +46,12 @@ STORED_TARGETS = ("cpu",)
 only verified on a GPU, which this code has not run on)."""
 
 
+SEQ_FOLDER = "seq-"
+
+
 def artifact_dir(target: str, seq_len: int | None = None) -> str:
     """compile/<target>, or within it the folder of the plan built for histories of `seq_len`."""
     return f"compile/{target}" if seq_len is None else f"compile/{target}/{SEQ_FOLDER}{seq_len}"
-
-
-SEQ_FOLDER = "seq-"
 
 
 def model_fingerprint(model: LumosModel) -> str:
