@@ -102,4 +102,3 @@ class PlansByLength:
 
     def __call__(self, batch: Batch) -> ModelOutput:
         return self.plan_for(batch.mask.shape[1])(batch)
-

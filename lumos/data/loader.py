@@ -322,7 +322,7 @@ def by_history_length(table: pa.Table, spec: FeatureSpec) -> pa.Table:
     A batch is padded to its longest history, and real histories are skewed (in the quickstart
     world the median is a quarter of max_len while most batches of 512 hold one full-length user),
     so batches of rows in table order were mostly padding: scoring length-sorted batches took
-    the model a third of the time. Only for work whose rows are independent (inference, embeddings).
+    the model a third of the time. Only for work whose rows are scored independently (inference).
     """
     if table.num_rows < 2:
         return table
