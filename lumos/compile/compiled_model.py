@@ -90,10 +90,6 @@ class PlansByLength:
         self.plans = sorted(plans, key=lambda plan: plan.seq_len)
 
     @property
-    def seq_len(self) -> int:
-        return self.plans[-1].seq_len
-
-    @property
     def seq_lens(self) -> tuple[int, ...]:
         return tuple(plan.seq_len for plan in self.plans)
 

@@ -154,8 +154,8 @@ def store_plan(workspace: Workspace, run_id: str, result: CompileResult) -> str:
     with tempfile.TemporaryDirectory(prefix="lumos-plan-") as scratch:
         folder = write_plan(Path(scratch) / "plan", result)
         client.log_artifacts(run_id, str(folder), artifact_dir(target, seq_len))
-    stored = sorted(int(item.path.rsplit(SEQ_FOLDER, 1)[1]) for item in client.list_artifacts(run_id, artifact_dir(target))
-                    if item.is_dir and item.path.rsplit("/", 1)[1].startswith(SEQ_FOLDER))
+    folders = [item.path.rsplit("/", 1)[1] for item in client.list_artifacts(run_id, artifact_dir(target)) if item.is_dir]
+    stored = sorted(int(name.removeprefix(SEQ_FOLDER)) for name in folders if name.startswith(SEQ_FOLDER))
     client.set_tag(run_id, f"{COMPILE_TAG_PREFIX}{target}", f"seq={','.join(map(str, stored))}")
     return artifact_dir(target, seq_len)
 

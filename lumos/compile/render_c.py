@@ -591,8 +591,9 @@ def render_library(graph: Graph, kernels: list[Kernel], materialized: set[Node],
                    schedules: dict[str, KernelSchedule] | None = None, always_barrier: bool = False) -> str:
     """The whole program as one C file: kernels, then `lumos_forward`, the one-call driver, with
     a UNIT_BREAK before each kernel and before the driver (which declares every kernel), so that
-    the cache can compile it as several translation units at once. `schedules` by kernel name (default: the renderer's heuristic); `always_barrier` ends every
-    kernel with a barrier, so that the timed driver measures each kernel alone."""
+    the cache can compile it as several translation units at once. `schedules` by kernel name
+    (default: the renderer's heuristic); `always_barrier` ends every kernel with a barrier, so
+    that the timed driver measures each kernel alone."""
     params = {node: f"b{node.id}" for node in graph.nodes}
     schedules = schedules or {}
     parts = [HEADER]
