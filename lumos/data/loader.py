@@ -272,7 +272,9 @@ def _list_values(column: pa.ChunkedArray, name: str, where: str) -> tuple[np.nda
     flat = array.values.slice(offsets[0], offsets[-1] - offsets[0])
     if flat.null_count:
         raise UsageError(f"{where}: column {name} has null elements")
-    return offsets - offsets[0], flat.to_numpy()
+    # Zero-copy unless the values carry a validity bitmap (no nulls, checked above), as pyarrow's
+    # take() leaves on lists built from pandas.
+    return offsets - offsets[0], flat.to_numpy(zero_copy_only=False)
 
 
 def _plain(table: pa.Table, name: str, where: str) -> np.ndarray:
@@ -322,12 +324,23 @@ def by_history_length(table: pa.Table, spec: FeatureSpec) -> pa.Table:
     A batch is padded to its longest history, and real histories are skewed (in the quickstart
     world the median is a quarter of max_len while most batches of 512 hold one full-length user),
     so batches of rows in table order were mostly padding: scoring length-sorted batches took
-    the model a third of the time. Only for work whose rows are scored independently (inference).
+    the model a third of the time. Only for work whose rows are scored independently.
     """
-    if table.num_rows < 2:
-        return table
+    return table if table.num_rows < 2 else table.take(pa.array(history_length_order(table, spec)))
+
+
+def history_length_order(table: pa.Table, spec: FeatureSpec) -> np.ndarray:
+    """Row indices of `table`, shortest history first (stable): `by_history_length`'s order, for
+    callers that must put their results back in the table's own order (`unsort`)."""
     lengths = pc.list_value_length(table.column(next(iter(spec.token_categorical)))).to_numpy(zero_copy_only=False)
-    return table.take(pa.array(np.argsort(lengths, kind="stable")))
+    return np.argsort(lengths, kind="stable")
+
+
+def unsort(values: np.ndarray, order: np.ndarray) -> np.ndarray:
+    """Rows computed in `order` (row i is the table's row order[i]) put back in the table's order."""
+    restored = np.empty_like(values)
+    restored[order] = values
+    return restored
 
 
 def table_batches(table: pa.Table, spec: FeatureSpec, batch_size: int, where: str) -> Iterator[Batch]:

@@ -17,7 +17,7 @@ import pyarrow.parquet as pq
 import torch
 
 from lumos.core.errors import UsageError
-from lumos.data.loader import SequenceLoader, table_batches
+from lumos.data.loader import SequenceLoader, history_length_order, table_batches, unsort
 from lumos.data.sequences_version import SequencesVersion
 from lumos.eval import metrics as M
 from lumos.eval.probe import run_probe
@@ -120,11 +120,15 @@ class EmbeddingCache:
             # One read: each embedding comes from the row that names its user, so nothing rests on
             # two reads returning rows in the same order.
             rows = split_rows(data, spec.split)
+            # Batched shortest history first (a batch is padded to its longest), then put back
+            # in the rows' order, so the probes see exactly what they saw before.
+            order = history_length_order(rows, data.spec)
             matrix = []
             with torch.no_grad():
-                for batch in table_batches(rows, data.spec, spec.batch_size, f"split {spec.split} of {data.ref}"):
+                for batch in table_batches(rows.take(order), data.spec, spec.batch_size,
+                                           f"split {spec.split} of {data.ref}"):
                     matrix.append(model.embed_users(batch.to(device)).cpu().numpy())
-            self._computed[key] = UserEmbeddings(np.concatenate(matrix), rows["user_id"].to_pylist(),
+            self._computed[key] = UserEmbeddings(unsort(np.concatenate(matrix), order), rows["user_id"].to_pylist(),
                                                  rows["as_of"].to_pylist())
         return self._computed[key]
 

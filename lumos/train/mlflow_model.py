@@ -22,7 +22,7 @@ import pandas as pd
 import pyarrow as pa
 import torch
 
-from lumos.data.loader import table_batches
+from lumos.data.loader import history_length_order, table_batches
 from lumos.train.checkpoint import CONFIG_FILE, FEATURES_FILE, MODEL_FILE, load_model
 
 MODEL_NAME = "model"
@@ -40,8 +40,13 @@ class LumosPyfunc(mlflow.pyfunc.PythonModel):
     def predict(self, context, model_input: pd.DataFrame, params: dict | None = None) -> pd.DataFrame:
         top_k = int((params or {}).get("top_k", TOP_K))
         table = pa.Table.from_pandas(model_input, preserve_index=False)
-        parts = [_score(self.model, batch, top_k) for batch in table_batches(table, self.model.features, BATCH_ROWS, "model input")]
-        return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
+        if table.num_rows == 0:
+            return pd.DataFrame()
+        # Scored shortest history first (a batch is padded to its longest), returned in input order.
+        order = history_length_order(table, self.model.features)
+        batches = table_batches(table.take(order), self.model.features, BATCH_ROWS, "model input")
+        scored = pd.concat([_score(self.model, batch, top_k) for batch in batches], ignore_index=True)
+        return scored.set_axis(order).sort_index()
 
 
 @torch.no_grad()

@@ -57,3 +57,27 @@ def test_rows_are_batched_shortest_history_first_each_with_its_own_row():
     assert ordered.column("user_id").to_pylist() == ["c", "b", "e", "d", "a"]  # ties keep their order
     assert ordered.column("item").to_pylist() == [[], [5], [8], [6, 7], [2, 3, 4]]  # each user keeps its row
     assert by_history_length(table.slice(0, 1), FEATURES).equals(table.slice(0, 1))
+
+
+def test_the_mlflow_model_scores_length_sorted_but_answers_in_input_order():
+    import pandas as pd
+
+    from lumos.train.mlflow_model import LumosPyfunc
+
+    rng = np.random.default_rng(0)
+    lengths = [5, 1, 8, 0, 3, 8, 2]
+    rows = pd.DataFrame({
+        "user_id": [f"u{i}" for i in range(len(lengths))],
+        "item": [rng.integers(2, 9, n).tolist() for n in lengths],
+        "hour": [rng.integers(0, 24, n).tolist() for n in lengths],
+        "value": [rng.random(n).astype(np.float32).tolist() for n in lengths],
+        "next_item": [2] * len(lengths), "act_7d": [0] * len(lengths), "value_7d": [0.0] * len(lengths),
+    })
+    pyfunc = LumosPyfunc()
+    pyfunc.model = model()
+    together = pyfunc.predict(None, rows)
+    assert list(together.index) == list(range(len(lengths)))
+    for index in range(len(lengths)):
+        alone = pyfunc.predict(None, rows.iloc[[index]])
+        np.testing.assert_allclose(together["user_embedding"][index], alone["user_embedding"][0], rtol=1e-5, atol=1e-6)
+        assert list(together["top_item_ids"][index]) == list(alone["top_item_ids"][0])
