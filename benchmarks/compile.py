@@ -16,7 +16,8 @@ Lumos models' kernels that hold matrix products, timed one by one, are reported 
 Lumos runs with its schedule search (cold: empty caches; warm: the same compile again, which
 reuses the search cache and the kernel cache), with the search but without its register-blocked
 matmul candidates (`lumos_unblocked`: what the search found before them, timed in the same
-rounds as the rest) and without search (`lumos_no_search`); the JSON keeps the per-kernel profile
+rounds as the rest), without horizontal fusion (`lumos_unmerged`: each linear layer its own
+matmul, searched) and without search (`lumos_no_search`); the JSON keeps the per-kernel profile
 of the searched forward (and of the unblocked one) and what the search chose per kernel. Last, one
 attention at sequence 512: torch eager (SDPA and the explicit softmax) against Lumos with the
 fused online-softmax kernel, time and extra peak memory.
@@ -125,7 +126,10 @@ def bench_model(name: str, model: LumosModel, batch_size: int, repeats: int, ind
                                   Options(search_budget_s=search_budget, search_cache=False, register_blocks=False))
         result["max_error"] = verify(cold, model, seeds=(1,))
         engines["lumos"] = lambda: cold.compiled(batch)
+        unmerged = compile_model(model, batch_size, seq_len, cache,
+                                 Options(search_budget_s=search_budget, fuse_linear_layers=False))
         engines["lumos_unblocked"] = lambda: unblocked.compiled(batch)
+        engines["lumos_unmerged"] = lambda: unmerged.compiled(batch)
         engines["lumos_no_search"] = lambda: unsearched.compiled(batch)
         # Round-robin: on a shared machine every engine sees the same background load.
         with torch.no_grad():
@@ -172,6 +176,7 @@ def bench_model(name: str, model: LumosModel, batch_size: int, repeats: int, ind
         result["lumos_vs_inductor"] = result["inductor_ms"] / result["lumos_ms"]
     print(f"  lumos, no search {result['lumos_no_search_ms']:8.2f} ms")
     print(f"  lumos, unblocked {result['lumos_unblocked_ms']:8.2f} ms  (searched without the register-blocked matmul)")
+    print(f"  lumos, unmerged  {result['lumos_unmerged_ms']:8.2f} ms  (searched, each linear layer its own matmul)")
     print(f"  lumos compiled   {result['lumos_ms']:8.2f} ms  ({result['lumos_vs_eager']:.2f}x eager"
           + (f", {result['lumos_vs_inductor']:.2f}x inductor" if "inductor_ms" in result else "") + ")")
     print("  best of runs     " + ", ".join(f"{engine} {result[f'{engine}_best_ms']:.2f} ms" for engine in engines))

@@ -151,6 +151,7 @@ def compile_model(
         ("primitive ops in", f"{stats['primitive_ops']:,}"),
         ("kernels out", f"{stats['kernels']:,}"),
         ("fused ops", f"{stats['fused_ops']:,}"),
+        ("linear layers on one input", f"{stats.get('matmuls_merged', 0)} matmul(s) merged into wider ones"),
         ("planned peak memory", f"{_bytes(stats['planned_peak_bytes'])} (one buffer per node: {_bytes(stats['per_node_bytes'])})"),
         ("time per forward", f"{summary.compiled_ms:.2f} ms compiled vs {summary.eager_ms:.2f} ms torch eager ({speedup:.2f}x)"),
         ("max difference vs torch", f"{summary.max_error:.2e}"),

@@ -25,8 +25,8 @@ import torch
 
 from lumos.compile.cache import KernelCache
 from lumos.compile.compiled_model import CompiledModel, PlansByLength
+from lumos.compile.horizontal import weight_value
 from lumos.compile.ir import LITERAL_PREFIX
-from lumos.compile.layout import TRANSPOSED
 from lumos.compile.program import Compilation
 from lumos.compile.render_c import tensor_names
 from lumos.compile.runtime import NativeProgram
@@ -126,10 +126,8 @@ def program_from_plan(folder: Path, model: LumosModel, cache: KernelCache,
         if "data" in entry:
             value = np.frombuffer(base64.b64decode(entry["data"]), np.float32).reshape(entry["shape"])
         else:
-            name = entry["name"].removesuffix(TRANSPOSED)
-            weight = weights[name].detach().cpu().float()
-            value = (weight.T if entry["name"].endswith(TRANSPOSED) else weight).contiguous().numpy()
-            if list(value.shape) != entry["shape"]:
+            value = weight_value(entry["name"], weights)
+            if value is None or list(value.shape) != entry["shape"]:
                 return None
         tensors.append(value)
     build = cache.build(source, local.cc, tuple(local.cflags))

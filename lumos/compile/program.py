@@ -1,7 +1,7 @@
 """The pipeline from a primitive graph to a runnable native program: one linear list of passes.
 
     check → e-graph (algebra and view rules, the cheapest equivalent program extracted: egraph/rewrite.py)
-    → layout (transpose weights) → schedule (fuse into kernels) → search (schedule variants by
+    → horizontal (linear layers on one input as one matmul) → layout (transpose weights) → schedule (fuse into kernels) → search (schedule variants by
     measurement, search.py) → plan buffers → render C → build (kernel cache) → load
 
 Each pass takes and returns the `Compilation` it fills in; the graph is checked before and
@@ -18,6 +18,7 @@ import numpy as np
 
 from lumos.compile.cache import Build, KernelCache
 from lumos.compile.egraph.rewrite import RewriteReport, rewrite_graph
+from lumos.compile.horizontal import fuse_linear_layers
 from lumos.compile.ir import LEAF, Graph, Node, check_graph
 from lumos.compile.layout import transpose_activations, transpose_weights
 from lumos.compile.plan import BufferPlan, plan_buffers
@@ -38,6 +39,8 @@ class Options:
     """Inline cheap elementwise nodes into each of their consumers instead of storing them."""
     rewrite: bool = True
     """Run the e-graph pass (False: compile the graph as traced, to measure what the rules remove)."""
+    fuse_linear_layers: bool = True
+    """One matmul for linear layers that read the same input (horizontal.py; False: measure what it gains)."""
     symbolic_batch: bool = True
     """Trace twice to make the batch dim symbolic (ir.mark_batch): no padding of small batches."""
     transpose_weights: bool = True
@@ -71,6 +74,8 @@ class Compilation:
     schedules: dict[str, KernelSchedule] = field(default_factory=dict)
     rewrite: RewriteReport | None = None
     """The e-graph pass: its size, saturation time, the rules that fired, ops before and after."""
+    matmuls_merged: int = 0
+    """Matmuls that horizontal fusion removed (each merged into another on the same input)."""
 
     def stats(self) -> dict[str, int]:
         primitive = [node for node in self.graph.nodes if node.op not in LEAF]
@@ -78,6 +83,7 @@ class Compilation:
         return {
             "primitive_ops": len(primitive),
             "kernels": len(self.kernels),
+            "matmuls_merged": self.matmuls_merged,
             "fused_ops": fused - len(self.kernels),
             "planned_peak_bytes": self.buffers.arena_bytes,
             "unshared_bytes": self.buffers.unshared_bytes,
@@ -88,6 +94,11 @@ class Compilation:
 def _rewrite(c: Compilation, cache: KernelCache) -> None:
     if c.options.rewrite:
         c.rewrite = rewrite_graph(c.graph)
+
+
+def _horizontal(c: Compilation, cache: KernelCache) -> None:
+    if c.options.fuse_linear_layers:
+        c.matmuls_merged = fuse_linear_layers(c.graph)
 
 
 def _layout(c: Compilation, cache: KernelCache) -> None:
@@ -126,6 +137,7 @@ def _build(c: Compilation, cache: KernelCache) -> None:
 
 PASSES: list[tuple[str, Callable[[Compilation, KernelCache], None]]] = [
     ("egraph", _rewrite),  # first: layout's copies (x + 0) are what the algebra removes
+    ("horizontal", _horizontal),
     ("layout", _layout),
     ("schedule", _schedule),
     ("search", _search),
