@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from lumos.compile.ir import LITERAL_PREFIX, Graph, Node, Op, View
+from lumos.compile.layout import TRANSPOSED
 
 JOINED = "|"
 
@@ -32,6 +33,7 @@ class _Linear:
     """SUM over K: (…, M, N, 1)."""
     bias_add: Node | None
     """ADD of the reduction and a (N,) bias, when that is the reduction's only use."""
+    bias: Node | None
 
     @property
     def weight(self) -> Node:
@@ -63,8 +65,6 @@ def fuse_linear_layers(graph: Graph) -> int:
 def weight_value(name: str, weights) -> np.ndarray | None:
     """A plan's weight tensor from the model's parameters by name: `a|b` is a and b concatenated
     along dim 0 (horizontal fusion); a `#T` suffix, added after, transposes it (layout.py)."""
-    from lumos.compile.layout import TRANSPOSED
-
     parts = name.removesuffix(TRANSPOSED).split(JOINED)
     if any(part not in weights for part in parts):
         return None
@@ -91,21 +91,22 @@ def _as_linear(product: Node, uses) -> _Linear | None:
         reduction, _ = uses[product][0]
         if reduction.op is not Op.SUM or reduction.arg != len(product.shape) - 1 or not reduction.views[0].is_identity:
             return None
-        return _Linear(product, weight_index, reduction, _bias_add(reduction, uses))
+        return _Linear(product, weight_index, reduction, *_bias_add(reduction, uses))
     return None
 
 
-def _bias_add(reduction: Node, uses) -> Node | None:
+def _bias_add(reduction: Node, uses) -> tuple[Node | None, Node | None]:
+    """(the ADD, the bias) when the reduction's only use adds a (N,) bias to it, else (None, None)."""
     if len(uses[reduction]) != 1:
-        return None
+        return None, None
     add, index = uses[reduction][0]
     shape = reduction.shape[:-1]
     if add.op is not Op.ADD or add.shape != shape or add.views[index] != View.contiguous(shape):
-        return None
+        return None, None
     bias, read = add.srcs[1 - index], add.views[1 - index]
     if not (_is_weight(bias) and bias.shape == shape[-1:] and read == View(shape, (0,) * (len(shape) - 1) + (1,))):
-        return None
-    return add
+        return None, None
+    return add, bias
 
 
 def _input_key(linear: _Linear) -> tuple:
@@ -153,9 +154,8 @@ def _fuse(graph: Graph, members: list[_Linear], uses) -> bool:
     new_nodes = [weight, product, reduction]
     output = reduction
     if with_bias:
-        bias_name = JOINED.join(member.bias_add.srcs[_bias_index(member)].arg for member in members)
-        graph.tensors[bias_name] = np.concatenate(
-            [graph.tensors[member.bias_add.srcs[_bias_index(member)].arg] for member in members])
+        bias_name = JOINED.join(member.bias.arg for member in members)
+        graph.tensors[bias_name] = np.concatenate([graph.tensors[member.bias.arg] for member in members])
         bias = graph.add(Op.CONST, arg=bias_name, shape=(width,), origin=origin)
         out_shape = (*outer, width)
         output = graph.add(Op.ADD, (reduction, bias), (View.contiguous(out_shape), View(out_shape, (0,) * len(outer) + (1,))),
@@ -168,10 +168,6 @@ def _fuse(graph: Graph, members: list[_Linear], uses) -> bool:
         consumer.views = consumer.views[:index] + (view,) + consumer.views[index + 1:]
     _insert_before(graph, new_nodes, min((member.product for member in members), key=lambda node: node.id))
     return True
-
-
-def _bias_index(member: _Linear) -> int:
-    return 0 if member.bias_add.srcs[1] is member.reduction else 1
 
 
 def _column_range_view(view: View, columns: int, width: int, start: int) -> View | None:
@@ -204,4 +200,3 @@ def _insert_before(graph: Graph, new_nodes: list[Node], anchor: Node) -> None:
     graph.nodes = rest[:at] + new_nodes + rest[at:]
     for index, node in enumerate(graph.nodes):
         node.id = index
-

@@ -1,8 +1,9 @@
 """The pipeline from a primitive graph to a runnable native program: one linear list of passes.
 
     check → e-graph (algebra and view rules, the cheapest equivalent program extracted: egraph/rewrite.py)
-    → horizontal (linear layers on one input as one matmul) → layout (transpose weights) → schedule (fuse into kernels) → search (schedule variants by
-    measurement, search.py) → plan buffers → render C → build (kernel cache) → load
+    → horizontal (linear layers on one input as one matmul) → layout (transpose weights)
+    → schedule (fuse into kernels) → search (schedule variants by measurement, search.py)
+    → plan buffers → render C → build (kernel cache) → load
 
 Each pass takes and returns the `Compilation` it fills in; the graph is checked before and
 after, so a pass that breaks an invariant is named at once.
