@@ -1,5 +1,6 @@
 """Training throughput: samples/s and data-wait for the quickstart model on CPU, 1 and 2 ranks, and
-the overhead of `lumos train`'s loop against a bare PyTorch loop over in-memory batches.
+the overhead of `lumos train`'s loop against a bare PyTorch loop over in-memory batches; last, one
+rank with `data.bucket_by_length` (batches of similar history length) against one rank without.
 
     python benchmarks/train.py [--workspace DIR] [--steps 60] [--out benchmarks/results/train.json]
 
@@ -113,6 +114,8 @@ def main() -> None:
         print(json.dumps({"bare": [before, after], "lumos_1_rank": one}), flush=True)
         two = lumos_loop(workspace, config, 2, args.steps)
         print(json.dumps({"lumos_2_ranks": two}), flush=True)
+        bucketed = lumos_loop(workspace, replace(config, data=replace(config.data, bucket_by_length=True)), 1, args.steps)
+        print(json.dumps({"lumos_1_rank_by_length": bucketed}), flush=True)
     report = {
         "benchmark": "train",
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "torch": torch.__version__},
@@ -122,6 +125,8 @@ def main() -> None:
         "bare_pytorch": bare,
         "lumos_1_rank": one,
         "lumos_2_ranks": two,
+        "lumos_1_rank_by_length": bucketed,
+        "by_length_vs_1_rank": round(bucketed["samples_per_second"] / one["samples_per_second"], 3),
         "overhead_vs_bare": round(1 - one["samples_per_second"] / bare["samples_per_second"], 4),
         "target_overhead": 0.10,
     }

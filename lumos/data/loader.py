@@ -22,6 +22,11 @@ Semantics:
   exactly the rows one rank sees at batch W·B, step for step (DDP then matches single-process
   training), and every rank has the same number of batches, which DDP needs. The price: each
   rank decodes whole chunks, not only its 1/W of them.
+- **By length** (`by_length=True`): within each chunk, the rows (in their shuffled order) are
+  sorted by history length, stably, and cut into global batches; with `shuffle`, the order of a
+  chunk's full global batches is then permuted (a short last one stays last). A batch is padded to
+  its longest history, so on skewed lengths this cuts most of the padding; but a batch then holds
+  users of similar history length, which changes what a step sees (a training choice).
 - **Batches.** The rank's share of each global batch, `batch_size` rows; the last one is short,
   or dropped with `drop_last`. T is the longest history in the batch (at least 1,
   so tensors are never empty). `next_item` null → 0; `act`/`value` columns follow
@@ -30,7 +35,7 @@ Semantics:
   `num_workers` threads build batches (numpy releases the GIL in its gathers and copies), up to
   `prefetch` batches ahead, pinned when CUDA is available. The batches do not depend on
   `num_workers`: the plan is fixed by (table version, split, seed, epoch, rank, world size,
-  batch and chunk size).
+  batch and chunk size, by_length).
 - **Resume.** `state_dict()` is (epoch, batches already yielded) plus the plan's settings;
   `load_state_dict()` makes the next iteration continue with exactly the batches an uninterrupted
   run would have yielded. An epoch that completes advances `epoch` by one; `set_epoch(e)` with
@@ -387,6 +392,7 @@ class SequenceLoader:
         prefetch: int = 8,
         chunk_rows: int = 8192,
         pin_memory: bool | None = None,
+        by_length: bool = False,
     ):
         num_workers = default_workers() if num_workers is None else num_workers
         _check_arguments(batch_size, seed, rank, world_size, num_workers, prefetch, chunk_rows)
@@ -396,6 +402,7 @@ class SequenceLoader:
         self.batch_size, self.shuffle, self.seed, self.drop_last = batch_size, shuffle, seed, drop_last
         self.rank, self.world_size = rank, world_size
         self.num_workers, self.prefetch = num_workers, prefetch
+        self.by_length = by_length
         # Chunks hold whole global batches (all ranks' rows of one step), so that chunk boundaries,
         # and with them the epoch's row order, do not depend on how many ranks share the batch.
         global_batch = batch_size * world_size
@@ -444,6 +451,7 @@ class SequenceLoader:
             "table": self.snapshot.table_path, "version": self.snapshot.version, "split": self.split,
             "batch_size": self.batch_size, "chunk_rows": self.chunk_rows, "shuffle": self.shuffle,
             "seed": self.seed, "drop_last": self.drop_last, "world_size": self.world_size,
+            "by_length": self.by_length,
         }
 
     # --- iteration ----------------------------------------------------------------------------
@@ -496,7 +504,21 @@ class SequenceLoader:
         order = np.arange(chunk.rows)
         if self.shuffle:
             order = np.random.default_rng([self.seed, chunk.epoch, 1, chunk.first_row]).permutation(chunk.rows)
+        if self.by_length:
+            order = self._by_length(chunk, columns.lengths, order)
         return columns, order
+
+    def _by_length(self, chunk: _Chunk, lengths: np.ndarray, order: np.ndarray) -> np.ndarray:
+        """`order` sorted by history length (stable) and cut into global batches; with shuffle,
+        the full global batches in a seeded random order, a short last one kept last."""
+        order = order[np.argsort(lengths[order], kind="stable")]
+        global_batch = self.batch_size * self.world_size
+        full = len(order) // global_batch
+        if not self.shuffle or full < 2:
+            return order
+        batches = order[:full * global_batch].reshape(full, global_batch)
+        shuffled = np.random.default_rng([self.seed, chunk.epoch, 2, chunk.first_row]).permutation(full)
+        return np.concatenate([batches[shuffled].ravel(), order[full * global_batch:]])
 
     def _finish(self, loaded: tuple[_Columns, np.ndarray], rows: slice) -> Batch:
         columns, order = loaded

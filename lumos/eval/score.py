@@ -177,7 +177,10 @@ def _read_labels(base: Path, location: str, columns: list[str]):
 
 
 def _loader(data: SequencesVersion, spec: TaskSpec, split: str | None = None) -> SequenceLoader:
-    return SequenceLoader(data.snapshot, data.spec, spec.batch_size, split=split or spec.split, shuffle=False)
+    # Every row is scored and the metrics do not depend on row order, so batches go by history
+    # length: a batch is padded to its longest.
+    return SequenceLoader(data.snapshot, data.spec, spec.batch_size, split=split or spec.split, shuffle=False,
+                          by_length=True)
 
 
 def _horizon_index(spec: TaskSpec, data: SequencesVersion) -> int:

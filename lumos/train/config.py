@@ -24,6 +24,10 @@ class DataConfig:
     """Rows of this split give the validation loss; unset to skip validation."""
     loader_workers: int | None = None
     """Threads that build batches; unset means a share of the CPUs."""
+    bucket_by_length: bool = False
+    """Training batches of similar history length (the loader's by_length: sorted within each
+    chunk, the batches shuffled). Far less padding on skewed histories, but each step then sees
+    users of one length band; off by default, since it changes what the model learns from."""
 
     def __post_init__(self) -> None:
         require_valid([("loader_workers", "must be 0 or more")] if self.loader_workers is not None and self.loader_workers < 0 else [])

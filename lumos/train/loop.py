@@ -186,6 +186,7 @@ def fit(plan: FitPlan, log_metrics=None, log_checkpoint=None, report=None) -> Fi
     loader = SequenceLoader(
         sequences.snapshot, sequences.spec, plan.micro_batch, split=config.data.train_split, seed=config.run.seed,
         drop_last=True, rank=ranks.rank, world_size=ranks.world_size, num_workers=config.data.loader_workers,
+        by_length=config.data.bucket_by_length,
     )
     start_step = 0
     best = _Best(config.run.valid_metric, config.run.patience)

@@ -262,6 +262,29 @@ def test_resume_continues_with_the_same_batches(table):
         SequenceLoader(table.snapshot, table.spec, 8, seed=7, chunk_rows=48).load_state_dict(state)
 
 
+def test_by_length_batches_every_row_once_in_length_bands_the_same_for_one_rank_or_two(spark, table):
+    reference = reference_rows(spark, table.snapshot.table_path, 0, table.spec)
+    loader = SequenceLoader(table.snapshot, table.spec, 16, seed=2, chunk_rows=64, num_workers=0, by_length=True)
+    batches = list(loader)
+    assert Counter(row for batch in batches for row in canonical(batch, table.spec)) == reference
+    # Within a chunk, each batch's lengths are one band of the chunk's sorted lengths: bands do
+    # not overlap, so padding is at most the spread of one band.
+    per_chunk = loader.chunk_rows // 16
+    for first in range(0, len(batches), per_chunk):
+        bands = sorted((int(b.mask.sum(1).min()), int(b.mask.sum(1).max())) for b in batches[first:first + per_chunk])
+        assert all(high <= next_low for (_, high), (next_low, _) in zip(bands, bands[1:], strict=False))
+    plain = list(SequenceLoader(table.snapshot, table.spec, 16, seed=2, chunk_rows=64, num_workers=0))
+    assert sum(b.mask.numel() for b in batches) < 0.8 * sum(b.mask.numel() for b in plain)  # less padding
+    assert_same_batches(batches, list(SequenceLoader(table.snapshot, table.spec, 16, seed=2, chunk_rows=64,
+                                                     num_workers=2, by_length=True)))
+    ranks = [SequenceLoader(table.snapshot, table.spec, 8, seed=2, chunk_rows=64, num_workers=0, by_length=True,
+                            rank=rank, world_size=2) for rank in range(2)]
+    for whole, first, second in zip(batches, *ranks, strict=True):
+        assert Counter(canonical(whole, table.spec)) == Counter(canonical(first, table.spec) + canonical(second, table.spec))
+    with pytest.raises(ValueError, match="by_length"):
+        SequenceLoader(table.snapshot, table.spec, 16, seed=2, chunk_rows=64).load_state_dict(loader.state_dict())
+
+
 def test_an_old_version_reads_its_own_rows_after_an_overwrite(spark, table):
     path = table.snapshot.table_path
     newer = spark.read.format("delta").option("versionAsOf", 0).load(path).where(F.col("user_id") < "u0000050")
