@@ -132,9 +132,11 @@ def test_interrupted_run_resumes_exactly(project):
     assert losses == metric_history(workspace, train(config, workspace).run_id, "train/retrieval")
 
 
-def test_two_ranks_match_one_rank_with_the_same_global_batch(project):
+@pytest.mark.parametrize("by_length", [False, True])
+def test_two_ranks_match_one_rank_with_the_same_global_batch(project, by_length):
     workspace = open_workspace(project)
     config = tiny_config(max_steps=6, eval_every=100)
+    config = replace(config, data=replace(config.data, bucket_by_length=by_length))
     one = train(config, workspace).result
     two = train(config, workspace, nproc=2).result
     assert len(two.history) == len(one.history) == 6
