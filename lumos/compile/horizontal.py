@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from lumos.compile.ir import LITERAL_PREFIX, Graph, Node, Op, View
-from lumos.compile.layout import TRANSPOSED
+from lumos.compile.layout import TRANSPOSED, row_column_steps
 
 JOINED = "|"
 
@@ -174,23 +174,11 @@ def _column_range_view(view: View, columns: int, width: int, start: int) -> View
     """`view` of a row-major buffer with rows of `columns` floats, re-expressed over one whose rows
     hold `width` floats with these columns at `start`; None when a dim walks across rows other
     than whole rows at a time, or the view is padded."""
-    if view.mask is not None:
+    found = row_column_steps(view, columns)
+    if found is None:
         return None
-    row, column = divmod(view.offset, columns)
-    strides, reach = [], column
-    for size, stride in zip(view.shape, view.strides, strict=True):
-        if stride == 0 or size == 1:
-            strides.append(0)
-        elif stride % columns == 0:
-            strides.append(stride // columns * width)
-        elif stride < columns:
-            strides.append(stride)
-            reach += stride * (size - 1)
-        else:
-            return None
-    if reach >= columns:
-        return None
-    return View(view.shape, tuple(strides), row * width + start + column)
+    row0, col0, steps = found
+    return View(view.shape, tuple(row * width + col for row, col in steps), row0 * width + start + col0)
 
 
 def _insert_before(graph: Graph, new_nodes: list[Node], anchor: Node) -> None:

@@ -19,26 +19,37 @@ from lumos.compile.ir import LEAF, LITERAL_PREFIX, Graph, Node, Op, View, contig
 TRANSPOSED = "#T"
 
 
-def transposed_view(view: View, rows: int, cols: int) -> View | None:
-    """`view` of a (rows, cols) tensor, re-expressed over its (cols, rows) transpose, or None."""
+def row_column_steps(view: View, cols: int) -> tuple[int, int, list[tuple[int, int]]] | None:
+    """`view` of a row-major buffer with rows of `cols` floats, as the (row, column) of its first
+    element and, per dim, its step as (whole rows, columns within a row), one of them 0; None when
+    the view is padded, a dim steps across rows other than whole rows at a time, or the columns
+    it reads run past the end of the row."""
     if view.mask is not None:
         return None
     row0, col0 = divmod(view.offset, cols)
-    strides, row_reach, col_reach = [], row0, col0
+    steps, col_reach = [], col0
     for size, stride in zip(view.shape, view.strides, strict=True):
         if stride == 0 or size == 1:
-            strides.append(0)
+            steps.append((0, 0))
         elif stride % cols == 0:
-            strides.append(stride // cols)
-            row_reach += stride // cols * (size - 1)
+            steps.append((stride // cols, 0))
         elif stride < cols:
-            strides.append(stride * rows)
+            steps.append((0, stride))
             col_reach += stride * (size - 1)
         else:
             return None
-    if row_reach >= rows or col_reach >= cols:
+    return None if col_reach >= cols else (row0, col0, steps)
+
+
+def transposed_view(view: View, rows: int, cols: int) -> View | None:
+    """`view` of a (rows, cols) tensor, re-expressed over its (cols, rows) transpose, or None."""
+    found = row_column_steps(view, cols)
+    if found is None:
         return None
-    return View(view.shape, tuple(strides), col0 * rows + row0)
+    row0, col0, steps = found
+    if row0 + sum(row * (size - 1) for (row, _), size in zip(steps, view.shape, strict=True)) >= rows:
+        return None
+    return View(view.shape, tuple(row + col * rows for row, col in steps), col0 * rows + row0)
 
 
 def _is_product_over_columns(consumer: Node, index: int, uses: dict[Node, list[tuple[Node, int]]], cols: int) -> bool:
