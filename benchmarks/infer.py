@@ -4,6 +4,8 @@ and of the model alone, at two user counts, on local[*]; and what 100M users a d
     python benchmarks/infer.py [--users 5000 20000] [--events-per-user 40] [--engines torch compiled]
                                [--compile-seqs 16 32 48 64 100]
                                [--master spark://127.0.0.1:7077] [--out benchmarks/results/infer.json]
+                               [--arrow-batch-sizes 2000 10000 40000] [--shuffle-partitions 2 8 32]
+                               [--rounds 2] [--warmup]
 
 A quickstart-sized model (lumos/quickstart/train.toml's model, a few training steps: throughput
 does not depend on how well it learned) is trained and promoted once on a small synthetic world.
@@ -15,15 +17,24 @@ torch compiled` the model is also compiled once per length of `--compile-seqs` (
 each world is scored by both engines, one after the other. With `--master`, every Spark step (the
 set-up's ingest included) runs on that cluster instead of local[*], e.g. one started by
 `benchmarks/standalone_cluster.sh start`; the model-alone rate is still this process's.
+
+Tuning: `--arrow-batch-sizes` (Spark's `spark.sql.execution.arrow.maxRecordsPerBatch`: the rows a
+scoring task receives at a time, each batch sorted by history length before it is cut into
+mini-batches of 512) and `--shuffle-partitions` (`spark.sql.shuffle.partitions`: the tasks that
+build the feature rows and score them) run `lumos infer` end to end once per combination on each
+world, set on the running session before each run; the model-alone rate is measured once, at
+Spark's default batch size.
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime
+import itertools
 import json
 import os
 import platform
+import statistics
 import sys
 import tempfile
 import time
@@ -119,6 +130,39 @@ def model_only(workspace, users_source: Path, engines: list[str], max_users: int
     return rates
 
 
+def _timed_infer(workspace, source: Path, users: int, engine: str):
+    """Seconds and summary of one `lumos infer` of a world's events."""
+    options = InferOptions(as_of=AS_OF, source=str(source / "events"), output=f"bench.predictions_{users}_{engine}",
+                           engine=engine)
+    started = time.perf_counter()
+    summary = infer(workspace, "bench@production", options)
+    return time.perf_counter() - started, summary
+
+
+def _print_medians(results: list[dict]) -> None:
+    """Median end-to-end users/s per engine and setting over the rounds."""
+    by_setting: dict[tuple, list[float]] = {}
+    for r in results:
+        by_setting.setdefault((r["engine"], r["arrow_batch"], r["shuffle_partitions"]), []).append(r["end_to_end_users_per_s"])
+    for (engine, arrow_batch, partitions), rates in by_setting.items():
+        print(f"  median of {len(rates)}: {engine:>8}, arrow batch {arrow_batch:>6,}, {partitions:>3} partitions: "
+              f"{statistics.median(rates):>8,.0f} users/s (runs: {', '.join(f'{rate:,.0f}' for rate in rates)})")
+
+
+def _tune(workspace, arrow_batch: int | None, partitions: int | None) -> dict[str, int]:
+    """Set the given Arrow batch size and shuffle partitions on the session infer will reuse
+    (None keeps what it has) and return both as they now stand."""
+    from lumos.core.spark import workspace_spark
+
+    spark = workspace_spark(workspace)
+    if arrow_batch is not None:
+        spark.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", str(arrow_batch))
+    if partitions is not None:
+        spark.conf.set("spark.sql.shuffle.partitions", str(partitions))
+    return {"arrow_batch": int(spark.conf.get("spark.sql.execution.arrow.maxRecordsPerBatch")),
+            "shuffle_partitions": int(spark.conf.get("spark.sql.shuffle.partitions"))}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--users", type=int, nargs="+", default=[5000, 20000])
@@ -130,6 +174,14 @@ def main() -> None:
                         help="history lengths to compile plans for with --engines compiled (default 16 32 48 64 100)")
     parser.add_argument("--master", help="a Spark master to run on instead of local[*], e.g. spark://127.0.0.1:7077")
     parser.add_argument("--executor-memory", default="3g", help="spark.executor.memory with --master (default 3g)")
+    parser.add_argument("--arrow-batch-sizes", type=int, nargs="+",
+                        help="run infer once per spark.sql.execution.arrow.maxRecordsPerBatch (default: Spark's)")
+    parser.add_argument("--shuffle-partitions", type=int, nargs="+",
+                        help="run infer once per spark.sql.shuffle.partitions (default: the workspace's)")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="time every setting this many times, every other round in reverse order (default 1)")
+    parser.add_argument("--warmup", action="store_true",
+                        help="one untimed lumos infer per world first (the first runs of a session are slower)")
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "infer.json")
     args = parser.parse_args()
 
@@ -142,25 +194,35 @@ def main() -> None:
         source = folder / f"world-{users}"
         generate_quickstart(source, SyntheticSpec(users=users, events=users * args.events_per_user, seed=users))
         alone = model_only(workspace, source / "events", args.engines, args.model_only_max_users)
-        for engine in args.engines:
-            options = InferOptions(as_of=AS_OF, source=str(source / "events"), output=f"bench.predictions_{users}_{engine}",
-                                   engine=engine)
-            started = time.perf_counter()
-            summary = infer(workspace, "bench@production", options)
-            end_to_end = time.perf_counter() - started
-            result = {
-                "users": users, "events": users * args.events_per_user, "engine": engine, "rows_written": summary.rows,
-                "end_to_end_seconds": round(end_to_end, 2), "end_to_end_users_per_s": round(summary.rows / end_to_end, 1),
-                "model_only": alone[engine],
-            }
-            cores = os.cpu_count() or 1
-            hours = USERS_PER_DAY / result["end_to_end_users_per_s"] / 3600
-            result["machine_hours_for_100M_users"] = round(hours, 1)
-            result["core_hours_for_100M_users"] = round(hours * cores, 1)
-            results.append(result)
-            print(f"{users:>7,} users, {engine:>8}: end to end {result['end_to_end_users_per_s']:>8,.0f} users/s "
-                  f"({end_to_end:.1f} s), model only {alone[engine]['users_per_s']:>8,.0f} users/s; "
-                  f"100M users/day ≈ {hours:.1f} h on this {cores}-core machine", flush=True)
+        combinations = list(itertools.product(args.engines, args.arrow_batch_sizes or [None],
+                                              args.shuffle_partitions or [None]))
+        if args.warmup:
+            seconds, _ = _timed_infer(workspace, source, users, args.engines[0])
+            print(f"{users:>7,} users: warm-up run, not counted ({seconds:.1f} s)", flush=True)
+        for round_number in range(args.rounds):
+            # Every other round in reverse, so that no setting always runs first (the JVM and the
+            # page cache warm up over a session's first runs).
+            for engine, arrow_batch, partitions in combinations[::-1] if round_number % 2 else combinations:
+                tuning = _tune(workspace, arrow_batch, partitions)
+                end_to_end, summary = _timed_infer(workspace, source, users, engine)
+                result = {
+                    "users": users, "events": users * args.events_per_user, "engine": engine, **tuning,
+                    "round": round_number, "rows_written": summary.rows,
+                    "end_to_end_seconds": round(end_to_end, 2),
+                    "end_to_end_users_per_s": round(summary.rows / end_to_end, 1),
+                    "model_only": alone[engine],
+                }
+                cores = os.cpu_count() or 1
+                hours = USERS_PER_DAY / result["end_to_end_users_per_s"] / 3600
+                result["machine_hours_for_100M_users"] = round(hours, 1)
+                result["core_hours_for_100M_users"] = round(hours * cores, 1)
+                results.append(result)
+                print(f"{users:>7,} users, {engine:>8}, arrow batch {tuning['arrow_batch']:>6,}, "
+                      f"{tuning['shuffle_partitions']:>3} partitions: end to end {result['end_to_end_users_per_s']:>8,.0f} users/s "
+                      f"({end_to_end:.1f} s), model only {alone[engine]['users_per_s']:>8,.0f} users/s; "
+                      f"100M users/day ≈ {hours:.1f} h on this {cores}-core machine", flush=True)
+        if args.rounds > 1:
+            _print_medians([r for r in results if r["users"] == users])
     report = {"benchmark": "infer", "machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
                                                 "torch": torch.__version__},
               "spark_master": args.master or "local[*]",
