@@ -23,7 +23,8 @@ scoring task receives at a time, each batch sorted by history length before it i
 mini-batches of 512) and `--shuffle-partitions` (`spark.sql.shuffle.partitions`: the tasks that
 build the feature rows and score them) run `lumos infer` end to end once per combination on each
 world, set on the running session before each run; the model-alone rate is measured once, at
-Spark's default batch size.
+the session's batch size. `--rounds N` times every setting N times, every other round in reverse
+order, and prints the medians; `--warmup` runs one untimed infer per world first.
 """
 
 from __future__ import annotations

@@ -134,6 +134,7 @@ def measure(spark, events: int, events_per_user: int, scratch: Path, store_once:
         "events_per_second": round(events / seconds),
         "floor_events_per_second": round(events / floor_seconds),
         "spark_jobs": _last_job_id(spark) - jobs_before,
+        "spark_job_ids": [jobs_before + 1, _last_job_id(spark)],  # the timed ingest's, for --profile
         "sequence_rows": sum(result.stats["rows_by_split"].values()),
         "tokens": result.stats["tokens"],
     }
@@ -150,10 +151,10 @@ def _last_job_id(spark) -> int:
     return max(ids, default=-1)
 
 
-def print_profile(event_log_dir: Path) -> None:
-    """Per step of the event log (jobs named by `lumos ingest`'s steps, else by call site): the
-    seconds from its first job's start to its last job's end, jobs, stages, rows read from files
-    and bytes shuffled."""
+def print_profile(event_log_dir: Path, job_ids: tuple[int, int]) -> None:
+    """Per step of the timed ingest whose Spark jobs are `job_ids` (first, last; named by `lumos
+    ingest`'s steps, else by call site): the seconds from its first job's start to its last job's
+    end, jobs, stages, rows read from files and bytes shuffled."""
     jobs: dict[int, dict] = {}
     stage_job: dict[int, int] = {}
     for log in sorted(path for path in event_log_dir.rglob("*") if path.is_file()):
@@ -162,15 +163,15 @@ def print_profile(event_log_dir: Path) -> None:
                 continue
             event = json.loads(line)
             kind = event["Event"]
-            if kind == "SparkListenerJobStart":
+            if kind == "SparkListenerJobStart" and job_ids[0] <= event["Job ID"] <= job_ids[1]:
                 description = event.get("Properties", {}).get("spark.job.description") or "(other Spark work)"
                 jobs[event["Job ID"]] = {"start": event["Submission Time"], "what": description, "stages": 0,
                                          "rows_in": 0, "shuffle_mb": 0.0}
                 for stage in event["Stage IDs"]:
                     stage_job[stage] = event["Job ID"]
-            elif kind == "SparkListenerJobEnd":
+            elif kind == "SparkListenerJobEnd" and event["Job ID"] in jobs:
                 jobs[event["Job ID"]]["end"] = event["Completion Time"]
-            elif kind == "SparkListenerStageCompleted":
+            elif kind == "SparkListenerStageCompleted" and event["Stage Info"]["Stage ID"] in stage_job:
                 info = event["Stage Info"]
                 job = jobs[stage_job[info["Stage ID"]]]
                 job["stages"] += 1
@@ -229,7 +230,9 @@ def main() -> None:
         master = spark.sparkContext.master
         spark.stop()
         if args.profile:
-            print_profile(scratch / "events-log")
+            for result in results:
+                print(f"profile of the timed ingest of {result['events']:,} events")
+                print_profile(scratch / "events-log", tuple(result["spark_job_ids"]))
     report = {
         "benchmark": "ingest",
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "spark_master": master},
