@@ -123,6 +123,29 @@ def test_whitespace_only_ids_are_missing_and_ids_are_stripped_of_unicode_whitesp
     assert sorted(json.loads(row)["user"] for row in rejected["missing_user_id"]) == sorted(WHITESPACE_IDS)
 
 
+def test_only_exact_copies_of_a_valid_row_are_duplicates(spark, tmp_path):
+    """Every copy after the first is rejected, however many there are, and nothing that differs in
+    a mapped column is; a row that breaks another rule is not a copy, and -0.0 is the number 0.0."""
+    row = "u1,2026-06-01 10:00:00,view,a,,1.0"  # value empty: null, like the bad number's below
+    lines = [
+        row, row, row,
+        "u1,2026-06-01 10:00:00,view,a,abc,1.0",  # equal once cast, but a bad number: not a copy
+        "u1,2026-06-01 10:00:00,view,a,,2.0",  # another price
+        "u1,2026-06-01 10:00:00,purchase,a,,1.0",  # another event type at the same instant
+        "u2,2026-06-01 10:00:00,view,a,,1.0",  # another user
+        "u3,2026-06-01 10:00:00,view,b,0.0,1.0",
+        "u3,2026-06-01 10:00:00,view,b,-0.0,1.0",  # the same number
+        "u3,2026-06-01 10:00:00,view,b,0.0,3.0",
+    ]
+    accepted, rejected = check_file(spark, tmp_path, "events.csv", HEADER + "\n".join(lines) + "\n", shop_recipe())
+    assert sorted((row["user_id"], row["event_type"], row["item_id"], row["num_price"]) for row in accepted) == [
+        ("u1", "purchase", "a", 1.0), ("u1", "view", "a", 1.0), ("u1", "view", "a", 2.0), ("u2", "view", "a", 1.0),
+        ("u3", "view", "b", 1.0), ("u3", "view", "b", 3.0),
+    ]
+    assert {rule: len(rows) for rule, rows in rejected.items()} == {"duplicate": 3, "bad_number": 1}
+    assert sorted(json.loads(row)["user"] for row in rejected["duplicate"]) == ["u1", "u1", "u3"]
+
+
 def table_properties(spark, location: str) -> dict[str, str]:
     from delta.tables import DeltaTable
 
