@@ -190,6 +190,17 @@ def content_hash(frame) -> str:
     hash equal; computed by Spark in one aggregation, so it scales with the table."""
     from pyspark.sql import functions as F
 
-    row_hash = F.xxhash64(*[frame[name] for name in sorted(frame.columns)]).cast("decimal(38,0)")  # a decimal sum cannot overflow
-    total = frame.agg(F.sum(row_hash).alias("total"), F.count(F.lit(1)).alias("rows")).collect()[0]
-    return f"xxhash64-sum:{int(total['total'] or 0) % 2**64:016x}:{total['rows']}"
+    total = frame.agg(F.sum(row_hash(frame)).alias("total"), F.count(F.lit(1)).alias("rows")).collect()[0]
+    return content_hash_of(total["total"], total["rows"])
+
+
+def row_hash(frame):
+    """Each row's part of `content_hash`, for callers that sum it in an aggregation of their own."""
+    from pyspark.sql import functions as F
+
+    return F.xxhash64(*[frame[name] for name in sorted(frame.columns)]).cast("decimal(38,0)")  # a decimal sum cannot overflow
+
+
+def content_hash_of(total, rows: int) -> str:
+    """`content_hash` from the sum of `row_hash` over the rows (None for no rows) and their count."""
+    return f"xxhash64-sum:{int(total or 0) % 2**64:016x}:{rows}"

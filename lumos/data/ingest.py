@@ -16,7 +16,15 @@ from lumos.core.config import config_hash, to_plain
 from lumos.core.errors import UsageError
 from lumos.core.faults import crash_during_write, fault_point
 from lumos.core.lineage import LineageInput, LineageRecord
-from lumos.core.tables import TableRef, content_hash, table_exists, table_history, table_location, write_table
+from lumos.core.tables import (
+    TableRef,
+    content_hash_of,
+    row_hash,
+    table_exists,
+    table_history,
+    table_location,
+    write_table,
+)
 from lumos.core.workspace import Workspace
 from lumos.data.recipe import IngestRecipe
 from lumos.data.sequences import build_sequences, build_vocab, sequence_tokens
@@ -96,6 +104,8 @@ def count_rejects(checked) -> RejectCounts:
 def run_ingest(spark, workspace: Workspace, recipe: IngestRecipe, recipe_dir: Path, report: Report = lambda _: None,
                rebuild: bool = False) -> IngestResult:
     """`rebuild`: write new versions even when an earlier ingest of the same work exists (reproduce)."""
+    from pyspark.sql import functions as F
+
     refs = {role: TableRef(recipe.dataset, role) for role in ("sequences", "vocab", "rejects")}
     report(f"reading {recipe.source.path}")
     sources = read_checked_inputs(spark, workspace, recipe, recipe_dir)
@@ -125,17 +135,22 @@ def run_ingest(spark, workspace: Workspace, recipe: IngestRecipe, recipe_dir: Pa
         step("building sequences")
         sequences = build_sequences(events, vocab, users, calendar, recipe, tokens).persist()
         try:
-            summary = sequences.groupBy("split").agg({"user_id": "count", "length": "sum"}).collect()
-            rows_by_split = {row["split"]: row["count(user_id)"] for row in sorted(summary, key=lambda r: r["split"])}
+            # One pass over the cached rows: their count and tokens per split, and their content
+            # hash (what `lumos reproduce` compares a rebuild against), summed per split.
+            summary = sequences.groupBy("split").agg(
+                F.count(F.lit(1)).alias("rows"), F.sum("length").alias("tokens"),
+                F.sum(row_hash(sequences)).alias("hash"),
+            ).collect()
+            rows_by_split = {row["split"]: row["rows"] for row in sorted(summary, key=lambda r: r["split"])}
             stats = {
                 "rows_read": rows_read,
                 "rows_rejected": sum(rejected.values()),
                 "rejected_by_rule": rejected,
                 "events": rows_read - counts.rejected,
                 "users": users_with_events,
-                "tokens": sum(row["sum(length)"] or 0 for row in summary),
+                "tokens": sum(row["tokens"] or 0 for row in summary),
                 "rows_by_split": rows_by_split,
-                "content_hash": content_hash(sequences),  # what `lumos reproduce` compares a rebuild against
+                "content_hash": content_hash_of(sum(row["hash"] for row in summary), sum(rows_by_split.values())),
             }
             step("writing tables")
             written = {"rejects": write_table(spark, workspace, refs["rejects"], rejected_rows(checked),
