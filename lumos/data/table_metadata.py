@@ -14,9 +14,9 @@ from typing import Any
 
 from lumos.core.errors import UsageError
 from lumos.core.lineage import LineageRecord
-from lumos.core.tables import TABLE_REF, TableRef, TableVersion, parse_lineage, table_location
+from lumos.core.tables import TABLE_REF, TableRef, TableVersion, logged_history, table_location
 from lumos.core.workspace import Workspace
-from lumos.data.delta_log import LOG_FOLDER, DeltaSnapshot, active_files, history, latest_version
+from lumos.data.delta_log import LOG_FOLDER, DeltaSnapshot, active_files, latest_version
 
 # Delta's JSON names of primitive types → Spark's simpleString, as `describe_table` reports them.
 _SIMPLE_TYPE = {"long": "bigint", "integer": "int", "short": "smallint", "byte": "tinyint"}
@@ -36,15 +36,7 @@ def list_tables(workspace: Workspace) -> list[str]:
 
 def table_history(workspace: Workspace, ref: TableRef, limit: int | None = None) -> list[TableVersion]:
     """Versions of a table, newest first, with the lineage record of each commit parsed."""
-    return [
-        TableVersion(
-            version=commit.version,
-            timestamp=commit.timestamp.strftime("%Y-%m-%dT%H:%M:%SZ"),
-            operation=commit.operation,
-            lineage=parse_lineage(commit.user_metadata),
-        )
-        for commit in history(require_table(workspace, ref), limit)
-    ]
+    return logged_history(require_table(workspace, ref), limit)
 
 
 def resolve(workspace: Workspace, ref: TableRef) -> TableRef:
