@@ -129,9 +129,12 @@ def run_ingest(spark, workspace: Workspace, recipe: IngestRecipe, recipe_dir: Pa
         step("building vocabularies")
         vocab = build_vocab(events, users, recipe).persist()
         vocab_rows = vocab.count()
-        step("ordering each user's tokens")
-        tokens = sequence_tokens(events, recipe).persist()
-        users_with_events = tokens.where(tokens["position"] == 0).count()
+        users_with_events = events.select("user_id").distinct().count()
+        tokens = None
+        if recipe.splits.mode == "leave_last_out":
+            # Its cuts, act targets and histories all read each user's numbered tokens: kept once.
+            step("ordering each user's tokens")
+            tokens = sequence_tokens(events, recipe).persist()
         step("building sequences")
         sequences = build_sequences(events, vocab, users, calendar, recipe, tokens).persist()
         try:
@@ -168,7 +171,8 @@ def run_ingest(spark, workspace: Workspace, recipe: IngestRecipe, recipe_dir: Pa
                                                LineageRecord(**lineage_base, stats={**stats, "tables": tables}))
         finally:
             sequences.unpersist()
-            tokens.unpersist()
+            if tokens is not None:
+                tokens.unpersist()
             vocab.unpersist()
     finally:
         checked.unpersist()

@@ -1,11 +1,12 @@
 """Recipe → training data: the vocabulary table and the sequences table, as pure DataFrame transforms.
 
 Both functions take validated, renamed frames (see `build_sequences`) and return DataFrames; the
-caller writes them. Per-user data never leaves the executors: everything is joins, aggregations,
-windows and higher-order array functions. Per-user arrays hold only the tokens some row reads
-(at most max_len + 3 for leave_last_out, max_len + 1 per cutoff for time splits), so one very
-active user does not make a huge array; only leave_last_out with every token a train target keeps
-whole sequences.
+caller writes them. Per-user data never leaves the executors. Time splits (the quickstart's, and
+every inference) are built by `lumos.data.time_rows`: one shuffle puts each user's tokens together
+in token order, and each partition's rows are computed from them in Arrow and NumPy. Leave-last-out
+rows are joins, aggregations, windows and higher-order array functions; their per-user arrays hold
+only the tokens some row reads (at most max_len + 3), so one very active user does not make a huge
+array; only leave_last_out with every token a train target keeps whole sequences.
 
 Semantics (the contract the training loader and the model rely on):
 
@@ -56,13 +57,14 @@ from __future__ import annotations
 
 import datetime
 import operator
-from functools import reduce
+from functools import partial, reduce
 
 from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 
 from lumos.data.contract import FIRST_TOKEN_ID, OOV_ID, TIME_FEATURES
 from lumos.data.recipe import IngestRecipe
+from lumos.data.time_rows import ACT_ONLY, TOKEN, TimeRowsPlan, build_rows
 
 MAX_GAP_BUCKET = TIME_FEATURES["gap_bucket"] - 1  # gap buckets are 0 … 15
 
@@ -136,6 +138,7 @@ def build_sequences(
     recipe: IngestRecipe,
     tokens: DataFrame | None = None,
     targets: bool = True,
+    builder: str = "arrow",
 ) -> DataFrame:
     """One row per (user, split, as_of): history arrays, static features, targets, future context.
 
@@ -147,15 +150,24 @@ def build_sequences(
     read it, and without a persisted copy its per-user sort and windows run once for each.
     `targets=False` (inference: what follows as_of is what the model predicts) writes every
     act_<K>d and value_<K>d as 0 instead of joining each row to the events after it.
+
+    Time splits are built per partition in Arrow (`lumos.data.time_rows`, one shuffle; `tokens`
+    is not read); `builder="spark"` builds them with the windows and joins below, as
+    leave-last-out always is (the tests hold the two to the same rows).
     """
-    tokens = sequence_tokens(events, recipe) if tokens is None else tokens
-    rows = cut_rows(tokens, recipe)
-    if recipe.targets.horizons_days and targets:
-        rows = _with_act_targets(rows, _act_events(events, tokens, recipe), recipe)
-    elif recipe.targets.horizons_days:
-        rows = rows.withColumns({name: F.lit(0).cast("int") if name.startswith("act_") else F.lit(0.0)
-                                 for days in recipe.targets.horizons_days for name in (f"act_{days}d", f"value_{days}d")})
-    rows = _with_history(rows, _user_tokens(tokens, vocab, recipe), recipe)
+    if builder not in ("arrow", "spark"):
+        raise ValueError(f"builder {builder!r}: choose arrow or spark")
+    if recipe.splits.mode == "time" and builder == "arrow":
+        rows = _time_split_rows(events, vocab, recipe, targets)
+    else:
+        tokens = sequence_tokens(events, recipe) if tokens is None else tokens
+        rows = cut_rows(tokens, recipe)
+        if recipe.targets.horizons_days and targets:
+            rows = _with_act_targets(rows, _act_events(events, tokens, recipe), recipe)
+        elif recipe.targets.horizons_days:
+            rows = rows.withColumns({name: F.lit(0).cast("int") if name.startswith("act_") else F.lit(0.0)
+                                     for days in recipe.targets.horizons_days for name in (f"act_{days}d", f"value_{days}d")})
+        rows = _with_history(rows, _user_tokens(tokens, vocab, recipe), recipe)
     if recipe.users is not None:
         rows = _with_static_features(rows, _require(users, "users"), vocab, recipe)
     if recipe.calendar is not None and recipe.calendar.flags:
@@ -266,6 +278,58 @@ def _gap_bucket(previous_ts: Column, ts: Column) -> Column:
     # floating log2 landing just below a power of two.
     doublings = sum(((minutes + 1) >= 2**k).cast("int") for k in range(1, MAX_GAP_BUCKET))
     return F.when(previous_ts.isNull(), F.lit(0)).otherwise(F.lit(1) + doublings)
+
+
+# ---------------------------------------------------------------------------------------------
+# Time splits, built per partition: one shuffle puts each user's tokens together in token order
+
+
+def _time_split_rows(events: DataFrame, vocab: DataFrame, recipe: IngestRecipe, targets: bool) -> DataFrame:
+    """The cut rows of a time-split recipe with their histories, next_item and act targets (the
+    columns `_with_history` and `_with_act_targets` add), from `time_rows.build_rows`."""
+    plan = _time_rows_plan(recipe, targets)
+    tokens = events.withColumn("funnel_rank", _funnel_rank(recipe)).withColumn("tie_key", _tie_key(recipe))
+    act_types = list(recipe.targets.act_event_types)
+    is_act = F.col("event_type").isin(act_types) if act_types else F.lit(True)
+    with_acts = plan.targets and bool(plan.horizons_days)
+    order = _token_order(recipe)
+    if recipe.tokens.unit == "day":
+        tokens = _day_tokens(tokens, recipe)
+        if with_acts:  # a day token's act targets count raw events: they follow the user's tokens
+            value = F.col("value") if recipe.columns.value else F.lit(None).cast("double")
+            acts = events.where(is_act).select("user_id", "ts", value.alias("value"),
+                                               F.lit(ACT_ONLY).alias("kind"), F.lit(True).alias("is_act"))
+            tokens = tokens.withColumns({"kind": F.lit(TOKEN), "is_act": F.lit(False)})
+            tokens = tokens.unionByName(acts, allowMissingColumns=True)
+            order = ["kind", *order]
+    elif with_acts:
+        tokens = tokens.withColumn("is_act", is_act)
+    for feature, column in _event_vocab_features(recipe):
+        tokens = _with_vocab_ids(tokens, column, vocab, feature, into=f"id_{feature}")
+    in_order = tokens.repartition("user_id").sortWithinPartitions(
+        "user_id", *[F.col(name).asc_nulls_first() for name in order])
+    inputs = ["user_id", F.unix_micros("ts").alias("ts"), *[f"id_{name}" for name in plan.id_features],
+              *plan.float_features]
+    inputs += ["count"] if plan.day_counts else []
+    inputs += [name for name in ("kind", "is_act") if name in tokens.columns]
+    rows = in_order.select(*inputs).mapInArrow(partial(build_rows, plan), plan.spark_schema())
+    return rows.withColumn("as_of", F.timestamp_micros("as_of_micros")).drop("as_of_micros")
+
+
+def _time_rows_plan(recipe: IngestRecipe, targets: bool) -> TimeRowsPlan:
+    floats = (["value"] if recipe.columns.value else []) + [f"num_{name}" for name in recipe.columns.numeric]
+    return TimeRowsPlan(
+        cutoffs=tuple((cutoff.split, (cutoff.as_of - EPOCH).days * MICROS_PER_DAY) for cutoff in recipe.splits.cutoffs),
+        max_len=recipe.tokens.max_len,
+        min_history=recipe.splits.min_history,
+        id_features=tuple(feature for feature, _ in _event_vocab_features(recipe)),
+        float_features=tuple(floats),
+        day_counts=recipe.tokens.unit == "day",
+        age_days=recipe.tokens.age_days,
+        next_item=recipe.targets.next_item,
+        horizons_days=tuple(recipe.targets.horizons_days),
+        targets=targets,
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -439,14 +503,14 @@ def _within_reach(recipe: IngestRecipe) -> Column:
     return reduce(operator.or_, [(position >= cut - max_len) & (position <= cut) for cut in cuts])
 
 
-def _with_vocab_ids(frame: DataFrame, column: str, vocab: DataFrame, feature: str) -> DataFrame:
-    """Set `feature` (which may be `column` itself) to the vocab id of string `column`; null, rare
-    and unknown tokens get OOV."""
+def _with_vocab_ids(frame: DataFrame, column: str, vocab: DataFrame, feature: str, into: str | None = None) -> DataFrame:
+    """Set `into` (default `feature`, which may be `column` itself) to the `feature` vocab id of
+    string `column`; null, rare and unknown tokens get OOV."""
     ids = vocab.where(F.col("feature") == feature).select(
         F.col("token").alias("vocab_token"), F.col("id").alias("vocab_id")
     )
     joined = frame.join(ids, F.col(column) == F.col("vocab_token"), "left")
-    return joined.withColumn(feature, F.coalesce(F.col("vocab_id"), F.lit(OOV_ID))).drop("vocab_token", "vocab_id")
+    return joined.withColumn(into or feature, F.coalesce(F.col("vocab_id"), F.lit(OOV_ID))).drop("vocab_token", "vocab_id")
 
 
 def _with_static_features(rows: DataFrame, users: DataFrame, vocab: DataFrame, recipe: IngestRecipe) -> DataFrame:

@@ -26,7 +26,7 @@ from lumos.core.tables import TABLE_REF, TableRef, read_table, table_location
 from lumos.core.workspace import Workspace, is_uri
 from lumos.data.ingest import RejectCounts, count_rejects, enforce_reject_budget, read_checked_inputs
 from lumos.data.recipe import Cutoff, IngestRecipe, SplitSpec
-from lumos.data.sequences import build_sequences, cut_rows, sequence_tokens
+from lumos.data.sequences import EPOCH, MICROS_PER_DAY, build_sequences
 from lumos.data.sequences_version import ingest_lineage
 from lumos.data.validation import rejected_rows, valid_events
 
@@ -90,28 +90,38 @@ def inference_rows(spark, workspace: Workspace, data: TrainingData, as_of: datet
     sources = read_checked_inputs(spark, workspace, recipe, Path.cwd(), "--source")
     vocab = read_table(spark, workspace, data.vocab)
     inputs = [*sources.inputs, LineageInput("delta", table_location(workspace, data.vocab), data.vocab.version)]
-    # As in ingest, the checked events and each user's token order are computed once and kept:
-    # the reject counts, the rejects written, the emptiness check and the scored rows all read
-    # them, and without the cache each re-read the source and re-sorted every user's events
-    # (the events were read four times and sorted six times per run).
+    # As in ingest, the checked events are computed once and kept: the reject counts, the rejects
+    # written, the emptiness check and the scored rows all read them, and without the cache each
+    # re-read and re-checked the source.
     checked = sources.checked.persist()
-    tokens = None
     try:
         counts = count_rejects(checked)
         enforce_reject_budget(checked, counts, recipe)
         events = valid_events(checked)
-        tokens = sequence_tokens(events, recipe).persist()
-        if cut_rows(tokens, recipe).limit(1).count() == 0:
+        if not _any_history(events, recipe, as_of):
             raise UsageError(f"no user has a valid event before {as_of} in {recipe.source.path}; pass a later "
                              "--as-of, or the --source that holds the events; nothing was written")
     except BaseException:
-        for frame in (checked, tokens):
-            if frame is not None:
-                frame.unpersist()
+        checked.unpersist()
         raise
-    rows = build_sequences(events, vocab, sources.users, sources.calendar, recipe, tokens, targets=False)
+    rows = build_sequences(events, vocab, sources.users, sources.calendar, recipe, targets=False)
     rejects = rejected_rows(checked).withColumn("as_of", F.lit(as_of))
-    return InferenceFeatures(rows, rejects, counts, inputs, cached=(checked, tokens))
+    return InferenceFeatures(rows, rejects, counts, inputs, cached=(checked,))
+
+
+def _any_history(events, recipe: IngestRecipe, as_of: datetime.date) -> bool:
+    """Whether some user has splits.min_history tokens before `as_of` (a row to score)."""
+    from pyspark.sql import functions as F
+
+    if recipe.splits.min_history == 0:  # every user with an event has a row, its history maybe empty
+        return events.limit(1).count() > 0
+    before = events.where(F.unix_micros("ts") < (as_of - EPOCH).days * MICROS_PER_DAY)
+    if recipe.splits.min_history == 1:
+        return before.limit(1).count() > 0
+    if recipe.tokens.unit == "day":
+        before = before.select("user_id", F.floor(F.unix_micros("ts") / MICROS_PER_DAY).alias("day")).distinct()
+    enough = before.groupBy("user_id").count().where(F.col("count") >= recipe.splits.min_history)
+    return enough.limit(1).count() > 0
 
 
 def _as_of_recipe(data: TrainingData, as_of: datetime.date, events_source: str | None) -> IngestRecipe:

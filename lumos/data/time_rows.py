@@ -1,0 +1,262 @@
+"""Time-split sequences rows, built in one vectorised pass over each user's sorted tokens.
+
+`build_sequences` calls this for `splits.mode = "time"` (every quickstart ingest, and every
+`lumos infer`, which reads one time cutoff at its as-of date). It writes the same rows, to the
+same contract (see `lumos.data.sequences`), as the Spark path that leave-last-out recipes still
+take; `tests/integration/test_time_rows.py` holds the two to each other value for value.
+
+Why a second builder. In Spark SQL, a row's history is a join of the cut rows back to each user's
+collected tokens, after a window that numbers the tokens, a cache of them, and a join of every row
+to the events after it for the act targets: each a shuffle or a pass over every event. Here Spark
+does one shuffle (tokens to the partition of their user, sorted there in token order), and each
+partition's tokens go through `mapInArrow` as Arrow batches, where NumPy finds every user's
+positions, gaps, cuts, histories and act windows with array operations over the whole batch
+(never a Python loop per user or per row).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from lumos.data.contract import TIME_FEATURES
+
+MICROS_PER_MINUTE = 60 * 1_000_000
+MICROS_PER_HOUR = 60 * MICROS_PER_MINUTE
+MICROS_PER_DAY = 24 * MICROS_PER_HOUR
+EPOCH_WEEKDAY = 3  # 1970-01-01 was a Thursday (3, counting Monday as 0)
+# gap_bucket = 1 + floor(log2(1 + minutes)), at most TIME_FEATURES["gap_bucket"] - 1: the powers
+# 2^1 … 2^14 that 1 + minutes reaches, counted with integers (a floating log2 can land just below
+# a power of two).
+GAP_POWERS = 2 ** np.arange(1, TIME_FEATURES["gap_bucket"] - 1, dtype=np.int64)
+
+TOKEN = 0
+"""`kind` of a token row."""
+ACT_ONLY = 1
+"""`kind` of a raw act event sent only for the act targets (day tokens: their history is days)."""
+
+
+@dataclass(frozen=True)
+class TimeRowsPlan:
+    """What the per-partition builder needs from the recipe: plain values, shipped to executors."""
+
+    cutoffs: tuple[tuple[str, int], ...]
+    """(split, as_of in epoch microseconds), in recipe order."""
+    max_len: int
+    min_history: int
+    id_features: tuple[str, ...]
+    """History features of vocabulary ids: item, event_type, cat_<name> (input column id_<name>)."""
+    float_features: tuple[str, ...]
+    """History features of floats (nulls read 0.0): value, num_<name> (input column: the same name)."""
+    day_counts: bool
+    """Day tokens: each token's `count` of events is a history feature."""
+    age_days: bool
+    next_item: bool
+    horizons_days: tuple[int, ...]
+    targets: bool
+    """False: every act_<K>d and value_<K>d is 0 (inference)."""
+
+    def spark_schema(self) -> str:
+        """The DDL of the rows `build_rows` yields (as_of as epoch microseconds)."""
+        columns = [("user_id", "string"), ("split", "string"), ("as_of_micros", "bigint"), ("length", "int")]
+        columns += [(name, "array<int>") for name in self.id_features]
+        columns += [(name, "array<float>") for name in self.float_features]
+        columns += [("count", "array<int>")] if self.day_counts else []
+        columns += [(name, "array<int>") for name in TIME_FEATURES]
+        columns += [("age_days", "array<float>")] if self.age_days else []
+        columns += [("next_item", "int")] if self.next_item else []
+        for days in self.horizons_days:
+            columns += [(f"act_{days}d", "int"), (f"value_{days}d", "double")]
+        return ", ".join(f"`{name}` {kind}" for name, kind in columns)
+
+
+def build_rows(plan: TimeRowsPlan, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """The mapInArrow function. Its input: one partition's rows, each user's rows together and in
+    token order (token rows first, then any act-only rows): user_id, ts (epoch micros), kind,
+    is_act, id_<feature>, the float features, and count for day tokens.
+
+    A user's rows can straddle two Arrow batches, so the last user of each batch waits for the next.
+    """
+    waiting: list[pa.RecordBatch] = []
+    for batch in batches:
+        if batch.num_rows == 0:
+            continue
+        table = pa.Table.from_batches([*waiting, batch]).combine_chunks()
+        users = table.column("user_id")
+        last_user_start = int(np.flatnonzero(pc.equal(users, users[-1]).to_numpy(zero_copy_only=False))[0])
+        waiting = table.slice(last_user_start).to_batches()
+        if last_user_start > 0:
+            yield from _rows(plan, table.slice(0, last_user_start))
+    if waiting:
+        yield from _rows(plan, pa.Table.from_batches(waiting).combine_chunks())
+
+
+def _rows(plan: TimeRowsPlan, table: pa.Table) -> Iterator[pa.RecordBatch]:
+    rows = _Rows(plan, table)
+    if rows.count:
+        yield rows.record_batch()
+
+
+class _Rows:
+    """The rows of complete users: one per user and cutoff with at least min_history tokens before it."""
+
+    def __init__(self, plan: TimeRowsPlan, table: pa.Table) -> None:
+        self.plan = plan
+        user_ids = table.column("user_id").combine_chunks()
+        new_user = np.ones(len(user_ids), dtype=bool)
+        new_user[1:] = pc.not_equal(user_ids.slice(1), user_ids.slice(0, len(user_ids) - 1)).to_numpy(zero_copy_only=False)
+        user_of_row = np.cumsum(new_user) - 1
+        n_users = int(user_of_row[-1]) + 1
+        if "kind" in table.column_names:  # day tokens with act targets: raw act events follow the tokens
+            is_token = _numbers(table, "kind", np.int8) == TOKEN
+            token_table, token_user = table.filter(pa.array(is_token)), user_of_row[is_token]
+        else:
+            token_table, token_user = table, user_of_row
+        self.tokens = _Tokens(plan, token_table, token_user, n_users)
+        self.acts = _Acts(table, user_of_row, n_users) if plan.targets and plan.horizons_days else None
+        self.user_ids = user_ids.filter(pa.array(new_user))
+
+        # One candidate per (user, cutoff), user-major; keep those with enough history.
+        tokens = self.tokens
+        as_of = np.array([micros for _, micros in plan.cutoffs], dtype=np.int64)
+        cuts = np.stack([tokens.before(micros) for micros in as_of], axis=1)  # (users, cutoffs)
+        keep = cuts >= plan.min_history
+        self.user, self.cutoff = np.nonzero(keep)
+        self.cut = cuts[keep]
+        self.as_of = as_of[self.cutoff]
+        self.count = len(self.cut)
+
+    def record_batch(self) -> pa.RecordBatch:
+        plan, tokens = self.plan, self.tokens
+        first = np.maximum(self.cut - plan.max_len, 0)
+        length = self.cut - first
+        offsets = np.zeros(self.count + 1, dtype=np.int64)
+        np.cumsum(length, out=offsets[1:])
+        # Index of every history token, row after row: each row's run start … start + length - 1.
+        run_start = tokens.start[self.user] + first
+        gather = np.repeat(run_start - offsets[:-1], length) + np.arange(offsets[-1], dtype=np.int64)
+        arrow_offsets = pa.array(offsets.astype(np.int32))
+
+        def history(values: np.ndarray) -> pa.Array:
+            return pa.ListArray.from_arrays(arrow_offsets, pa.array(values[gather]))
+
+        columns: dict[str, pa.Array] = {
+            "user_id": self.user_ids.take(pa.array(self.user)),
+            "split": pa.array(np.array([split for split, _ in plan.cutoffs], dtype=object)[self.cutoff], pa.string()),
+            "as_of_micros": pa.array(self.as_of),
+            "length": pa.array(length.astype(np.int32)),
+        }
+        columns |= {name: history(tokens.ids[name]) for name in plan.id_features}
+        columns |= {name: history(tokens.floats[name]) for name in plan.float_features}
+        if plan.day_counts:
+            columns["count"] = history(tokens.day_counts)
+        columns |= {name: history(values) for name, values in tokens.time_features().items()}
+        if plan.age_days:
+            ages = (np.repeat(self.as_of, length) - tokens.ts[gather]).astype(np.float64) / MICROS_PER_DAY
+            columns["age_days"] = pa.ListArray.from_arrays(arrow_offsets, pa.array(ages.astype(np.float32)))
+        if plan.next_item:
+            has_target = self.cut < tokens.count[self.user]
+            target = np.where(has_target, tokens.start[self.user] + self.cut, 0)
+            columns["next_item"] = pa.array(tokens.ids["item"][target], mask=~has_target)
+        for days in plan.horizons_days:
+            acted, value = self._act_targets(days)
+            columns[f"act_{days}d"], columns[f"value_{days}d"] = pa.array(acted), pa.array(value)
+        return pa.RecordBatch.from_pydict(columns)
+
+    def _act_targets(self, days: int) -> tuple[np.ndarray, np.ndarray]:
+        """act_<days>d (int32) and value_<days>d (float64) of every row."""
+        if self.acts is None:
+            return np.zeros(self.count, dtype=np.int32), np.zeros(self.count, dtype=np.float64)
+        low = self.acts.first_at_or_after(self.user, self.as_of)
+        high = self.acts.first_at_or_after(self.user, self.as_of + days * MICROS_PER_DAY)
+        return (high > low).astype(np.int32), _ordered_sums(self.acts.values, low, high)
+
+
+class _Tokens:
+    """A batch's token rows (users together, each in token order) as NumPy arrays."""
+
+    def __init__(self, plan: TimeRowsPlan, table: pa.Table, user: np.ndarray, n_users: int) -> None:
+        self.ts = _numbers(table, "ts", np.int64)
+        self.user = user
+        self.count = np.bincount(user, minlength=n_users)
+        self.start = np.zeros(n_users, dtype=np.int64)
+        np.cumsum(self.count[:-1], out=self.start[1:])
+        self.ids = {name: _numbers(table, f"id_{name}", np.int32) for name in plan.id_features}
+        self.floats = {name: _numbers(table, name, np.float64).astype(np.float32) for name in plan.float_features}
+        self.day_counts = _numbers(table, "count", np.int32) if plan.day_counts else None
+
+    def before(self, micros: int) -> np.ndarray:
+        """Per user, how many tokens come before `micros` (tokens are in time order, so a prefix)."""
+        return np.bincount(self.user, weights=self.ts < micros, minlength=len(self.count)).astype(np.int64)
+
+    def time_features(self) -> dict[str, np.ndarray]:
+        """hour, weekday (0 = Monday) and gap_bucket of every token, in UTC."""
+        day, micros_of_day = np.divmod(self.ts, MICROS_PER_DAY)  # floor division: right before 1970 too
+        first = np.zeros(len(self.ts), dtype=bool)
+        first[self.start[self.count > 0]] = True
+        minutes = np.zeros(len(self.ts), dtype=np.int64)
+        minutes[1:] = (self.ts[1:] - self.ts[:-1]) // MICROS_PER_MINUTE
+        gap = np.where(first, 0, 1 + np.searchsorted(GAP_POWERS, minutes + 1, side="right"))
+        return {
+            "hour": (micros_of_day // MICROS_PER_HOUR).astype(np.int32),
+            "weekday": ((day + EPOCH_WEEKDAY) % 7).astype(np.int32),
+            "gap_bucket": gap.astype(np.int32),
+        }
+
+
+class _Acts:
+    """A batch's act events, per user in (time, value) order: what the act targets count and sum."""
+
+    def __init__(self, table: pa.Table, user_of_row: np.ndarray, n_users: int) -> None:
+        is_act = _numbers(table, "is_act", np.bool_)
+        user = user_of_row[is_act]
+        ts = _numbers(table, "ts", np.int64)[is_act]
+        value = table.column("value").filter(pa.array(is_act)) if "value" in table.column_names else None
+        has_value = np.zeros(len(user), dtype=bool) if value is None else pc.is_valid(value).to_numpy(zero_copy_only=False)
+        values = np.zeros(len(user)) if value is None else _numbers(pa.table({"value": value}), "value", np.float64)
+        order = np.lexsort((values, has_value, ts, user))  # the last key sorts first; nulls first
+        self.user, self.ts, self.values = user[order], ts[order], values[order]
+        self.start = np.searchsorted(self.user, np.arange(n_users))
+        self.n_users = n_users
+
+    def first_at_or_after(self, user: np.ndarray, micros: np.ndarray) -> np.ndarray:
+        """Per row, the index of its user's first act at or after its `micros` (one value per row).
+
+        Rows share a handful of distinct bounds (cutoff + horizon), so each user's count of acts
+        before a bound is one bincount over the acts per distinct bound.
+        """
+        index = np.empty(len(user), dtype=np.int64)
+        for bound in np.unique(micros):
+            rows = micros == bound
+            before = np.bincount(self.user, weights=self.ts < bound, minlength=self.n_users).astype(np.int64)
+            index[rows] = self.start[user[rows]] + before[user[rows]]
+        return index
+
+
+def _ordered_sums(values: np.ndarray, low: np.ndarray, high: np.ndarray) -> np.ndarray:
+    """sum(values[low:high]) per row, added first to last from 0.0: the same bits on every run
+    (a pairwise or cumulative sum would round differently from one element order to another).
+
+    Rows are visited longest first, so step j adds the j-th value of the rows that have one."""
+    lengths = high - low
+    by_length = np.argsort(-lengths, kind="stable")
+    sorted_lengths, sorted_low = lengths[by_length], low[by_length]
+    totals = np.zeros(len(low))
+    for step in range(int(sorted_lengths[0]) if len(low) else 0):
+        active = int(np.searchsorted(-sorted_lengths, -step, side="left"))  # rows with length > step
+        totals[:active] += values[sorted_low[:active] + step]
+    out = np.empty_like(totals)
+    out[by_length] = totals
+    return out
+
+
+def _numbers(table: pa.Table, name: str, dtype) -> np.ndarray:
+    """A column as a NumPy array, nulls read as 0."""
+    column = table.column(name)
+    if column.null_count:
+        column = pc.fill_null(column, pa.scalar(0, column.type) if dtype is not np.bool_ else False)
+    return column.to_numpy().astype(dtype, copy=False)
