@@ -64,7 +64,7 @@ from pyspark.sql import functions as F
 
 from lumos.data.contract import FIRST_TOKEN_ID, OOV_ID, TIME_FEATURES
 from lumos.data.recipe import IngestRecipe
-from lumos.data.time_rows import ACT_ONLY, TOKEN, TimeRowsPlan, build_rows
+from lumos.data.time_rows import ACT_ONLY, STATIC, TOKEN, TimeRowsPlan, build_rows
 
 MAX_GAP_BUCKET = TIME_FEATURES["gap_bucket"] - 1  # gap buckets are 0 … 15
 
@@ -158,7 +158,8 @@ def build_sequences(
     if builder not in ("arrow", "spark"):
         raise ValueError(f"builder {builder!r}: choose arrow or spark")
     if recipe.splits.mode == "time" and builder == "arrow":
-        rows = _time_split_rows(events, vocab, recipe, targets)
+        static = None if recipe.users is None else _static_features(_require(users, "users"), vocab, recipe)
+        rows = _time_split_rows(events, vocab, static, recipe, targets)
     else:
         tokens = sequence_tokens(events, recipe) if tokens is None else tokens
         rows = cut_rows(tokens, recipe)
@@ -168,8 +169,8 @@ def build_sequences(
             rows = rows.withColumns({name: F.lit(0).cast("int") if name.startswith("act_") else F.lit(0.0)
                                      for days in recipe.targets.horizons_days for name in (f"act_{days}d", f"value_{days}d")})
         rows = _with_history(rows, _user_tokens(tokens, vocab, recipe), recipe)
-    if recipe.users is not None:
-        rows = _with_static_features(rows, _require(users, "users"), vocab, recipe)
+        if recipe.users is not None:
+            rows = _with_static_features(rows, _require(users, "users"), vocab, recipe)
     if recipe.calendar is not None and recipe.calendar.flags:
         rows = _with_future_context(rows, _require(calendar, "calendar"), recipe)
     return rows.select(*_output_columns(recipe))
@@ -284,34 +285,44 @@ def _gap_bucket(previous_ts: Column, ts: Column) -> Column:
 # Time splits, built per partition: one shuffle puts each user's tokens together in token order
 
 
-def _time_split_rows(events: DataFrame, vocab: DataFrame, recipe: IngestRecipe, targets: bool) -> DataFrame:
-    """The cut rows of a time-split recipe with their histories, next_item and act targets (the
-    columns `_with_history` and `_with_act_targets` add), from `time_rows.build_rows`."""
+def _time_split_rows(events: DataFrame, vocab: DataFrame, static: DataFrame | None, recipe: IngestRecipe,
+                     targets: bool) -> DataFrame:
+    """The cut rows of a time-split recipe with their histories, next_item, act targets and static
+    features (`_static_features`, or None), from `time_rows.build_rows`.
+
+    A user's static row, tokens and (for day tokens) raw act events reach the builder as one run
+    of rows, told apart by `kind` and sorted by it. The events are already partitioned by user
+    (validation's shuffle), so the only rows shuffled here are the users table's; joining the
+    static features to the built rows instead shuffled every row's history arrays again.
+    """
     plan = _time_rows_plan(recipe, targets)
     tokens = events.withColumn("funnel_rank", _funnel_rank(recipe)).withColumn("tie_key", _tie_key(recipe))
     act_types = list(recipe.targets.act_event_types)
     is_act = F.col("event_type").isin(act_types) if act_types else F.lit(True)
     with_acts = plan.targets and bool(plan.horizons_days)
-    order = _token_order(recipe)
     if recipe.tokens.unit == "day":
-        tokens = _day_tokens(tokens, recipe)
-        if with_acts:  # a day token's act targets count raw events: they follow the user's tokens
+        tokens = _day_tokens(tokens, recipe).withColumn("is_act", F.lit(False))
+        if with_acts:  # a day token's act targets count raw events
             value = F.col("value") if recipe.columns.value else F.lit(None).cast("double")
             acts = events.where(is_act).select("user_id", "ts", value.alias("value"),
                                                F.lit(ACT_ONLY).alias("kind"), F.lit(True).alias("is_act"))
-            tokens = tokens.withColumns({"kind": F.lit(TOKEN), "is_act": F.lit(False)})
-            tokens = tokens.unionByName(acts, allowMissingColumns=True)
-            order = ["kind", *order]
-    elif with_acts:
+            tokens = tokens.withColumn("kind", F.lit(TOKEN)).unionByName(acts, allowMissingColumns=True)
+    else:
         tokens = tokens.withColumn("is_act", is_act)
     for feature, column in _event_vocab_features(recipe):
         tokens = _with_vocab_ids(tokens, column, vocab, feature, into=f"id_{feature}")
+    if static is not None:
+        tokens = tokens.withColumn("kind", F.lit(TOKEN)) if "kind" not in tokens.columns else tokens
+        static_rows = static.repartition("user_id").withColumn("kind", F.lit(STATIC))
+        tokens = tokens.unionByName(static_rows, allowMissingColumns=True)
+    order = (["kind"] if "kind" in tokens.columns else []) + _token_order(recipe)
     in_order = tokens.repartition("user_id").sortWithinPartitions(
         "user_id", *[F.col(name).asc_nulls_first() for name in order])
     inputs = ["user_id", F.unix_micros("ts").alias("ts"), *[f"id_{name}" for name in plan.id_features],
-              *plan.float_features]
+              *plan.float_features, *plan.static_ids, *plan.static_floats]
     inputs += ["count"] if plan.day_counts else []
-    inputs += [name for name in ("kind", "is_act") if name in tokens.columns]
+    inputs += ["is_act"] if with_acts else []
+    inputs += ["kind"] if "kind" in tokens.columns else []
     rows = in_order.select(*inputs).mapInArrow(partial(build_rows, plan), plan.spark_schema())
     return rows.withColumn("as_of", F.timestamp_micros("as_of_micros")).drop("as_of_micros")
 
@@ -329,6 +340,8 @@ def _time_rows_plan(recipe: IngestRecipe, targets: bool) -> TimeRowsPlan:
         next_item=recipe.targets.next_item,
         horizons_days=tuple(recipe.targets.horizons_days),
         targets=targets,
+        static_ids=tuple(_static_columns(recipe)[0]) if recipe.users else (),
+        static_floats=tuple(_static_columns(recipe)[1]) if recipe.users else (),
     )
 
 
@@ -513,16 +526,25 @@ def _with_vocab_ids(frame: DataFrame, column: str, vocab: DataFrame, feature: st
     return joined.withColumn(into or feature, F.coalesce(F.col("vocab_id"), F.lit(OOV_ID))).drop("vocab_token", "vocab_id")
 
 
-def _with_static_features(rows: DataFrame, users: DataFrame, vocab: DataFrame, recipe: IngestRecipe) -> DataFrame:
-    """Join user_<name> columns: vocab ids (OOV when missing) and floats (0.0 when missing)."""
-    spec = recipe.users
-    categorical = [f"user_{name}" for name in spec.categorical]
-    numeric = [f"user_{name}" for name in spec.numeric]
+def _static_features(users: DataFrame, vocab: DataFrame, recipe: IngestRecipe) -> DataFrame:
+    """user_id and the user_<name> columns: vocab ids and floats (null where the users table is)."""
+    categorical, numeric = _static_columns(recipe)
     static = users
     for column in categorical:
         static = _with_vocab_ids(static, column, vocab, column)
-    static = static.select("user_id", *categorical, *[F.col(column).cast("float").alias(column) for column in numeric])
-    joined = rows.join(static, "user_id", "left")
+    return static.select("user_id", *categorical, *[F.col(column).cast("float").alias(column) for column in numeric])
+
+
+def _static_columns(recipe: IngestRecipe) -> tuple[list[str], list[str]]:
+    """The user_<name> columns of vocab ids, and of floats."""
+    spec = recipe.users
+    return [f"user_{name}" for name in spec.categorical], [f"user_{name}" for name in spec.numeric]
+
+
+def _with_static_features(rows: DataFrame, users: DataFrame, vocab: DataFrame, recipe: IngestRecipe) -> DataFrame:
+    """Join user_<name> columns: vocab ids (OOV when missing) and floats (0.0 when missing)."""
+    categorical, numeric = _static_columns(recipe)
+    joined = rows.join(_static_features(users, vocab, recipe), "user_id", "left")
     return joined.select(
         *rows.columns,
         *[F.coalesce(F.col(column), F.lit(OOV_ID)).alias(column) for column in categorical],

@@ -23,7 +23,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from lumos.data.contract import TIME_FEATURES
+from lumos.data.contract import OOV_ID, TIME_FEATURES
 
 MICROS_PER_MINUTE = 60 * 1_000_000
 MICROS_PER_HOUR = 60 * MICROS_PER_MINUTE
@@ -34,10 +34,12 @@ EPOCH_WEEKDAY = 3  # 1970-01-01 was a Thursday (3, counting Monday as 0)
 # a power of two).
 GAP_POWERS = 2 ** np.arange(1, TIME_FEATURES["gap_bucket"] - 1, dtype=np.int64)
 
-TOKEN = 0
-"""`kind` of a token row."""
-ACT_ONLY = 1
-"""`kind` of a raw act event sent only for the act targets (day tokens: their history is days)."""
+# `kind` of a builder input row; a user's rows come sorted by it.
+STATIC = 0
+"""The user's row of the users table: user_<name> columns."""
+TOKEN = 1
+ACT_ONLY = 2
+"""A raw act event, sent only for the act targets (day tokens: their history is days)."""
 
 
 @dataclass(frozen=True)
@@ -59,6 +61,10 @@ class TimeRowsPlan:
     horizons_days: tuple[int, ...]
     targets: bool
     """False: every act_<K>d and value_<K>d is 0 (inference)."""
+    static_ids: tuple[str, ...] = ()
+    """user_<name> columns of vocabulary ids (OOV for a user without a static row)."""
+    static_floats: tuple[str, ...] = ()
+    """user_<name> columns of floats (0.0 for a user without a static row, or a null)."""
 
     def spark_schema(self) -> str:
         """The DDL of the rows `build_rows` yields (as_of as epoch microseconds)."""
@@ -68,6 +74,7 @@ class TimeRowsPlan:
         columns += [("count", "array<int>")] if self.day_counts else []
         columns += [(name, "array<int>") for name in TIME_FEATURES]
         columns += [("age_days", "array<float>")] if self.age_days else []
+        columns += [(name, "int") for name in self.static_ids] + [(name, "float") for name in self.static_floats]
         columns += [("next_item", "int")] if self.next_item else []
         for days in self.horizons_days:
             columns += [(f"act_{days}d", "int"), (f"value_{days}d", "double")]
@@ -75,9 +82,9 @@ class TimeRowsPlan:
 
 
 def build_rows(plan: TimeRowsPlan, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-    """The mapInArrow function. Its input: one partition's rows, each user's rows together and in
-    token order (token rows first, then any act-only rows): user_id, ts (epoch micros), kind,
-    is_act, id_<feature>, the float features, and count for day tokens.
+    """The mapInArrow function. Its input: one partition's rows, each user's rows together, sorted
+    by kind (a static row, tokens, act-only rows) and the tokens in token order: user_id, ts (epoch
+    micros), kind, is_act, id_<feature>, the float features, count for day tokens, and user_<name>.
 
     A user's rows can straddle two Arrow batches, so the last user of each batch waits for the next.
     """
@@ -111,12 +118,14 @@ class _Rows:
         new_user[1:] = pc.not_equal(user_ids.slice(1), user_ids.slice(0, len(user_ids) - 1)).to_numpy(zero_copy_only=False)
         user_of_row = np.cumsum(new_user) - 1
         n_users = int(user_of_row[-1]) + 1
-        if "kind" in table.column_names:  # day tokens with act targets: raw act events follow the tokens
-            is_token = _numbers(table, "kind", np.int8) == TOKEN
-            token_table, token_user = table.filter(pa.array(is_token)), user_of_row[is_token]
-        else:
+        kind = _numbers(table, "kind", np.int8) if "kind" in table.column_names else None
+        if kind is None:
             token_table, token_user = table, user_of_row
+        else:
+            is_token = kind == TOKEN
+            token_table, token_user = table.filter(pa.array(is_token)), user_of_row[is_token]
         self.tokens = _Tokens(plan, token_table, token_user, n_users)
+        self.static = _static(plan, table, kind, user_of_row, n_users)
         self.acts = _Acts(table, user_of_row, n_users) if plan.targets and plan.horizons_days else None
         self.user_ids = user_ids.filter(pa.array(new_user))
 
@@ -124,7 +133,7 @@ class _Rows:
         tokens = self.tokens
         as_of = np.array([micros for _, micros in plan.cutoffs], dtype=np.int64)
         cuts = np.stack([tokens.before(micros) for micros in as_of], axis=1)  # (users, cutoffs)
-        keep = cuts >= plan.min_history
+        keep = (cuts >= plan.min_history) & (tokens.count > 0)[:, None]  # a static row alone is no history
         self.user, self.cutoff = np.nonzero(keep)
         self.cut = cuts[keep]
         self.as_of = as_of[self.cutoff]
@@ -158,6 +167,7 @@ class _Rows:
         if plan.age_days:
             ages = (np.repeat(self.as_of, length) - tokens.ts[gather]).astype(np.float64) / MICROS_PER_DAY
             columns["age_days"] = pa.ListArray.from_arrays(arrow_offsets, pa.array(ages.astype(np.float32)))
+        columns |= {name: pa.array(values[self.user]) for name, values in self.static.items()}
         if plan.next_item:
             has_target = self.cut < tokens.count[self.user]
             target = np.where(has_target, tokens.start[self.user] + self.cut, 0)
@@ -206,6 +216,19 @@ class _Tokens:
             "weekday": ((day + EPOCH_WEEKDAY) % 7).astype(np.int32),
             "gap_bucket": gap.astype(np.int32),
         }
+
+
+def _static(plan: TimeRowsPlan, table: pa.Table, kind: np.ndarray | None, user_of_row: np.ndarray,
+            n_users: int) -> dict[str, np.ndarray]:
+    """user_<name> → its value per user: from the user's static row, else OOV or 0.0."""
+    values = {name: np.full(n_users, OOV_ID, dtype=np.int32) for name in plan.static_ids}
+    values |= {name: np.zeros(n_users, dtype=np.float32) for name in plan.static_floats}
+    if values:
+        is_static = kind == STATIC
+        rows = table.filter(pa.array(is_static))
+        for name, per_user in values.items():
+            per_user[user_of_row[is_static]] = _numbers(rows, name, per_user.dtype)
+    return values
 
 
 class _Acts:

@@ -2,8 +2,8 @@
 
 `test_sequences.py` checks time splits value by value on hand-made users; here both builders run
 on a seeded random log made to be awkward (ties on every key, null items, values and categories,
-one user far longer than an Arrow batch, events before 1970, cutoffs before and after everything)
-and must write the same rows, bit for bit.
+one user far longer than an Arrow batch, events before 1970, cutoffs before and after everything,
+users missing from the users table) and must write the same rows, bit for bit.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from lumos.data.recipe import IngestRecipe
 from lumos.data.sequences import build_sequences, build_vocab
 
 DAY0 = datetime.datetime(2026, 3, 2, tzinfo=datetime.UTC)
+USERS_SCHEMA = "user_id string, user_country string, user_age double"
 SCHEMA = "user_id string, ts timestamp, event_type string, item_id string, value double, cat_channel string, num_price double"
 
 
@@ -40,6 +41,13 @@ def random_events(seed: int) -> list[tuple]:
     return rows
 
 
+def random_users(seed: int) -> list[tuple]:
+    """Users u0 … u29 (u30 … u39 have events and no row), and u99 with a row and no events."""
+    rng = random.Random(seed)
+    return [(f"u{user}", rng.choice(["FR", "DE", "IT", None]), rng.choice([None, 20.0, 33.5]))
+            for user in [*range(30), 99]]
+
+
 def recipe(unit: str, horizons: list[int], min_history: int, max_len: int) -> IngestRecipe:
     cutoffs = [DAY0.date() + datetime.timedelta(days=days) for days in (-1, 2, 5, 9, 13)]
     cutoffs.insert(0, datetime.date(1970, 1, 1))
@@ -49,6 +57,7 @@ def recipe(unit: str, horizons: list[int], min_history: int, max_len: int) -> In
         "columns": {"user_id": "uid", "timestamp": "time", "event_type": "kind", "item_id": "sku",
                     "value": "amount", "categorical": ["channel"], "numeric": ["price"]},
         "cleaning": {"event_types": ["view", "cart", "purchase"]},
+        "users": {"path": "users.parquet", "categorical": ["country"], "numeric": ["age"]},
         "vocab": {"min_count": 2},
         "tokens": {"unit": unit, "max_len": max_len, "tie_seed": 3},
         "splits": {"mode": "time", "min_history": min_history,
@@ -60,6 +69,11 @@ def recipe(unit: str, horizons: list[int], min_history: int, max_len: int) -> In
 @pytest.fixture(scope="module")
 def events(spark):
     return spark.createDataFrame(random_events(0), SCHEMA)
+
+
+@pytest.fixture(scope="module")
+def users(spark):
+    return spark.createDataFrame(random_users(0), USERS_SCHEMA)
 
 
 @pytest.fixture
@@ -81,17 +95,19 @@ def small_arrow_batches(spark):
         ("day", [], 1, 4, True),
     ],
 )
-def test_arrow_rows_equal_spark_rows(spark, events, small_arrow_batches, unit, horizons, min_history, max_len, targets):
+def test_arrow_rows_equal_spark_rows(spark, events, users, small_arrow_batches, unit, horizons, min_history, max_len,
+                                     targets):
     config = recipe(unit, horizons, min_history, max_len)
-    vocab = build_vocab(events, None, config)
-    arrow = build_sequences(events, vocab, None, None, config, targets=targets)
-    reference = build_sequences(events, vocab, None, None, config, targets=targets, builder="spark")
+    vocab = build_vocab(events, users, config)
+    arrow = build_sequences(events, vocab, users, None, config, targets=targets)
+    reference = build_sequences(events, vocab, users, None, config, targets=targets, builder="spark")
 
     assert arrow.dtypes == reference.dtypes
     arrow_rows, reference_rows = _rows(arrow), _rows(reference)
     assert len(arrow_rows) == len(reference_rows) > 60
     assert {row["split"] for row in arrow_rows.values()} == {"train", "test"}
     assert any(row["length"] == max_len for row in arrow_rows.values())  # some histories are cut short
+    assert {row["user_country"] for row in arrow_rows.values()} > {1}  # known countries, and OOV
     for key, row in reference_rows.items():
         assert arrow_rows[key] == row, key  # every value exactly, floats included
 
