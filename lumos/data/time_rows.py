@@ -86,24 +86,30 @@ def build_rows(plan: TimeRowsPlan, batches: Iterator[pa.RecordBatch]) -> Iterato
     by kind (a static row, tokens, act-only rows) and the tokens in token order: user_id, ts (epoch
     micros), kind, is_act, id_<feature>, the float features, count for day tokens, and user_<name>.
 
-    A user's rows can straddle two Arrow batches, so the last user of each batch waits for the next.
+    A user's rows can straddle Arrow batches, so the last user of each batch waits for the next
+    (a user longer than many batches waits in pieces, joined once).
     """
     waiting: list[pa.RecordBatch] = []
     for batch in batches:
         if batch.num_rows == 0:
             continue
-        table = pa.Table.from_batches([*waiting, batch]).combine_chunks()
-        users = table.column("user_id")
-        last_user_start = int(np.flatnonzero(pc.equal(users, users[-1]).to_numpy(zero_copy_only=False))[0])
-        waiting = table.slice(last_user_start).to_batches()
-        if last_user_start > 0:
-            yield from _rows(plan, table.slice(0, last_user_start))
-    if waiting:
-        yield from _rows(plan, pa.Table.from_batches(waiting).combine_chunks())
+        users = batch.column("user_id")
+        last_user = users[-1].as_py()
+        last_user_start = int(np.flatnonzero(pc.equal(users, last_user).to_numpy(zero_copy_only=False))[0])
+        if last_user_start == 0 and waiting and waiting[-1].column("user_id")[-1].as_py() == last_user:
+            waiting.append(batch)  # the same user still
+            continue
+        complete = [*waiting, batch.slice(0, last_user_start)]
+        waiting = [batch.slice(last_user_start)]
+        yield from _rows(plan, complete)
+    yield from _rows(plan, waiting)
 
 
-def _rows(plan: TimeRowsPlan, table: pa.Table) -> Iterator[pa.RecordBatch]:
-    rows = _Rows(plan, table)
+def _rows(plan: TimeRowsPlan, batches: list[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    batches = [batch for batch in batches if batch.num_rows]
+    if not batches:
+        return
+    rows = _Rows(plan, pa.Table.from_batches(batches).combine_chunks())
     if rows.count:
         yield rows.record_batch()
 
