@@ -158,8 +158,9 @@ def build_sequences(
     if builder not in ("arrow", "spark"):
         raise ValueError(f"builder {builder!r}: choose arrow or spark")
     if recipe.splits.mode == "time" and builder == "arrow":
-        static = None if recipe.users is None else _static_features(_require(users, "users"), vocab, recipe)
-        rows = _time_split_rows(events, vocab, static, recipe, targets)
+        tokens, plan = time_rows_input(events, vocab, users, recipe, targets)
+        rows = tokens.mapInArrow(partial(build_rows, plan), plan.spark_schema())
+        rows = rows.withColumn("as_of", F.timestamp_micros("as_of_micros")).drop("as_of_micros")
     else:
         tokens = sequence_tokens(events, recipe) if tokens is None else tokens
         rows = cut_rows(tokens, recipe)
@@ -285,10 +286,11 @@ def _gap_bucket(previous_ts: Column, ts: Column) -> Column:
 # Time splits, built per partition: one shuffle puts each user's tokens together in token order
 
 
-def _time_split_rows(events: DataFrame, vocab: DataFrame, static: DataFrame | None, recipe: IngestRecipe,
-                     targets: bool) -> DataFrame:
-    """The cut rows of a time-split recipe with their histories, next_item, act targets and static
-    features (`_static_features`, or None), from `time_rows.build_rows`.
+def time_rows_input(events: DataFrame, vocab: DataFrame, users: DataFrame | None, recipe: IngestRecipe,
+                    targets: bool) -> tuple[DataFrame, TimeRowsPlan]:
+    """What `time_rows.build_rows` reads (each partition's users, each user's rows together and in
+    order), and its plan: `build_sequences` maps it to the rows; inference builds and scores them
+    in one pass.
 
     A user's static row, tokens and (for day tokens) raw act events reach the builder as one run
     of rows, told apart by `kind` and sorted by it. The events are already partitioned by user
@@ -311,8 +313,9 @@ def _time_split_rows(events: DataFrame, vocab: DataFrame, static: DataFrame | No
         tokens = tokens.withColumn("is_act", is_act)
     for feature, column in _event_vocab_features(recipe):
         tokens = _with_vocab_ids(tokens, column, vocab, feature, into=f"id_{feature}")
-    if static is not None:
+    if recipe.users is not None:
         tokens = tokens.withColumn("kind", F.lit(TOKEN)) if "kind" not in tokens.columns else tokens
+        static = _static_features(_require(users, "users"), vocab, recipe)
         static_rows = static.repartition("user_id").withColumn("kind", F.lit(STATIC))
         tokens = tokens.unionByName(static_rows, allowMissingColumns=True)
     order = (["kind"] if "kind" in tokens.columns else []) + _token_order(recipe)
@@ -323,8 +326,7 @@ def _time_split_rows(events: DataFrame, vocab: DataFrame, static: DataFrame | No
     inputs += ["count"] if plan.day_counts else []
     inputs += ["is_act"] if with_acts else []
     inputs += ["kind"] if "kind" in tokens.columns else []
-    rows = in_order.select(*inputs).mapInArrow(partial(build_rows, plan), plan.spark_schema())
-    return rows.withColumn("as_of", F.timestamp_micros("as_of_micros")).drop("as_of_micros")
+    return in_order.select(*inputs), plan
 
 
 def _time_rows_plan(recipe: IngestRecipe, targets: bool) -> TimeRowsPlan:

@@ -26,8 +26,9 @@ from lumos.core.tables import TABLE_REF, TableRef, read_table, table_location
 from lumos.core.workspace import Workspace, is_uri
 from lumos.data.ingest import RejectCounts, count_rejects, enforce_reject_budget, read_checked_inputs
 from lumos.data.recipe import Cutoff, IngestRecipe, SplitSpec
-from lumos.data.sequences import EPOCH, MICROS_PER_DAY, build_sequences
+from lumos.data.sequences import EPOCH, MICROS_PER_DAY, build_sequences, time_rows_input
 from lumos.data.sequences_version import ingest_lineage
+from lumos.data.time_rows import TimeRowsPlan
 from lumos.data.validation import rejected_rows, valid_events
 
 INFER_SPLIT = "infer"
@@ -57,6 +58,11 @@ def training_data(workspace: Workspace, sequences: TableRef) -> TrainingData:
 class InferenceFeatures:
     rows: Any
     """One row per user with history before the date, with the sequences columns."""
+    tokens: Any
+    """What builds `rows` (`time_rows_input`): scoring builds and scores them in one pass."""
+    plan: TimeRowsPlan
+    future: dict[str, list[int]]
+    """Calendar flag → its value on each decoder slot from the date: every row's future_<flag>."""
     rejects: Any
     """The events that failed the recipe's rules: rule, reason, row (the raw row as JSON)."""
     counts: RejectCounts
@@ -105,8 +111,25 @@ def inference_rows(spark, workspace: Workspace, data: TrainingData, as_of: datet
         checked.unpersist()
         raise
     rows = build_sequences(events, vocab, sources.users, sources.calendar, recipe, targets=False)
+    tokens, plan = time_rows_input(events, vocab, sources.users, recipe, targets=False)
+    future = _future_context(sources.calendar, recipe, as_of)
     rejects = rejected_rows(checked).withColumn("as_of", F.lit(as_of))
-    return InferenceFeatures(rows, rejects, counts, inputs, cached=(checked,))
+    return InferenceFeatures(rows, tokens, plan, future, rejects, counts, inputs, cached=(checked,))
+
+
+def _future_context(calendar, recipe: IngestRecipe, as_of: datetime.date) -> dict[str, list[int]]:
+    """future_<flag> of every row at `as_of`: the flag on as_of + d for each decoder slot d, 0 where
+    the calendar has no such date (as `build_sequences` computes it per row)."""
+    from pyspark.sql import functions as F
+
+    if recipe.calendar is None or not recipe.calendar.flags:
+        return {}
+    slots = max(recipe.targets.horizons_days, default=1)
+    last = as_of + datetime.timedelta(days=slots - 1)
+    days = calendar.where((F.col("date") >= F.lit(as_of)) & (F.col("date") <= F.lit(last))).collect()
+    flags = {(row["date"] - as_of).days: row for row in days}
+    return {flag: [int(flags[slot][flag]) if slot in flags else 0 for slot in range(slots)]
+            for flag in recipe.calendar.flags}
 
 
 def _any_history(events, recipe: IngestRecipe, as_of: datetime.date) -> bool:

@@ -30,7 +30,7 @@ from lumos.core.workspace import Workspace
 from lumos.data.contract import FeatureSpec
 from lumos.infer.features import InferenceFeatures, inference_rows, training_data
 from lumos.infer.predictions import partition_lock, write_partition
-from lumos.infer.scoring import ENGINES, ScoringJob, read_checkpoint, schema_for, score_arrow
+from lumos.infer.scoring import ENGINES, ScoringJob, build_and_score, read_checkpoint, schema_for
 from lumos.train.checkpoint import load_model
 
 Report = Callable[[str], None]
@@ -103,7 +103,7 @@ def infer(workspace: Workspace, model_ref: str, options: InferOptions, report: R
         report(f"building features as of {options.as_of}")
         features = inference_rows(spark, workspace, data, options.as_of, options.source)
         cleanup.callback(features.release)  # the cached frames go once rows and rejects are written
-        rows, inputs = features.rows, features.inputs
+        inputs = features.inputs
         rejects = _write_rejects(spark, workspace, output, version.label, options.as_of, features, report)
         job = ScoringJob(
             model_key=version.label, run_id=run.info.run_id, checkpoint=checkpoint_files,
@@ -111,8 +111,9 @@ def infer(workspace: Workspace, model_ref: str, options: InferOptions, report: R
             as_of=options.as_of, top_k=options.top_k, exclude_history=options.exclude_history,
             batch_size=options.batch_size, torch_threads=options.torch_threads,
             compiled=(workspace, run.info.run_id) if engine == "compiled" else None,
+            rows_per_sort=int(spark.conf.get("spark.sql.execution.arrow.maxRecordsPerBatch")),
         )
-        predictions = _score(spark, rows, job, model)
+        predictions = _score(spark, features, job, model)
         request = {"model": version.label, "as_of": options.as_of.isoformat(), "engine": engine,
                    "top_k": options.top_k, "exclude_history": options.exclude_history}
         lineage = LineageRecord(
@@ -181,12 +182,14 @@ def _item_tokens(spark, workspace: Workspace, vocab: TableRef, features: Feature
     return tuple(tokens)
 
 
-def _score(spark, rows, job: ScoringJob, model):
+def _score(spark, features: InferenceFeatures, job: ScoringJob, model):
+    """Predictions, built and scored per partition from the tokens: the rows never reach the JVM."""
     from pyspark.sql.pandas.types import from_arrow_schema
 
     broadcast = spark.sparkContext.broadcast(job)
     schema = from_arrow_schema(schema_for(model))
-    return rows.mapInArrow(lambda batches: score_arrow(broadcast.value, batches), schema)
+    plan, future = features.plan, features.future
+    return features.tokens.mapInArrow(lambda batches: build_and_score(broadcast.value, plan, future, batches), schema)
 
 
 def _rows_written(spark, workspace: Workspace, ref: TableRef) -> int:

@@ -46,6 +46,9 @@ class ScoringJob:
     """Threads per task: Spark already runs one task per core, so more threads oversubscribe."""
     compiled: object | None = None
     """(workspace, run_id) when the compiled engine is used; each worker loads the stored plan."""
+    rows_per_sort: int = 10_000
+    """Built rows gathered before they are sorted by history length and cut into batches (Spark's
+    Arrow batch size, which set it when the rows came from the JVM)."""
 
 
 def read_checkpoint(folder: Path) -> dict[str, bytes]:
@@ -127,6 +130,36 @@ def score_arrow(job: ScoringJob, batches: Iterator[pa.RecordBatch]) -> Iterator[
                     item_tokens[columns.pop("top_ids")], columns["top_scores"])
             start += rows
             yield pa.RecordBatch.from_pydict(columns, schema=schema)
+
+
+def build_and_score(job: ScoringJob, plan, future: dict[str, list[int]],
+                    batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """The mapInArrow function of `lumos infer`: each partition's tokens (`time_rows_input`) are
+    built into rows and scored in this one Python worker, so the rows never go back to the JVM.
+
+    `future`: flag → its value on each decoder slot from the as-of date, the same for every row."""
+    from lumos.data.time_rows import build_rows
+
+    yield from score_arrow(job, _gathered(build_rows(plan, batches), future, job.rows_per_sort))
+
+
+def _gathered(rows: Iterator[pa.RecordBatch], future: dict[str, list[int]], size: int) -> Iterator[pa.RecordBatch]:
+    """The built rows in batches of at least `size` (the last one less), with future_<flag> added."""
+    pending: list[pa.RecordBatch] = []
+    for batch in rows:
+        pending.append(batch)
+        if sum(part.num_rows for part in pending) >= size:
+            yield _with_future(pending, future)
+            pending = []
+    if pending:
+        yield _with_future(pending, future)
+
+
+def _with_future(batches: list[pa.RecordBatch], future: dict[str, list[int]]) -> pa.RecordBatch:
+    table = pa.Table.from_batches(batches).combine_chunks()
+    for flag, values in future.items():
+        table = table.append_column(f"future_{flag}", pa.array([values] * table.num_rows, pa.list_(pa.int32())))
+    return table.to_batches()[0]
 
 
 def _recommendable(items: np.ndarray, scores: np.ndarray) -> tuple[list, list]:

@@ -157,6 +157,40 @@ def test_one_prediction_traces_back_to_run_config_and_data(spark, promoted):
     assert json.loads(cli.stdout)["run"]["id"] == run_id(promoted)
 
 
+def test_predictions_are_the_model_on_the_date_s_sequences_rows(spark, promoted):
+    """Infer builds each partition's rows and scores them in one Python pass; the same model on
+    the rows `build_sequences` writes for the date (static features joined, calendar context per
+    row) gives the same outputs for every user."""
+    from lumos.core.registry import resolve_model
+    from lumos.core.runs import DATA_TAG, download_checkpoint, training_run
+    from lumos.data.loader import table_batches
+    from lumos.infer.features import inference_rows, training_data
+    from lumos.infer.scoring import score_batch
+    from lumos.train.checkpoint import load_model
+
+    assert lumos(promoted, "infer", "--model", "quickstart@production", "--as-of", AS_OF).exit_code == 0
+    scored = {row["user_id"]: row for row in predictions(spark, promoted)}
+    workspace = open_workspace(promoted)
+    run = training_run(workspace, resolve_model(workspace, "quickstart@production").run_id, "--model")
+    model, _ = load_model(download_checkpoint(workspace, run.info.run_id, "--model"))
+    model.eval()
+    features = inference_rows(spark, workspace, training_data(workspace, TableRef.parse(run.data.tags[DATA_TAG])),
+                              datetime.date.fromisoformat(AS_OF))
+    assert model.features.future_flags  # the calendar context is part of what is compared
+    table = features.rows.toArrow()
+    features.release()
+    users = table.column("user_id").to_pylist()
+    assert sorted(users) == sorted(scored)
+    start = 0
+    for batch in table_batches(table, model.features, 64, "test"):
+        columns = score_batch(model, None, batch, 10, True)
+        for offset, embedding in enumerate(columns["user_embedding"]):
+            row = scored[users[start + offset]]
+            assert row["user_embedding"] == pytest.approx(list(embedding), abs=1e-5)
+            assert row["p_act_7d"] == pytest.approx(float(columns["p_act_7d"][offset]), abs=1e-5)
+        start += batch.size
+
+
 def test_unseen_users_and_items_are_scored_with_oov_ids(spark, promoted, tmp_path):
     events = pq.read_table(promoted / "data" / "events").to_pandas()
     stranger = events[events["user_id"] == events["user_id"].iloc[0]].copy()
