@@ -57,9 +57,10 @@ def training_data(workspace: Workspace, sequences: TableRef) -> TrainingData:
 @dataclass(frozen=True)
 class InferenceFeatures:
     rows: Any
-    """One row per user with history before the date, with the sequences columns."""
+    """One row per user with history before the date, with the sequences columns (as a frame: what
+    tests and the benchmark's model-alone rate read)."""
     tokens: Any
-    """What builds `rows` (`time_rows_input`): scoring builds and scores them in one pass."""
+    """What builds `rows` (`time_rows_input`): `lumos infer` builds and scores them in one pass."""
     plan: TimeRowsPlan
     future: dict[str, list[int]]
     """Calendar flag → its value on each decoder slot from the date: every row's future_<flag>."""

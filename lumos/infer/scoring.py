@@ -2,8 +2,9 @@
 
 The driver packs the checkpoint's three files (weights, config, feature spec) and the item tokens
 into one broadcast, so executors on any cluster need no access to the MLflow store. `mapInArrow`
-hands each task its rows as Arrow record batches; the loader's vectorized Arrow → Batch code
-builds the model's tensors, and results go back as Arrow with one row per user.
+hands each task its users' tokens as Arrow record batches; `build_and_score` builds their rows
+(`lumos.data.time_rows`), the loader's vectorized Arrow → Batch code builds the model's tensors,
+and results go back as Arrow with one row per user.
 """
 
 from __future__ import annotations
