@@ -19,6 +19,7 @@ import pyarrow as pa
 import torch
 
 from lumos.data.contract import Batch, FeatureSpec
+from lumos.data.time_rows import TimeRowsPlan, build_rows
 from lumos.train.checkpoint import CONFIG_FILE, FEATURES_FILE, MODEL_FILE, load_model
 from lumos.train.model import LumosModel, signed_expm1
 
@@ -105,7 +106,8 @@ def _load(job: ScoringJob) -> tuple[LumosModel, object | None]:
 
 
 def score_arrow(job: ScoringJob, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-    """The mapInArrow function: sequences rows in, prediction rows out."""
+    """Sequences rows in (Arrow batches, each sorted by history length before it is cut into
+    batches of `job.batch_size`), prediction rows out."""
     from lumos.data.loader import by_history_length, table_batches
 
     torch.set_num_threads(job.torch_threads)
@@ -133,14 +135,12 @@ def score_arrow(job: ScoringJob, batches: Iterator[pa.RecordBatch]) -> Iterator[
             yield pa.RecordBatch.from_pydict(columns, schema=schema)
 
 
-def build_and_score(job: ScoringJob, plan, future: dict[str, list[int]],
+def build_and_score(job: ScoringJob, plan: TimeRowsPlan, future: dict[str, list[int]],
                     batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
     """The mapInArrow function of `lumos infer`: each partition's tokens (`time_rows_input`) are
     built into rows and scored in this one Python worker, so the rows never go back to the JVM.
 
     `future`: flag → its value on each decoder slot from the as-of date, the same for every row."""
-    from lumos.data.time_rows import build_rows
-
     yield from score_arrow(job, _gathered(build_rows(plan, batches), future, job.rows_per_sort))
 
 
