@@ -64,7 +64,7 @@ from pyspark.sql import functions as F
 
 from lumos.data.contract import FIRST_TOKEN_ID, OOV_ID, TIME_FEATURES
 from lumos.data.recipe import IngestRecipe
-from lumos.data.time_rows import ACT_ONLY, STATIC, TOKEN, TimeRowsPlan, build_rows
+from lumos.data.time_rows import ACT_ONLY, TOKEN, TimeRowsPlan, build_rows
 
 MAX_GAP_BUCKET = TIME_FEATURES["gap_bucket"] - 1  # gap buckets are 0 … 15
 
@@ -292,10 +292,10 @@ def time_rows_input(events: DataFrame, vocab: DataFrame, users: DataFrame | None
     order), and its plan: `build_sequences` maps it to the rows; inference builds and scores them
     in one pass.
 
-    A user's static row, tokens and (for day tokens) raw act events reach the builder as one run
-    of rows, told apart by `kind` and sorted by it. The events are already partitioned by user
-    (validation's shuffle), so the only rows shuffled here are the users table's; joining the
-    static features to the built rows instead shuffled every row's history arrays again.
+    A user's tokens and (for day tokens, after them) raw act events reach the builder as one run
+    of rows. The static features are joined to the tokens before the sort: the events are already
+    partitioned by user (validation's shuffle), so Spark shuffles only the users table for it;
+    joining them to the built rows instead shuffled every row's history arrays again.
     """
     plan = _time_rows_plan(recipe, targets)
     tokens = events.withColumn("funnel_rank", _funnel_rank(recipe)).withColumn("tie_key", _tie_key(recipe))
@@ -314,10 +314,10 @@ def time_rows_input(events: DataFrame, vocab: DataFrame, users: DataFrame | None
     for feature, column in _event_vocab_features(recipe):
         tokens = _with_vocab_ids(tokens, column, vocab, feature, into=f"id_{feature}")
     if recipe.users is not None:
-        tokens = tokens.withColumn("kind", F.lit(TOKEN)) if "kind" not in tokens.columns else tokens
-        static = _static_features(_require(users, "users"), vocab, recipe)
-        static_rows = static.repartition("user_id").withColumn("kind", F.lit(STATIC))
-        tokens = tokens.unionByName(static_rows, allowMissingColumns=True)
+        # A join, not a union of the users' rows into the run: Spark's join requirement is what
+        # puts each user's static row beside their tokens (a union of two inputs partitioned by
+        # user_id reused their partitioning, and lost every user's static row in inference).
+        tokens = tokens.join(_static_features(_require(users, "users"), vocab, recipe), "user_id", "left")
     order = (["kind"] if "kind" in tokens.columns else []) + _token_order(recipe)
     in_order = tokens.repartition("user_id").sortWithinPartitions(
         "user_id", *[F.col(name).asc_nulls_first() for name in order])

@@ -34,11 +34,9 @@ EPOCH_WEEKDAY = 3  # 1970-01-01 was a Thursday (3, counting Monday as 0)
 # a power of two).
 GAP_POWERS = 2 ** np.arange(1, TIME_FEATURES["gap_bucket"] - 1, dtype=np.int64)
 
-# `kind` of a builder input row; a user's rows come sorted by it.
-STATIC = 0
-"""The user's row of the users table: user_<name> columns."""
-TOKEN = 1
-ACT_ONLY = 2
+# `kind` of a builder input row (day tokens with act targets); a user's rows come sorted by it.
+TOKEN = 0
+ACT_ONLY = 1
 """A raw act event, sent only for the act targets (day tokens: their history is days)."""
 
 
@@ -62,9 +60,9 @@ class TimeRowsPlan:
     targets: bool
     """False: every act_<K>d and value_<K>d is 0 (inference)."""
     static_ids: tuple[str, ...] = ()
-    """user_<name> columns of vocabulary ids (OOV for a user without a static row)."""
+    """user_<name> columns of vocabulary ids, on every token row (null: not in the users table: OOV)."""
     static_floats: tuple[str, ...] = ()
-    """user_<name> columns of floats (0.0 for a user without a static row, or a null)."""
+    """user_<name> columns of floats, on every token row (null reads 0.0)."""
 
     def spark_schema(self) -> str:
         """The DDL of the rows `build_rows` yields (as_of as epoch microseconds)."""
@@ -83,8 +81,8 @@ class TimeRowsPlan:
 
 def build_rows(plan: TimeRowsPlan, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
     """The mapInArrow function. Its input: one partition's rows, each user's rows together, sorted
-    by kind (a static row, tokens, act-only rows) and the tokens in token order: user_id, ts (epoch
-    micros), kind, is_act, id_<feature>, the float features, count for day tokens, and user_<name>.
+    by kind (tokens, then act-only rows) and the tokens in token order: user_id, ts (epoch micros),
+    kind, is_act, id_<feature>, the float features, count for day tokens, and user_<name>.
 
     A user's rows can straddle Arrow batches, so the last user of each batch waits for the next
     (a user longer than many batches waits in pieces, joined once).
@@ -131,7 +129,7 @@ class _Rows:
             is_token = kind == TOKEN
             token_table, token_user = table.filter(pa.array(is_token)), user_of_row[is_token]
         self.tokens = _Tokens(plan, token_table, token_user, n_users)
-        self.static = _static(plan, table, kind, user_of_row, n_users)
+        self.static = self.tokens.static(plan)
         self.acts = _Acts(table, user_of_row, n_users) if plan.targets and plan.horizons_days else None
         self.user_ids = user_ids.filter(pa.array(new_user))
 
@@ -139,7 +137,7 @@ class _Rows:
         tokens = self.tokens
         as_of = np.array([micros for _, micros in plan.cutoffs], dtype=np.int64)
         cuts = np.stack([tokens.before(micros) for micros in as_of], axis=1)  # (users, cutoffs)
-        keep = (cuts >= plan.min_history) & (tokens.count > 0)[:, None]  # a static row alone is no history
+        keep = (cuts >= plan.min_history) & (tokens.count > 0)[:, None]  # act-only rows are no history
         self.user, self.cutoff = np.nonzero(keep)
         self.cut = cuts[keep]
         self.as_of = as_of[self.cutoff]
@@ -196,6 +194,7 @@ class _Tokens:
     """A batch's token rows (users together, each in token order) as NumPy arrays."""
 
     def __init__(self, plan: TimeRowsPlan, table: pa.Table, user: np.ndarray, n_users: int) -> None:
+        self.table = table
         self.ts = _numbers(table, "ts", np.int64)
         self.user = user
         self.count = np.bincount(user, minlength=n_users)
@@ -204,6 +203,12 @@ class _Tokens:
         self.ids = {name: _numbers(table, f"id_{name}", np.int32) for name in plan.id_features}
         self.floats = {name: _numbers(table, name, np.float64).astype(np.float32) for name in plan.float_features}
         self.day_counts = _numbers(table, "count", np.int32) if plan.day_counts else None
+
+    def static(self, plan: TimeRowsPlan) -> dict[str, np.ndarray]:
+        """user_<name> → its value per user, read from the user's first token (OOV or 0.0 for null)."""
+        first = np.minimum(self.start, max(len(self.ts) - 1, 0))
+        values = {name: _numbers(self.table, name, np.int32, null=OOV_ID)[first] for name in plan.static_ids}
+        return values | {name: _numbers(self.table, name, np.float32)[first] for name in plan.static_floats}
 
     def before(self, micros: int) -> np.ndarray:
         """Per user, how many tokens come before `micros` (tokens are in time order, so a prefix)."""
@@ -222,19 +227,6 @@ class _Tokens:
             "weekday": ((day + EPOCH_WEEKDAY) % 7).astype(np.int32),
             "gap_bucket": gap.astype(np.int32),
         }
-
-
-def _static(plan: TimeRowsPlan, table: pa.Table, kind: np.ndarray | None, user_of_row: np.ndarray,
-            n_users: int) -> dict[str, np.ndarray]:
-    """user_<name> → its value per user: from the user's static row, else OOV or 0.0."""
-    values = {name: np.full(n_users, OOV_ID, dtype=np.int32) for name in plan.static_ids}
-    values |= {name: np.zeros(n_users, dtype=np.float32) for name in plan.static_floats}
-    if values:
-        is_static = kind == STATIC
-        rows = table.filter(pa.array(is_static))
-        for name, per_user in values.items():
-            per_user[user_of_row[is_static]] = _numbers(rows, name, per_user.dtype)
-    return values
 
 
 class _Acts:
@@ -283,9 +275,9 @@ def _ordered_sums(values: np.ndarray, low: np.ndarray, high: np.ndarray) -> np.n
     return out
 
 
-def _numbers(table: pa.Table, name: str, dtype) -> np.ndarray:
-    """A column as a NumPy array, nulls read as 0."""
+def _numbers(table: pa.Table, name: str, dtype, null=0) -> np.ndarray:
+    """A column as a NumPy array, nulls read as `null`."""
     column = table.column(name)
     if column.null_count:
-        column = pc.fill_null(column, pa.scalar(0, column.type) if dtype is not np.bool_ else False)
+        column = pc.fill_null(column, pa.scalar(null, column.type) if dtype is not np.bool_ else False)
     return column.to_numpy().astype(dtype, copy=False)

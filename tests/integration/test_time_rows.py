@@ -68,7 +68,11 @@ def recipe(unit: str, horizons: list[int], min_history: int, max_len: int) -> In
 
 @pytest.fixture(scope="module")
 def events(spark):
-    return spark.createDataFrame(random_events(0), SCHEMA)
+    """Partitioned by user and cached, as validation leaves the events: the builder's sort then
+    reuses that partitioning instead of shuffling again."""
+    frame = spark.createDataFrame(random_events(0), SCHEMA).repartition("user_id").persist()
+    yield frame
+    frame.unpersist()
 
 
 @pytest.fixture(scope="module")
