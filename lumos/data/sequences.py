@@ -64,15 +64,20 @@ from pyspark.sql import functions as F
 
 from lumos.data.contract import FIRST_TOKEN_ID, OOV_ID, TIME_FEATURES
 from lumos.data.recipe import IngestRecipe
-from lumos.data.time_rows import ACT_ONLY, TOKEN, TimeRowsPlan, build_rows
+from lumos.data.time_rows import (  # the time units are declared once, where the Spark-free builder needs them
+    ACT_ONLY,
+    EPOCH_WEEKDAY,
+    MICROS_PER_DAY,
+    MICROS_PER_HOUR,
+    MICROS_PER_MINUTE,
+    TOKEN,
+    TimeRowsPlan,
+    build_rows,
+)
 
 MAX_GAP_BUCKET = TIME_FEATURES["gap_bucket"] - 1  # gap buckets are 0 … 15
 
-MICROS_PER_MINUTE = 60 * 1_000_000
-MICROS_PER_HOUR = 60 * MICROS_PER_MINUTE
-MICROS_PER_DAY = 24 * MICROS_PER_HOUR
 EPOCH = datetime.date(1970, 1, 1)
-EPOCH_WEEKDAY = EPOCH.weekday()  # 1970-01-01 was a Thursday (3, counting Monday as 0)
 
 # Leave-last-out split names, indexed by how many tokens before the last one the target is.
 LEAVE_LAST_OUT_SPLITS = ("test", "valid", "train")

@@ -16,6 +16,7 @@ positions, gaps, cuts, histories and act windows with array operations over the 
 
 from __future__ import annotations
 
+import datetime
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -28,7 +29,7 @@ from lumos.data.contract import OOV_ID, TIME_FEATURES
 MICROS_PER_MINUTE = 60 * 1_000_000
 MICROS_PER_HOUR = 60 * MICROS_PER_MINUTE
 MICROS_PER_DAY = 24 * MICROS_PER_HOUR
-EPOCH_WEEKDAY = 3  # 1970-01-01 was a Thursday (3, counting Monday as 0)
+EPOCH_WEEKDAY = datetime.date(1970, 1, 1).weekday()  # a Thursday: 3, counting Monday as 0
 # gap_bucket = 1 + floor(log2(1 + minutes)), at most TIME_FEATURES["gap_bucket"] - 1: the powers
 # 2^1 … 2^14 that 1 + minutes reaches, counted with integers (a floating log2 can land just below
 # a power of two).

@@ -26,9 +26,9 @@ from lumos.core.tables import TABLE_REF, TableRef, read_table, table_location
 from lumos.core.workspace import Workspace, is_uri
 from lumos.data.ingest import RejectCounts, count_rejects, enforce_reject_budget, read_checked_inputs
 from lumos.data.recipe import Cutoff, IngestRecipe, SplitSpec
-from lumos.data.sequences import EPOCH, MICROS_PER_DAY, build_sequences, time_rows_input
+from lumos.data.sequences import EPOCH, build_sequences, time_rows_input
 from lumos.data.sequences_version import ingest_lineage
-from lumos.data.time_rows import TimeRowsPlan
+from lumos.data.time_rows import MICROS_PER_DAY, TimeRowsPlan
 from lumos.data.validation import rejected_rows, valid_events
 
 INFER_SPLIT = "infer"
