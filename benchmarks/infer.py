@@ -5,7 +5,7 @@ and of the model alone, at two user counts, on local[*]; and what 100M users a d
                                [--compile-seqs 16 32 48 64 100]
                                [--master spark://127.0.0.1:7077] [--out benchmarks/results/infer.json]
                                [--arrow-batch-sizes 2000 10000 40000] [--shuffle-partitions 2 8 32]
-                               [--rounds 2] [--warmup]
+                               [--rounds 2] [--warmup] [--profile]
 
 A quickstart-sized model (lumos/quickstart/train.toml's model, a few training steps: throughput
 does not depend on how well it learned) is trained and promoted once on a small synthetic world.
@@ -43,10 +43,12 @@ from pathlib import Path
 
 import pyarrow as pa
 import torch
+from spark_profile import EVENT_LOG_CONF, last_job_id, print_profile
 
 from lumos.core.config import load_config
 from lumos.core.registry import resolve_model
 from lumos.core.runs import download_checkpoint, training_run
+from lumos.core.spark import workspace_spark
 from lumos.core.tables import TableRef
 from lumos.core.workspace import init_workspace, open_workspace
 from lumos.data.loader import by_history_length, table_batches
@@ -66,8 +68,8 @@ COMPILE_SEARCH_S = 30.0
 """Search budget per compiled length."""
 
 
-def setup(folder: Path, compile_seqs: list[int], master: str | None, executor_memory: str) -> None:
-    from lumos.core.spark import workspace_spark
+def setup(folder: Path, compile_seqs: list[int], master: str | None, executor_memory: str,
+          spark_conf: dict[str, str]) -> None:
     from lumos.data.ingest import run_ingest
     from lumos.data.recipe import IngestRecipe
 
@@ -75,8 +77,11 @@ def setup(folder: Path, compile_seqs: list[int], master: str | None, executor_me
         # Executors run this Python (PySpark sends PYSPARK_PYTHON) and reach the driver on loopback.
         os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-        (folder / "lumos.toml").write_text(f'[spark]\nmaster = "{master}"\n\n[spark.conf]\n'
-                                           f'"spark.executor.memory" = "{executor_memory}"\n')
+        spark_conf = {**spark_conf, "spark.executor.memory": executor_memory}
+    if master or spark_conf:
+        settings = (f'[spark]\nmaster = "{master}"\n\n' if master else "") + "[spark.conf]\n"
+        settings += "".join(f'"{key}" = "{value}"\n' for key, value in spark_conf.items())
+        (folder / "lumos.toml").write_text(settings)
     else:
         init_workspace(folder)
     generate_quickstart(folder / "train-data", SyntheticSpec(users=1000, events=40_000))
@@ -102,7 +107,6 @@ def model_only(workspace, users_source: Path, engines: list[str], max_users: int
     tried)). Batched as a Spark task batches them: slices of Spark's Arrow batch size, each sorted
     by history length."""
     from lumos.compile.engine import load_compiled
-    from lumos.core.spark import workspace_spark
 
     version = resolve_model(workspace, "bench@production")
     model, _ = load_model(download_checkpoint(workspace, version.run_id, "bench"))
@@ -153,7 +157,6 @@ def _print_medians(results: list[dict]) -> None:
 def _tune(workspace, arrow_batch: int | None, partitions: int | None) -> dict[str, int]:
     """Set the given Arrow batch size and shuffle partitions on the session infer will reuse
     (None keeps what it has) and return both as they now stand."""
-    from lumos.core.spark import workspace_spark
 
     spark = workspace_spark(workspace)
     if arrow_batch is not None:
@@ -183,12 +186,18 @@ def main() -> None:
                         help="time every setting this many times, every other round in reverse order (default 1)")
     parser.add_argument("--warmup", action="store_true",
                         help="one untimed lumos infer per world first (the first runs of a session are slower)")
+    parser.add_argument("--profile", action="store_true",
+                        help="print where each timed infer's time goes, per step (from Spark's event log)")
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "infer.json")
     args = parser.parse_args()
 
     folder = Path(tempfile.mkdtemp(prefix="lumos-bench-infer-"))
     print(f"workspace {folder}: training and promoting a quickstart-sized model", flush=True)
-    setup(folder, args.compile_seqs if "compiled" in args.engines else [], args.master, args.executor_memory)
+    events_log = folder / "events-log"
+    if args.profile:
+        events_log.mkdir(parents=True)
+    setup(folder, args.compile_seqs if "compiled" in args.engines else [], args.master, args.executor_memory,
+          {**EVENT_LOG_CONF, "spark.eventLog.dir": str(events_log)} if args.profile else {})
     workspace = open_workspace(folder)
     results = []
     for users in args.users:
@@ -205,7 +214,9 @@ def main() -> None:
             # page cache warm up over a session's first runs).
             for engine, arrow_batch, partitions in combinations[::-1] if round_number % 2 else combinations:
                 tuning = _tune(workspace, arrow_batch, partitions)
+                jobs_before = last_job_id(workspace_spark(workspace))
                 end_to_end, summary = _timed_infer(workspace, source, users, engine)
+                jobs = (jobs_before + 1, last_job_id(workspace_spark(workspace)))
                 result = {
                     "users": users, "events": users * args.events_per_user, "engine": engine, **tuning,
                     "round": round_number, "rows_written": summary.rows,
@@ -222,6 +233,8 @@ def main() -> None:
                       f"{tuning['shuffle_partitions']:>3} partitions: end to end {result['end_to_end_users_per_s']:>8,.0f} users/s "
                       f"({end_to_end:.1f} s), model only {alone[engine]['users_per_s']:>8,.0f} users/s; "
                       f"100M users/day ≈ {hours:.1f} h on this {cores}-core machine", flush=True)
+                if args.profile:
+                    print_profile(events_log, jobs)
         if args.rounds > 1:
             _print_medians([r for r in results if r["users"] == users])
     report = {"benchmark": "infer", "machine": {"cpus": os.cpu_count(), "platform": platform.platform(),

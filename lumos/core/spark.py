@@ -12,7 +12,7 @@ import contextlib
 import glob
 import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from importlib import metadata
 from pathlib import Path
 
@@ -162,3 +162,13 @@ def workspace_spark(workspace: Workspace):
     """The session for a workspace, with Spark's own log in <workspace>/logs/spark.log when local."""
     log_file = None if is_uri(workspace.root) else Path(workspace.root) / "logs" / "spark.log"
     return get_spark(workspace.settings.spark, log_file=log_file)
+
+
+def job_steps(spark, stage: str, report: Callable[[str], None]) -> Callable[[str | None], None]:
+    """A `step(name)` that reports a step and names the Spark jobs after it, so that the Spark UI
+    and the event log show "lumos <stage>: <step>" instead of a call site; step(None) clears it."""
+    def step(name: str | None) -> None:
+        if name is not None:
+            report(name)
+        spark.sparkContext.setJobDescription(None if name is None else f"lumos {stage}: {name}")
+    return step

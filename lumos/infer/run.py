@@ -95,16 +95,18 @@ def infer(workspace: Workspace, model_ref: str, options: InferOptions, report: R
         _remove_download(checkpoint)
     engine, warnings = _choose_engine(workspace, options.engine, run.info.run_id, model, report)
 
-    from lumos.core.spark import workspace_spark
+    from lumos.core.spark import job_steps, workspace_spark
 
     # The lock comes before Spark starts: a second run for the date fails in seconds, having done nothing.
     with partition_lock(workspace, output, options.as_of), ExitStack() as cleanup:
         spark = workspace_spark(workspace)
-        report(f"building features as of {options.as_of}")
+        step = job_steps(spark, STAGE, report)
+        cleanup.callback(step, None)
+        step(f"checking events and building features as of {options.as_of}")
         features = inference_rows(spark, workspace, data, options.as_of, options.source)
         cleanup.callback(features.release)  # the cached frames go once rows and rejects are written
         inputs = features.inputs
-        rejects = _write_rejects(spark, workspace, output, version.label, options.as_of, features, report)
+        rejects = _write_rejects(spark, workspace, output, version.label, options.as_of, features, step)
         job = ScoringJob(
             model_key=version.label, run_id=run.info.run_id, checkpoint=checkpoint_files,
             item_tokens=_item_tokens(spark, workspace, data.vocab, model.features),
@@ -128,7 +130,7 @@ def infer(workspace: Workspace, model_ref: str, options: InferOptions, report: R
                    "config_hash": run.data.tags.get(CONFIG_HASH_TAG), "rejects": str(rejects),
                    **features.counts.lineage_stats()},
         )
-        report(f"scoring and writing {output.name} partition as_of={options.as_of}")
+        step(f"scoring and writing {output.name} partition as_of={options.as_of}")
         fault_point("infer.write")
         written = write_partition(spark, workspace, output, predictions, options.as_of, lineage)
     rows_written = _rows_written(spark, workspace, written)
@@ -139,11 +141,11 @@ def infer(workspace: Workspace, model_ref: str, options: InferOptions, report: R
 
 
 def _write_rejects(spark, workspace: Workspace, output: TableRef, model: str, as_of: datetime.date,
-                   features: InferenceFeatures, report: Report) -> TableRef:
+                   features: InferenceFeatures, step: Report) -> TableRef:
     """Replace partition as_of of <dataset>.infer_rejects with the date's rejected events (rule,
     reason, row), even when there are none, so the partition always describes the latest run."""
     rejects = TableRef(output.dataset, REJECTS_TABLE)
-    report(f"writing {rejects.name} partition as_of={as_of} ({features.counts.rejected:,} rows)")
+    step(f"writing {rejects.name} partition as_of={as_of} ({features.counts.rejected:,} rows)")
     request = {"model": model, "as_of": as_of.isoformat(), "rejects_for": output.name}
     lineage = LineageRecord(stage=STAGE, config=request, config_hash=config_hash(request), inputs=features.inputs,
                             stats={"rows": features.counts.rejected, **features.counts.lineage_stats()})
