@@ -16,6 +16,7 @@ from lumos.core.config import config_hash, to_plain
 from lumos.core.errors import UsageError
 from lumos.core.faults import crash_during_write, fault_point
 from lumos.core.lineage import LineageInput, LineageRecord
+from lumos.core.spark import job_steps
 from lumos.core.tables import (
     TableRef,
     content_hash_of,
@@ -57,14 +58,20 @@ class CheckedInputs:
     """A recipe's sources read, and its events checked against its rules: what ingest builds the
     vocab and sequences from, and what inference rebuilds a date's features from."""
 
+    raw: Any
+    """The events as read."""
     checked: Any
-    """The events with canonical columns plus `_rule`, `_reason` and `_row` (null on valid rows)."""
+    """`raw` checked (validation.check_events): canonical columns and why a row was rejected."""
     users: Any
     """The users frame (user_id, user_<name>), or None when the recipe has no users."""
     calendar: Any
     """The calendar frame (date, flags), or None when the recipe has no calendar."""
     inputs: list[LineageInput]
     """What was read: events, then users, then calendar (each only when the recipe has it)."""
+
+    def rejects(self, counts: RejectCounts):
+        """The rejected events (rule, reason, row), with `counts` from `count_rejects(checked)`."""
+        return rejected_rows(self.checked, self.raw, counts.by_rule.get("duplicate", 0))
 
 
 @dataclass(frozen=True)
@@ -91,7 +98,7 @@ def read_checked_inputs(spark, workspace: Workspace, recipe: IngestRecipe, base_
     users, users_input = read_users(spark, workspace, recipe, base_dir)
     calendar, calendar_input = read_calendar(spark, workspace, recipe, base_dir)
     inputs = [item for item in (events_input, users_input, calendar_input) if item is not None]
-    return CheckedInputs(check_events(raw, recipe), users, calendar, inputs)
+    return CheckedInputs(raw, check_events(raw, recipe), users, calendar, inputs)
 
 
 def count_rejects(checked) -> RejectCounts:
@@ -117,7 +124,7 @@ def run_ingest(spark, workspace: Workspace, recipe: IngestRecipe, recipe_dir: Pa
         report(f"already ingested as {earlier.tables['sequences']}; nothing written")
         return earlier
 
-    step = _stepper(spark, report)
+    step = job_steps(spark, "ingest", report)
     step("validating rows")
     checked = sources.checked.persist()
     try:
@@ -156,7 +163,7 @@ def run_ingest(spark, workspace: Workspace, recipe: IngestRecipe, recipe_dir: Pa
                 "content_hash": content_hash_of(sum(row["hash"] for row in summary), sum(rows_by_split.values())),
             }
             step("writing tables")
-            written = {"rejects": write_table(spark, workspace, refs["rejects"], rejected_rows(checked),
+            written = {"rejects": write_table(spark, workspace, refs["rejects"], sources.rejects(counts),
                                               LineageRecord(**lineage_base, stats={"rows": stats["rows_rejected"],
                                                                                    "rejected_by_rule": rejected}))}
             fault_point("after_rejects")  # test hooks: lumos.core.faults
@@ -181,16 +188,6 @@ def run_ingest(spark, workspace: Workspace, recipe: IngestRecipe, recipe_dir: Pa
     return IngestResult(recipe.dataset, tables, reused=False, stats=stats)
 
 
-def _stepper(spark, report: Report) -> Callable[[str | None], None]:
-    """Report a step, and name the Spark jobs that follow after it (the Spark UI and event log
-    show "lumos ingest: <step>" instead of a call site); None clears the name."""
-    def step(name: str | None) -> None:
-        if name is not None:
-            report(name)
-        spark.sparkContext.setJobDescription(None if name is None else f"lumos ingest: {name}")
-    return step
-
-
 def enforce_reject_budget(checked, counts: RejectCounts, recipe: IngestRecipe) -> None:
     """A UsageError (nothing written) when the source is empty or more than
     cleaning.max_reject_fraction of its rows failed the recipe's rules."""
@@ -200,7 +197,7 @@ def enforce_reject_budget(checked, counts: RejectCounts, recipe: IngestRecipe) -
     fraction = total / rows_read
     if fraction <= recipe.cleaning.max_reject_fraction:
         return
-    examples = [row["reason"] for row in rejected_rows(checked).limit(3).collect()]
+    examples = [row["_reason"] for row in checked.where(checked["_rule"].isNotNull()).select("_reason").limit(3).collect()]
     by_rule = ", ".join(f"{rule} {count}" for rule, count in rejected.items())
     raise UsageError(
         f"{total} of {rows_read} rows ({fraction:.1%}) failed validation, more than "

@@ -27,6 +27,7 @@ RULES = (
     "timestamp_out_of_range",
     "duplicate",
 )
+DUPLICATE_REASON = "exact duplicate of an earlier row"
 
 
 @dataclass(frozen=True)
@@ -68,24 +69,21 @@ def check_columns(frame, wanted: list[str], key: str, location: str) -> None:
 
 
 def check_events(raw, recipe: IngestRecipe):
-    """The raw frame with canonical columns plus `_rule`, `_reason` and `_row` (the raw row as JSON),
-    all three null on valid rows. Partitioned by user_id (see below)."""
+    """The raw frame with canonical columns plus `_rule`, `_reason`, `_row` (the raw row as JSON) and
+    `_copy_of` (a duplicate's raw row hash, which `rejected_rows` quotes it by), all null on valid
+    rows. Partitioned by user_id (see below)."""
     from pyspark.sql import Window
     from pyspark.sql import functions as F
 
     mapped = event_columns(recipe)
     has_malformed = MALFORMED in raw.columns
-    source_columns = [F.col(quote_column(name)) for name in raw.columns if name != MALFORMED]
     casted = raw.select(
         *[_cast(F.col(quote_column(c.source)), c.kind).alias(c.canonical) for c in mapped],
         *[F.col(quote_column(c.source)).isNotNull().alias(f"_given_{c.canonical}") for c in mapped if c.kind == "double"],
-        F.struct(*source_columns).alias("_source"),
+        _raw_row(raw).alias("_source"),
         (F.col(MALFORMED) if has_malformed else F.lit(None).cast("string")).alias("_malformed_text"),
         (F.col(MALFORMED).isNotNull() if has_malformed else F.lit(False)).alias("_malformed"),
     )
-    # One shuffle by user here serves every later step: the duplicate check below and the per-user
-    # windows, aggregations and joins of sequences all find the events already partitioned by user.
-    casted = casted.repartition("user_id")
     by_role = {c.canonical: c for c in mapped}
     rules = [
         ("malformed_line", F.col("_malformed"),
@@ -127,34 +125,63 @@ def check_events(raw, recipe: IngestRecipe):
         rule = F.when(condition, F.lit(name)).otherwise(rule)
         reason = F.when(condition, message).otherwise(reason)
     checked = casted.withColumn("_rule", rule).withColumn("_reason", reason)
+    # Every rule but the duplicate one reads a single row, so a rejected row is quoted here, while
+    # its raw row is at hand: as JSON, and only where the rejects table quotes it (serialising
+    # every valid row too cost as much as the rules themselves). The shuffle below then carries a
+    # hash of the raw row instead of the row: half the bytes (the check took 8.6 s instead of
+    # 10.3 at 4M events).
+    row_json = F.coalesce(F.col("_malformed_text"), F.to_json("_source"))
+    checked = checked.withColumns({"_row": F.when(F.col("_rule").isNotNull(), row_json),
+                                   "_raw_hash": F.xxhash64("_source")})
+    checked = checked.drop("_source", "_malformed_text", "_malformed",
+                           *[name for name in checked.columns if name.startswith("_given_")])
+    # One shuffle by user here serves every later step: the duplicate check below and the per-user
+    # windows, aggregations and joins of sequences all find the events already partitioned by user.
+    checked = checked.repartition("user_id")
+    copy = F.lit(False)
     if recipe.cleaning.reject_duplicates:
         canonical = [c.canonical for c in mapped]
         # Which of two copies is "earlier" only shows in which raw row the rejects table quotes
         # (their mapped columns are equal), so a hash of the raw row orders them: stable across
         # runs, and far cheaper than ordering by the row's JSON (a collision between two different
         # raw rows only swaps which of them is quoted).
-        copies = Window.partitionBy(*canonical, "_rule").orderBy(F.xxhash64("_source"))
-        checked = checked.withColumn("_copy", F.col("_rule").isNull() & (F.row_number().over(copies) > 1))
-        checked = checked.withColumns({
-            "_reason": F.when(F.col("_copy"), F.lit("exact duplicate of an earlier row")).otherwise(F.col("_reason")),
-            "_rule": F.when(F.col("_copy"), F.lit("duplicate")).otherwise(F.col("_rule")),
-        }).drop("_copy")
-    # The original row, as JSON, only where the rejects table quotes it: serialising every valid
-    # row too cost as much as the rules themselves.
-    row_json = F.coalesce(F.col("_malformed_text"), F.to_json("_source"))
-    checked = checked.withColumn("_row", F.when(F.col("_rule").isNotNull(), row_json))
-    return checked.drop("_source", "_malformed_text", "_malformed",
-                        *[name for name in checked.columns if name.startswith("_given_")])
+        copies = Window.partitionBy(*canonical, "_rule").orderBy("_raw_hash")
+        copy = F.col("_rule").isNull() & (F.row_number().over(copies) > 1)
+    checked = checked.withColumn("_copy_of", F.when(copy, F.col("_raw_hash")))
+    return checked.withColumns({
+        "_reason": F.when(F.col("_copy_of").isNotNull(), F.lit(DUPLICATE_REASON)).otherwise(F.col("_reason")),
+        "_rule": F.when(F.col("_copy_of").isNotNull(), F.lit("duplicate")).otherwise(F.col("_rule")),
+    }).drop("_raw_hash")
 
 
 def valid_events(checked):
-    return checked.where(checked["_rule"].isNull()).drop("_rule", "_reason", "_row")
+    return checked.where(checked["_rule"].isNull()).drop("_rule", "_reason", "_row", "_copy_of")
 
 
-def rejected_rows(checked):
-    return checked.where(checked["_rule"].isNotNull()).select(
-        checked["_rule"].alias("rule"), checked["_reason"].alias("reason"), checked["_row"].alias("row")
-    )
+def rejected_rows(checked, raw, duplicates: int):
+    """rule, reason and row (the raw row as JSON) of every rejected event in `checked`, the check
+    of `raw`. A duplicate's raw row did not travel with it (see check_events): it is read from
+    `raw` again, by its hash, when there are `duplicates` (the count of the duplicate rule)."""
+    from pyspark.sql import functions as F
+
+    rejected = checked.where(F.col("_rule").isNotNull())
+    row = F.col("_row")
+    if duplicates:
+        copies = rejected.where(F.col("_copy_of").isNotNull()).select("_copy_of").distinct()
+        # Copies of one raw row share its hash and its JSON: one quote per hash.
+        quotes = (raw.select(F.xxhash64(_raw_row(raw)).alias("_copy_of"), _raw_row(raw).alias("_source"))
+                  .join(copies, "_copy_of", "left_semi").dropDuplicates(["_copy_of"])
+                  .select("_copy_of", F.to_json("_source").alias("_copy_row")))
+        rejected = rejected.join(quotes, "_copy_of", "left")
+        row = F.coalesce(row, F.col("_copy_row"))
+    return rejected.select(F.col("_rule").alias("rule"), F.col("_reason").alias("reason"), row.alias("row"))
+
+
+def _raw_row(raw):
+    """A raw row as one struct of its source columns: what a reject quotes, and a copy's hash."""
+    from pyspark.sql import functions as F
+
+    return F.struct(*[F.col(quote_column(name)) for name in raw.columns if name != MALFORMED])
 
 
 def _window_condition(recipe: IngestRecipe):

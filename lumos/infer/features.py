@@ -29,7 +29,7 @@ from lumos.data.recipe import Cutoff, IngestRecipe, SplitSpec
 from lumos.data.sequences import EPOCH, build_sequences, time_rows_input
 from lumos.data.sequences_version import ingest_lineage
 from lumos.data.time_rows import MICROS_PER_DAY, TimeRowsPlan
-from lumos.data.validation import rejected_rows, valid_events
+from lumos.data.validation import valid_events
 
 INFER_SPLIT = "infer"
 
@@ -114,7 +114,7 @@ def inference_rows(spark, workspace: Workspace, data: TrainingData, as_of: datet
     rows = build_sequences(events, vocab, sources.users, sources.calendar, recipe, targets=False)
     tokens, plan = time_rows_input(events, vocab, sources.users, recipe, targets=False)
     future = _future_context(sources.calendar, recipe, as_of)
-    rejects = rejected_rows(checked).withColumn("as_of", F.lit(as_of))
+    rejects = sources.rejects(counts).withColumn("as_of", F.lit(as_of))
     return InferenceFeatures(rows, tokens, plan, future, rejects, counts, inputs, cached=(checked,))
 
 

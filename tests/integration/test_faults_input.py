@@ -21,7 +21,7 @@ from lumos.core.config import from_dict
 from lumos.core.errors import UsageError
 from lumos.core.faults import FAULT_POINT
 from lumos.core.workspace import open_workspace
-from lumos.data.ingest import run_ingest
+from lumos.data.ingest import count_rejects, run_ingest
 from lumos.data.recipe import IngestRecipe, SourceSpec
 from lumos.data.sources import read_source
 from lumos.data.validation import check_events, rejected_rows, valid_events
@@ -45,7 +45,7 @@ def check_file(spark, folder: Path, name: str, text: str, recipe: IngestRecipe):
     checked = check_events(raw, recipe)
     accepted = [row.asDict() for row in valid_events(checked).collect()]
     rejected: dict[str, list[str]] = {}
-    for row in rejected_rows(checked).collect():
+    for row in rejected_rows(checked, raw, count_rejects(checked).by_rule.get("duplicate", 0)).collect():
         rejected.setdefault(row["rule"], []).append(row["row"])
     return accepted, rejected
 
@@ -102,7 +102,7 @@ def test_parquet_with_nanosecond_timestamps_from_pandas_is_read(spark, tmp_path)
     frame.to_parquet(tmp_path / "events.parquet")
     raw, _ = read_source(spark, open_workspace(tmp_path), "events.parquet", "auto", tmp_path, "source.path")
     checked = check_events(raw, shop_recipe())
-    assert rejected_rows(checked).count() == 0
+    assert count_rejects(checked).rejected == 0
     times = [row["ts"].isoformat(sep=" ") for row in valid_events(checked).orderBy("user_id").collect()]
     assert times == ["2026-06-01 10:00:00.123456", "2026-06-02 11:30:00"]
     assert raw.schema["seen_at"].dataType.typeName() == "timestamp"
@@ -144,6 +144,21 @@ def test_only_exact_copies_of_a_valid_row_are_duplicates(spark, tmp_path):
     ]
     assert {rule: len(rows) for rule, rows in rejected.items()} == {"duplicate": 3, "bad_number": 1}
     assert sorted(json.loads(row)["user"] for row in rejected["duplicate"]) == ["u1", "u1", "u3"]
+
+
+def test_a_duplicate_is_quoted_as_its_own_raw_row(spark, tmp_path):
+    """Copies are found after the shuffle by user, which carries only a hash of each raw row; the
+    rejects table still quotes the copy's whole raw row, columns the recipe does not map included."""
+    lines = ["u1,2026-06-01 10:00:00,view,a,,1.0,first", "u1,2026-06-01 10:00:00,view,a,,1.0,second",
+             "u1,2026-06-01 10:00:00,view,a,,1.0,second", "u2,2026-06-01 10:00:00,view,a,,1.0,first"]
+    accepted, rejected = check_file(spark, tmp_path, "events.csv", HEADER.replace("\n", ",note\n") + "\n".join(lines) + "\n",
+                                    shop_recipe())
+    assert sorted(row["user_id"] for row in accepted) == ["u1", "u2"]
+    quoted = [json.loads(row) for row in rejected["duplicate"]]
+    assert set(rejected) == {"duplicate"} and len(quoted) == 2
+    # The kept copy is the one whose raw row hashes lowest: two of the three raw rows are quoted.
+    assert sorted(row["note"] for row in quoted) in (["first", "second"], ["second", "second"])
+    assert all(row["user"] == "u1" and row["kind"] == "view" for row in quoted)
 
 
 def table_properties(spark, location: str) -> dict[str, str]:
