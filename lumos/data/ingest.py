@@ -71,7 +71,7 @@ class CheckedInputs:
 
     def rejects(self, counts: RejectCounts):
         """The rejected events (rule, reason, row), with `counts` from `count_rejects(checked)`."""
-        return rejected_rows(self.checked, self.raw, counts.by_rule.get("duplicate", 0))
+        return rejected_rows(self.checked, self.raw, counts.by_rule)
 
 
 @dataclass(frozen=True)

@@ -158,15 +158,17 @@ def valid_events(checked):
     return checked.where(checked["_rule"].isNull()).drop("_rule", "_reason", "_row", "_copy_of")
 
 
-def rejected_rows(checked, raw, duplicates: int):
+def rejected_rows(checked, raw, by_rule: dict[str, int]):
     """rule, reason and row (the raw row as JSON) of every rejected event in `checked`, the check
-    of `raw`. A duplicate's raw row did not travel with it (see check_events): it is read from
-    `raw` again, by its hash, when there are `duplicates` (the count of the duplicate rule)."""
+    of `raw`; `by_rule` counts them (ingest.count_rejects). A duplicate's raw row did not travel
+    with it (see check_events): it is read from `raw` again, by its hash, when there are any."""
     from pyspark.sql import functions as F
 
-    rejected = checked.where(F.col("_rule").isNotNull())
+    # With nothing rejected the frame is empty by a constant condition: Spark writes it without
+    # scanning the events.
+    rejected = checked.where(F.col("_rule").isNotNull() & F.lit(sum(by_rule.values()) > 0))
     row = F.col("_row")
-    if duplicates:
+    if by_rule.get("duplicate"):
         copies = rejected.where(F.col("_copy_of").isNotNull()).select("_copy_of").distinct()
         # Copies of one raw row share its hash and its JSON: one quote per hash.
         quotes = (raw.select(F.xxhash64(_raw_row(raw)).alias("_copy_of"), _raw_row(raw).alias("_source"))

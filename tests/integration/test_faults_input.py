@@ -45,7 +45,7 @@ def check_file(spark, folder: Path, name: str, text: str, recipe: IngestRecipe):
     checked = check_events(raw, recipe)
     accepted = [row.asDict() for row in valid_events(checked).collect()]
     rejected: dict[str, list[str]] = {}
-    for row in rejected_rows(checked, raw, count_rejects(checked).by_rule.get("duplicate", 0)).collect():
+    for row in rejected_rows(checked, raw, count_rejects(checked).by_rule).collect():
         rejected.setdefault(row["rule"], []).append(row["row"])
     return accepted, rejected
 
