@@ -27,7 +27,6 @@ RULES = (
     "timestamp_out_of_range",
     "duplicate",
 )
-DUPLICATE_REASON = "exact duplicate of an earlier row"
 
 
 @dataclass(frozen=True)
@@ -149,7 +148,7 @@ def check_events(raw, recipe: IngestRecipe):
         copy = F.col("_rule").isNull() & (F.row_number().over(copies) > 1)
     checked = checked.withColumn("_copy_of", F.when(copy, F.col("_raw_hash")))
     return checked.withColumns({
-        "_reason": F.when(F.col("_copy_of").isNotNull(), F.lit(DUPLICATE_REASON)).otherwise(F.col("_reason")),
+        "_reason": F.when(F.col("_copy_of").isNotNull(), F.lit("exact duplicate of an earlier row")).otherwise(F.col("_reason")),
         "_rule": F.when(F.col("_copy_of").isNotNull(), F.lit("duplicate")).otherwise(F.col("_rule")),
     }).drop("_raw_hash")
 
