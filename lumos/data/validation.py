@@ -170,7 +170,7 @@ def rejected_rows(checked, raw, by_rule: dict[str, int]):
     if by_rule.get("duplicate"):
         copies = rejected.where(F.col("_copy_of").isNotNull()).select("_copy_of").distinct()
         # Copies of one raw row share its hash and its JSON: one quote per hash.
-        quotes = (raw.select(F.xxhash64(_raw_row(raw)).alias("_copy_of"), _raw_row(raw).alias("_source"))
+        quotes = (raw.select(_raw_row(raw).alias("_source")).withColumn("_copy_of", F.xxhash64("_source"))
                   .join(copies, "_copy_of", "left_semi").dropDuplicates(["_copy_of"])
                   .select("_copy_of", F.to_json("_source").alias("_copy_row")))
         rejected = rejected.join(quotes, "_copy_of", "left")
