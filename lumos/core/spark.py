@@ -58,6 +58,11 @@ def spark_conf(settings: SparkSettings) -> dict[str, str]:
         # hash maps: 9% of a profiled ingest's CPU, and 16% less CPU without it
         # (benchmarks/ingest.py). Lumos's cached frames are short-lived, so memory is the cheaper price.
         "spark.sql.inMemoryColumnarStorage.compressed": "false",
+        # Spark 4 bounds each Arrow batch sent to Python (mapInArrow: ingest's row builder, infer's
+        # scoring) by bytes too, and checks the bound after every row by summing every vector's
+        # buffer sizes: a tenth of the JVM's samples while infer scored (JFR). Int.MaxValue
+        # turns that check off; batches stay bounded by maxRecordsPerBatch (10,000 rows).
+        "spark.sql.execution.arrow.maxBytesPerBatch": "2147483647",
         # The parallel collector instead of G1 for the JVM Lumos starts (local mode runs every
         # task in it): G1's concurrent threads compete with the tasks for a few cores, and an
         # ingest ran 10-15% faster without them (benchmarks/ingest.py, 2 cores). Executors on a

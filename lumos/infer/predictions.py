@@ -47,13 +47,43 @@ def write_partition(spark, workspace: Workspace, ref: TableRef, frame, as_of: da
     )
     keep_log(spark, table_location(workspace, ref))
     try:
-        writer.save(table_location(workspace, ref))
+        with _floats_without_dictionary(spark, frame.schema):
+            writer.save(table_location(workspace, ref))
     except Exception as error:
         if "Concurrent" in type(error).__name__ or "Concurrent" in str(error)[:500]:
             raise RunInProgress(f"another run wrote {ref.name} for {as_of} at the same time and committed first; "
                                 f"this run wrote nothing. Rerun to replace that partition again.") from error
         raise
     return committed_version(spark, workspace, ref, lineage)
+
+
+@contextlib.contextmanager
+def _floats_without_dictionary(spark, schema) -> Iterator[None]:
+    """Write float columns and float arrays (embeddings, scores) without a Parquet dictionary.
+
+    A model's outputs are nearly all distinct values, so Parquet filled a dictionary for every
+    page and then threw it away: about a tenth of the JVM's samples while infer scored (JFR). Delta
+    does not pass writer options on to Parquet, so the per-column setting goes in the session's
+    conf (which Spark copies into the write's Hadoop conf) for this write only.
+    """
+    from pyspark.sql.types import ArrayType, DoubleType, FloatType
+
+    floats = (FloatType, DoubleType)
+    paths = [field.name for field in schema.fields if isinstance(field.dataType, floats)]
+    paths += [f"{field.name}.list.element" for field in schema.fields
+              if isinstance(field.dataType, ArrayType) and isinstance(field.dataType.elementType, floats)]
+    keys = [f"parquet.enable.dictionary#{path}" for path in paths]
+    before = {key: spark.conf.get(key, None) for key in keys}
+    for key in keys:
+        spark.conf.set(key, "false")
+    try:
+        yield
+    finally:
+        for key, value in before.items():
+            if value is None:
+                spark.conf.unset(key)
+            else:
+                spark.conf.set(key, value)
 
 
 LEASE_SECONDS = 120.0

@@ -15,9 +15,10 @@ import pytest
 from typer.testing import CliRunner
 
 from lumos.cli.app import app
-from lumos.core.tables import TableRef, read_table, table_history
-from lumos.core.workspace import open_workspace
-from lumos.infer.predictions import RunInProgress, partition_lock
+from lumos.core.lineage import LineageRecord
+from lumos.core.tables import TableRef, read_table, table_history, table_location
+from lumos.core.workspace import init_workspace, open_workspace
+from lumos.infer.predictions import RunInProgress, partition_lock, write_partition
 from lumos.infer.trace import trace_prediction
 from lumos.quickstart import RECIPES
 
@@ -139,6 +140,26 @@ def test_infer_is_idempotent_per_date_and_leaves_other_dates(spark, promoted):
     row = rerun[0]
     assert len(row["user_embedding"]) == 8 and len(row["top_items"]) == 10 and 0 <= row["p_act_7d"] <= 1
     assert all(item.startswith("i") for item in row["top_items"])  # item tokens, not vocabulary ids
+
+
+def test_float_outputs_are_written_without_a_parquet_dictionary(spark, tmp_path):
+    # Repeated floats, which Parquet would dictionary-encode: the write must not.
+    init_workspace(tmp_path)
+    workspace = open_workspace(tmp_path)
+    frame = spark.range(1000).selectExpr(
+        "cast(id as string) as user_id", "'quickstart/1' as model", "array(cast(0.5 as float), cast(1.5 as float)) as user_embedding",
+        "cast(0.25 as float) as p_act_7d", f"date'{AS_OF}' as as_of")
+    lineage = LineageRecord(stage="infer", config={}, config_hash="test", inputs=[])
+    write_partition(spark, workspace, TableRef.parse("check.predictions"), frame.coalesce(1),
+                    datetime.date.fromisoformat(AS_OF), lineage)
+    folder = Path(table_location(workspace, TableRef.parse("check.predictions"))) / f"as_of={AS_OF}"
+    (written,) = folder.glob("*.parquet")
+    chunks = pq.ParquetFile(written).metadata.row_group(0)
+    encodings = {chunks.column(i).path_in_schema: chunks.column(i).encodings for i in range(chunks.num_columns)}
+    for column in ("user_embedding.list.element", "p_act_7d"):
+        assert "PLAIN_DICTIONARY" not in encodings[column], (column, encodings[column])
+    assert "PLAIN_DICTIONARY" in encodings["model"]  # other columns keep theirs
+    assert spark.conf.get("parquet.enable.dictionary#p_act_7d", None) is None  # set for that write only
 
 
 def test_one_prediction_traces_back_to_run_config_and_data(spark, promoted):
