@@ -188,16 +188,23 @@ def main() -> None:
                         help="one untimed lumos infer per world first (the first runs of a session are slower)")
     parser.add_argument("--profile", action="store_true",
                         help="print where each timed infer's time goes, per step (from Spark's event log)")
+    parser.add_argument("--spark-conf", action="append", default=[], metavar="KEY=VALUE",
+                        help="a Spark setting for the workspace's [spark.conf] (repeatable), e.g. "
+                             "spark.sql.inMemoryColumnarStorage.compressed=true")
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "infer.json")
     args = parser.parse_args()
+    if any("=" not in setting for setting in args.spark_conf):
+        parser.error("--spark-conf takes KEY=VALUE")
 
     folder = Path(tempfile.mkdtemp(prefix="lumos-bench-infer-"))
     print(f"workspace {folder}: training and promoting a quickstart-sized model", flush=True)
     events_log = folder / "events-log"
     if args.profile:
         events_log.mkdir(parents=True)
-    setup(folder, args.compile_seqs if "compiled" in args.engines else [], args.master, args.executor_memory,
-          {**EVENT_LOG_CONF, "spark.eventLog.dir": str(events_log)} if args.profile else {})
+    spark_conf = dict(setting.split("=", 1) for setting in args.spark_conf)
+    if args.profile:
+        spark_conf |= {**EVENT_LOG_CONF, "spark.eventLog.dir": str(events_log)}
+    setup(folder, args.compile_seqs if "compiled" in args.engines else [], args.master, args.executor_memory, spark_conf)
     workspace = open_workspace(folder)
     results = []
     for users in args.users:
@@ -239,7 +246,7 @@ def main() -> None:
             _print_medians([r for r in results if r["users"] == users])
     report = {"benchmark": "infer", "machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
                                                 "torch": torch.__version__},
-              "spark_master": args.master or "local[*]",
+              "spark_master": args.master or "local[*]", "spark_conf": args.spark_conf,
               "compile_seqs": args.compile_seqs if "compiled" in args.engines else None,
               "as_of": AS_OF.isoformat(), "results": results}
     args.out.parent.mkdir(parents=True, exist_ok=True)
