@@ -123,7 +123,9 @@ def check_events(raw, recipe: IngestRecipe):
     for name, condition, message in reversed(rules):
         rule = F.when(condition, F.lit(name)).otherwise(rule)
         reason = F.when(condition, message).otherwise(reason)
-    checked = casted.withColumn("_rule", rule).withColumn("_reason", reason)
+    # The reason is built only for a rejected row: its conditions are the rule's again, which for
+    # a valid row would all be evaluated twice (the check of 4M events: 9.3 → 9.0 s of JVM CPU).
+    checked = casted.withColumn("_rule", rule).withColumn("_reason", F.when(F.col("_rule").isNotNull(), reason))
     # Every rule but the duplicate one reads a single row, so a rejected row is quoted here, while
     # its raw row is at hand: as JSON, and only where the rejects table quotes it (serialising
     # every valid row too cost as much as the rules themselves). The shuffle below then carries a
@@ -230,9 +232,12 @@ def strip_whitespace(column):
     text = column.cast("string")
     # The regex runs only on values that start or end with a space, a control character or a
     # non-ASCII character (where every Unicode space lies): plain ids skip it, and it was the
-    # costliest part of validation.
-    edges = [F.ascii(text), F.ascii(F.substring(text, -1, 1))]
-    suspect = F.lit(False)
-    for code in edges:
-        suspect = suspect | (code <= 32) | (code >= 127)
+    # costliest part of validation. The tests compare bytes: a string sorts below "!" or from
+    # "\x7f" on exactly when its first byte is ≤ 0x20 or ≥ 0x7f, and in UTF-8 the last byte of a
+    # non-ASCII character is ≥ 0x80. (`ascii` and a character `substring` built two strings per
+    # value, one a Java String: a fifth of the check's JVM samples. The check of 4M events: 10.6 →
+    # 9.3 s of JVM CPU, medians of 4.)
+    last_byte = F.substring(text.cast("binary"), -1, 1)
+    suspect = ((text < F.lit("!")) | (text >= F.lit("\x7f"))
+               | (last_byte < F.lit(bytearray(b"!"))) | (last_byte >= F.lit(bytearray(b"\x7f"))))
     return F.when(suspect, F.regexp_replace(text, _EDGE_WHITESPACE, "")).otherwise(text)

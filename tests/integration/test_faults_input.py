@@ -123,6 +123,26 @@ def test_whitespace_only_ids_are_missing_and_ids_are_stripped_of_unicode_whitesp
     assert sorted(json.loads(row)["user"] for row in rejected["missing_user_id"]) == sorted(WHITESPACE_IDS)
 
 
+def test_stripping_skips_the_regex_only_where_it_would_change_nothing(spark):
+    """strip_whitespace runs its regex only on values whose first or last byte looks like space,
+    control or non-ASCII: on random strings of edge characters it equals the regex applied to all."""
+    import random
+
+    from pyspark.sql import functions as F
+
+    from lumos.data.validation import _EDGE_WHITESPACE, strip_whitespace
+
+    edges = ["", " ", "\t", "\n", "\x1f", "\x7f", "!", "~", "a", "\u00a0", "\u0085", "\u2003", "\u200b",
+             "\u3000", "\ufeff", "\u00e9", "\u4e2d", "\U0001f600"]
+    rng = random.Random(0)
+    values = [None, *edges] + ["".join(rng.choices(edges, k=rng.randint(1, 4))) for _ in range(2000)]
+    frame = spark.createDataFrame([(value,) for value in values], "text string")
+    rows = frame.select(strip_whitespace(F.col("text")).alias("fast"),
+                        F.regexp_replace("text", _EDGE_WHITESPACE, "").alias("always")).collect()
+    assert [row["fast"] for row in rows] == [row["always"] for row in rows]
+    assert sum(row["fast"] != value for row, value in zip(rows, values, strict=True) if value) > 500
+
+
 def test_only_exact_copies_of_a_valid_row_are_duplicates(spark, tmp_path):
     """Every copy after the first is rejected, however many there are, and nothing that differs in
     a mapped column is; a row that breaks another rule is not a copy, and -0.0 is the number 0.0."""
