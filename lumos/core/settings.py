@@ -28,7 +28,10 @@ class SparkSettings:
     """spark.sql.shuffle.partitions; raise it with the data (at 40M events in a 4 GB driver, 8 spilled
     each task's sort to disk and 32 did not) and on a cluster."""
     driver_memory: str = "4g"
-    """spark.driver.memory for sessions Lumos starts itself."""
+    """spark.driver.memory for sessions Lumos starts itself. On local[*] every task runs in this JVM,
+    so it bounds the check's cache and the sorts beside it: a million-user `lumos infer` checked its
+    events 15-20 s faster with 8g (benchmarks/infer.py, README). 4g stays the default, to fit small
+    machines."""
     delta_package: str | None = None
     """Maven coordinates of Delta Lake for Spark's package mechanism; unset means the artifact that
     matches the installed pyspark and delta-spark (e.g. io.delta:delta-spark_4.2_2.13:4.4.0)."""
