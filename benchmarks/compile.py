@@ -156,6 +156,13 @@ def bench_model(name: str, model: LumosModel, batch_size: int, repeats: int, ind
         products = [row for row in result["kernel_ms"] if row["gflops"] > 0]  # kernels holding matrix products
         result["matmul_kernel_ms"] = sum(row["ms"] for row in products)
         result["matmul_kernel_gflops"] = sum(row["gflops"] * row["ms"] for row in products) / result["matmul_kernel_ms"]
+        # The same split by kind: fused attention (softmax between its two products) and the
+        # rest (linear layers, with their fused prologues and epilogues), each at its own rate.
+        for kind, rows in (("attention", [r for r in products if r["kind"] == "attention"]),
+                           ("linear", [r for r in products if r["kind"] != "attention"])):
+            ms = sum(row["ms"] for row in rows)
+            result[f"{kind}_kernel_ms"] = ms
+            result[f"{kind}_kernel_gflops"] = sum(row["gflops"] * row["ms"] for row in rows) / ms if ms else None
         result["unblocked_kernel_ms"] = _kernel_profile(unblocked, batch)
     print(f"  load average     {', '.join(f'{x:.2f}' for x in result['load_average'])} (1, 5, 15 min) after the timed calls")
     print(f"  torch eager      {result['eager_ms']:8.2f} ms", flush=True)
@@ -191,6 +198,9 @@ def bench_model(name: str, model: LumosModel, batch_size: int, repeats: int, ind
         print(f"  slowest kernels  {top}")
         print(f"  matmul kernels   {result['matmul_kernel_gflops']:.1f} GFLOP/s over {result['matmul_kernel_ms']:.1f} ms "
               "(the kernels that hold matrix products, timed one by one)")
+        print("                   " + "; ".join(
+            f"{kind} {result[f'{kind}_kernel_gflops']:.1f} GFLOP/s over {result[f'{kind}_kernel_ms']:.1f} ms"
+            for kind in ("linear", "attention") if result[f"{kind}_kernel_gflops"]))
         attention = result.get("search_attention")
         if attention:
             print(f"  fused attention  {attention['matches']} found, {'kept' if attention['chosen'] else 'not kept'} "
@@ -482,6 +492,7 @@ def main() -> None:
               "results": results}
     print(f"FMA peak {peak['peak_gflops']:.1f} GFLOP/s ({peak['threads']} threads, benchmarks/fma_peak.py); matmul kernels: "
           + ", ".join(f"{r['model']} {r['matmul_kernel_gflops'] / peak['peak_gflops']:.0%}"
+                      + (f" (linear layers {r['linear_kernel_gflops'] / peak['peak_gflops']:.0%})" if r["linear_kernel_gflops"] else "")
                       for r in results if "matmul_kernel_gflops" in r))
     if args.attention_seq:
         report["attention"] = bench_attention(args.attention_seq, 16, 2, 32, args.repeats, args.search_budget)

@@ -20,8 +20,8 @@ import tempfile
 from pathlib import Path
 
 import torch
+from compile import QUICKSTART_FEATURES, SASREC_CONFIG, SASREC_FEATURES
 
-from benchmarks.compile import QUICKSTART_FEATURES, SASREC_CONFIG, SASREC_FEATURES
 from lumos.compile.cache import KernelCache
 from lumos.compile.engine import SEARCH_BUDGET_S, compile_model
 from lumos.compile.program import Options
