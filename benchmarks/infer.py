@@ -5,7 +5,7 @@ and of the model alone, at two user counts, on local[*]; and what 100M users a d
                                [--compile-seqs 16 32 48 64 100]
                                [--master spark://127.0.0.1:7077] [--out benchmarks/results/infer.json]
                                [--arrow-batch-sizes 2000 10000 40000] [--shuffle-partitions 2 8 32]
-                               [--rounds 2] [--warmup] [--profile]
+                               [--rounds 2] [--warmup] [--profile] [--threads 2 --spark-conf spark.task.cpus=2]
 
 A quickstart-sized model (lumos/quickstart/train.toml's model, a few training steps: throughput
 does not depend on how well it learned) is trained and promoted once on a small synthetic world.
@@ -135,10 +135,10 @@ def model_only(workspace, users_source: Path, engines: list[str], max_users: int
     return rates
 
 
-def _timed_infer(workspace, source: Path, users: int, engine: str):
+def _timed_infer(workspace, source: Path, users: int, engine: str, threads: int = 1):
     """Seconds and summary of one `lumos infer` of a world's events."""
     options = InferOptions(as_of=AS_OF, source=str(source / "events"), output=f"bench.predictions_{users}_{engine}",
-                           engine=engine)
+                           engine=engine, torch_threads=threads)
     started = time.perf_counter()
     summary = infer(workspace, "bench@production", options)
     return time.perf_counter() - started, summary
@@ -191,6 +191,9 @@ def main() -> None:
     parser.add_argument("--spark-conf", action="append", default=[], metavar="KEY=VALUE",
                         help="a Spark setting for the workspace's [spark.conf] (repeatable), e.g. "
                              "spark.sql.inMemoryColumnarStorage.compressed=true")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="the model's threads per Spark task (lumos infer --threads; default 1); with more than "
+                             "one, give Spark as many cores per task too (--spark-conf spark.task.cpus=N)")
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "infer.json")
     args = parser.parse_args()
     if any("=" not in setting for setting in args.spark_conf):
@@ -214,7 +217,7 @@ def main() -> None:
         combinations = list(itertools.product(args.engines, args.arrow_batch_sizes or [None],
                                               args.shuffle_partitions or [None]))
         if args.warmup:
-            seconds, _ = _timed_infer(workspace, source, users, args.engines[0])
+            seconds, _ = _timed_infer(workspace, source, users, args.engines[0], args.threads)
             print(f"{users:>7,} users: warm-up run, not counted ({seconds:.1f} s)", flush=True)
         for round_number in range(args.rounds):
             # Every other round in reverse, so that no setting always runs first (the JVM and the
@@ -222,10 +225,11 @@ def main() -> None:
             for engine, arrow_batch, partitions in combinations[::-1] if round_number % 2 else combinations:
                 tuning = _tune(workspace, arrow_batch, partitions)
                 jobs_before = last_job_id(workspace_spark(workspace))
-                end_to_end, summary = _timed_infer(workspace, source, users, engine)
+                end_to_end, summary = _timed_infer(workspace, source, users, engine, args.threads)
                 jobs = (jobs_before + 1, last_job_id(workspace_spark(workspace)))
                 result = {
                     "users": users, "events": users * args.events_per_user, "engine": engine, **tuning,
+                    "threads_per_task": args.threads,
                     "round": round_number, "rows_written": summary.rows,
                     "end_to_end_seconds": round(end_to_end, 2),
                     "end_to_end_users_per_s": round(summary.rows / end_to_end, 1),
