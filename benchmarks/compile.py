@@ -154,11 +154,10 @@ def bench_model(name: str, model: LumosModel, batch_size: int, repeats: int, ind
         result["search_kernels"] = search.report()
         result["kernel_ms"] = _kernel_profile(cold, batch)
         products = [row for row in result["kernel_ms"] if row["gflops"] > 0]  # kernels holding matrix products
-        result["matmul_kernel_ms"] = sum(row["ms"] for row in products)
-        result["matmul_kernel_gflops"] = sum(row["gflops"] * row["ms"] for row in products) / result["matmul_kernel_ms"]
-        # The same split by kind: fused attention (softmax between its two products) and the
-        # rest (linear layers, with their fused prologues and epilogues), each at its own rate.
-        for kind, rows in (("attention", [r for r in products if r["kind"] == "attention"]),
+        # All of them, then split by kind: fused attention (softmax between its two products) and
+        # the rest (linear layers, with their fused prologues and epilogues), each at its own rate.
+        for kind, rows in (("matmul", products),
+                           ("attention", [r for r in products if r["kind"] == "attention"]),
                            ("linear", [r for r in products if r["kind"] != "attention"])):
             ms = sum(row["ms"] for row in rows)
             result[f"{kind}_kernel_ms"] = ms
