@@ -300,6 +300,7 @@ def _dead_pid() -> int:
     return pid
 
 
+@pytest.mark.slow  # `lumos infer` twice in subprocesses, each with its own JVM: about 70 s
 def test_cron_script_writes_the_partition_and_passes_exit_codes_on(spark, promoted):
     import subprocess
 

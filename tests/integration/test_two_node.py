@@ -65,6 +65,7 @@ def train_metrics(client, run_id: str) -> dict[str, list[float]]:
     return {key: [m.value for m in sorted(client.get_metric_history(run_id, key), key=lambda m: m.step)] for key in keys}
 
 
+@pytest.mark.slow  # four training processes (two nodes, then one node of two ranks): about 40 s
 def test_two_nodes_train_as_one_node_with_two_ranks(project, tmp_path):
     workspace = open_workspace(project)
     config = from_dict(TrainConfig, TRAIN)
