@@ -130,8 +130,9 @@ def model_only(workspace, users_source: Path, engines: list[str], max_users: int
         # Warm-up: each compiled plan's first call takes 0.07 to 0.4 s more than later calls on one
         # thread (1.3 s for five plans, against about 4 s for a 20,000-user pass), which a Spark
         # worker pays once per plan: call every plan once before timing.
-        first_of_each_plan = {compiled.plan_for(batch.mask.shape[1]).seq_len if compiled else 0: batch
-                              for batch in reversed(batches)}
+        first_of_each_plan = {}
+        for batch in batches:
+            first_of_each_plan.setdefault(compiled.plan_for(batch.mask.shape[1]).seq_len if compiled else 0, batch)
         for batch in first_of_each_plan.values():
             score_batch(model, compiled, batch, 10, True)
         started = time.perf_counter()
