@@ -12,16 +12,22 @@ kernel depends on it.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from lumos.compile.cache import UNIT_BREAK
 from lumos.compile.ir import Graph, Node, Op
 from lumos.compile.kernel_ir import (
     AttentionIR,
+    Binary,
     Compare,
+    Expr,
     KernelIR,
     Let,
     Load,
     Loop,
+    Num,
     Reduce,
+    Ref,
     RowOf,
     expr_vars,
     stmt_vars,
@@ -66,6 +72,30 @@ static inline float lumos_exp2f(float x) {
   return x != x ? x : result;
 }
 
+/* 2^x for x <= 0 or NaN only: a softmax's scores less their running max, times log2(e). Half the
+   instructions of lumos_exp2f, which is a third of a fused attention kernel at head size 16: no
+   upper clamp and no NaN test (NaN flows through the polynomial), rounding by adding 1.5 * 2^23
+   (c's integer part lands in t's low bits, so the exponent is built without a float-to-int
+   conversion), and a degree-5 polynomial fitted for relative error (2.4e-7 on |f| <= 1/2, at
+   most 2 ulp). Below 2^-127 it returns 0, as lumos_exp2f does. */
+static inline float lumos_exp2f_nonpositive(float x) {
+  const float c = x < -127.0f ? -127.0f : x;
+  const float t = c + 12582912.0f;
+  const float f = c - (t - 12582912.0f);
+  float p = 1.3276358367875218e-03f;
+  p = p * f + 9.67550277709961e-03f;
+  p = p * f + 5.550713092088699e-02f;
+  p = p * f + 2.4022120237350464e-01f;
+  p = p * f + 6.931469440460205e-01f;
+  p = p * f + 1.0000001192092896f;
+  unsigned bits;
+  memcpy(&bits, &t, sizeof bits);
+  bits = (bits - 0x4B400000u + 127u) << 23;  /* t's bits hold 0x4B400000 + n: 2^n's exponent */
+  float scale;
+  memcpy(&scale, &bits, sizeof scale);
+  return p * scale;
+}
+
 /* The register-blocked matmul's vectors: 8 floats, one AVX2 register. GCC's vector extension
    lowers them to what the target has (two SSE registers, or scalars), so the code stays portable;
    memcpy is how an unaligned vector load or store is spelled without intrinsics (it compiles to
@@ -73,6 +103,19 @@ static inline float lumos_exp2f(float x) {
 typedef float lumos_f8 __attribute__((vector_size(32)));
 static inline lumos_f8 lumos_load8(const float* p) { lumos_f8 v; memcpy(&v, p, sizeof v); return v; }
 static inline void lumos_store8(float* p, lumos_f8 v) { memcpy(p, &v, sizeof v); }
+typedef int lumos_i8 __attribute__((vector_size(32)));
+/* lumos_max lane by lane (NaN wins): b where b > a or b is NaN, else a. */
+static inline lumos_f8 lumos_max8(lumos_f8 a, lumos_f8 b) {
+  const lumos_i8 take = (b > a) | (b != b);
+  return (lumos_f8)(((lumos_i8)b & take) | ((lumos_i8)a & ~take));
+}
+/* The largest of v's lanes (NaN wins), in three steps of lane pairs rather than a chain of seven. */
+static inline float lumos_max_lanes(lumos_f8 v) {
+  v = lumos_max8(v, __builtin_shuffle(v, (lumos_i8){4, 5, 6, 7, 0, 1, 2, 3}));
+  v = lumos_max8(v, __builtin_shuffle(v, (lumos_i8){2, 3, 0, 1, 6, 7, 4, 5}));
+  v = lumos_max8(v, __builtin_shuffle(v, (lumos_i8){1, 0, 3, 2, 5, 4, 7, 6}));
+  return v[0];
+}
 """
 
 ATTENTION_BLOCK = 128
@@ -166,7 +209,14 @@ def render_attention(kernel: Kernel, materialized: set[Node], params: dict[Node,
         ]
         store = [f"  for (int dd = 0; dd < {width}; dd++) out[{out_index}] = o[q][dd] / l[q];"]
     # Without a register-blocked product: each query's scores, vectorized across keys.
-    scores = ["  " + line for line in _blocked_scores(ir, query, block, per_block, this_query) or [
+    blocked = _blocked_scores(ir, query, queries, block, per_block, this_query)
+    # The block's maximum score per query: found in registers with the scores when their
+    # epilogue ran on the product tiles (bmax), else one more pass over them.
+    block_max = (["    float bm = bmax[q];"] if blocked and blocked.max_found else [
+        "    float bm = -INFINITY;",
+        "    #pragma omp simd reduction(max:bm)",
+        "    for (int jj = 0; jj < jn; jj++) bm = lumos_max(bm, s[q][jj]);"])
+    scores = ["  " + line for line in (blocked.lines if blocked else None) or [
         f"for (int q = 0; q < {per_block}; q++) {{", *this_query,
         "  #pragma omp simd",
         "  for (int jj = 0; jj < jn; jj++) {  /* a block of scores, kept in L1 */",
@@ -179,6 +229,7 @@ def render_attention(kernel: Kernel, materialized: set[Node], params: dict[Node,
     # Every access to o is in a fully unrolled loop, so that gcc keeps it in registers.
     body = [
         f"float m[{per_block}], l[{per_block}], corr[{per_block}], s[{per_block}][{scores_row}];",
+        *(blocked.prefetch if blocked else []),
         declare,
         f"#pragma GCC unroll {per_block}",
         f"for (int q = 0; q < {per_block}; q++) {{",
@@ -190,15 +241,13 @@ def render_attention(kernel: Kernel, materialized: set[Node], params: dict[Node,
         f"  const int jn = {keys} - j0 < {block} ? {keys} - j0 : {block};",
         *scores,
         f"  for (int q = 0; q < {per_block}; q++) {{",
-        "    float bm = -INFINITY;",
-        "    #pragma omp simd reduction(max:bm)",
-        "    for (int jj = 0; jj < jn; jj++) bm = lumos_max(bm, s[q][jj]);",
+        *block_max,
         "    const float mn = lumos_max(m[q], bm);",
-        f"    corr[q] = lumos_exp2f((m[q] - mn) * {scale});  /* the max-rescaling identity */",
+        f"    corr[q] = lumos_exp2f_nonpositive((m[q] - mn) * {scale});  /* the max-rescaling identity */",
         "    float lq = l[q] * corr[q];",
         "    #pragma omp simd reduction(+:lq)",
         "    for (int jj = 0; jj < jn; jj++) {",
-        f"      s[q][jj] = lumos_exp2f((s[q][jj] - mn) * {scale});",
+        f"      s[q][jj] = lumos_exp2f_nonpositive((s[q][jj] - mn) * {scale});",
         "      lq += s[q][jj];",
         "    }",
         "    l[q] = lq;",
@@ -235,13 +284,26 @@ def render_attention(kernel: Kernel, materialized: set[Node], params: dict[Node,
     return "\n".join(lines)
 
 
-def _blocked_scores(ir: AttentionIR, query: str, block: int, per_block: int, this_query: list[str]) -> list[str] | None:
+@dataclass
+class BlockedScores:
+    lines: list[str]
+    max_found: bool
+    """The lines leave the block's maximum score per query in bmax[q]."""
+    prefetch: list[str]
+    """Lines that ask for the next block of queries' rows (before the key blocks)."""
+
+
+def _blocked_scores(ir: AttentionIR, query: str, queries: int, block: int, per_block: int,
+                    this_query: list[str]) -> BlockedScores | None:
     """The scores of the block's jn keys for the block of queries as register-blocked products
     (per_block × lanes vector sums; each key vector loaded once for every query): tiles of up to
     4 vectors of keys, then single vectors, then the last keys (fewer than 8) copied into a
-    zero-padded vector; then the score's epilogue (scale, mask) per score. (The last keys one
-    query at a time, a scalar dot product each, took a fifth of the kernel at 51 keys.) Needs the
-    score to be a dot product q·k whose key operand is read contiguously along the keys; else None."""
+    zero-padded vector. (The last keys one query at a time, a scalar dot product each, took a
+    fifth of the kernel at 51 keys.) The score's epilogue (scale, mask) runs on each whole tile's
+    vectors before they are stored, with the running maximum, when it is made of sums and
+    products of reads along the keys (_vector_epilogue); else, and for the zero-padded last keys,
+    per score after the tiles. Needs the score to be a dot product q·k whose key operand is read
+    contiguously along the keys; else None."""
     if per_block < 2:
         return None
     scores = match_scores(ir, query)
@@ -249,9 +311,31 @@ def _blocked_scores(ir: AttentionIR, query: str, block: int, per_block: int, thi
         return None
     dot, key, query_value = scores.dot, expr(scores.key), expr(scores.query_value)
     score, epilogue = expr(ir.score), _lines(scores.epilogue)
+    in_registers = _vector_epilogue(scores, ir.score)
     r = dot.var
 
-    def tile(lanes: int, load: list[str]) -> list[str]:
+    def store(lanes: int, whole: bool) -> list[str]:
+        if not (whole and in_registers):
+            return [f"#pragma GCC unroll {per_block}",
+                    f"for (int q = 0; q < {per_block}; q++)",
+                    f"  for (int v = 0; v < {lanes}; v++) lumos_store8(&s[q][t0 + {VECTOR} * v], sa[q][v]);"]
+        return [
+            f"#pragma GCC unroll {per_block}",
+            f"for (int q = 0; q < {per_block}; q++) {{",
+            *("  " + line for line in this_query),
+            f"  #pragma GCC unroll {lanes}",
+            f"  for (int v = 0; v < {lanes}; v++) {{",
+            f"    const int j = j0 + t0 + {VECTOR} * v;",
+            f"    const lumos_f8 {dot.acc} = sa[q][v];",
+            *("    " + line for line in in_registers[0]),
+            f"    const lumos_f8 sv = {in_registers[1]};",
+            f"    lumos_store8(&s[q][t0 + {VECTOR} * v], sv);",
+            "    mx[q] = lumos_max8(mx[q], sv);",
+            "  }",
+            "}",
+        ]
+
+    def tile(lanes: int, load: list[str], whole: bool = True) -> list[str]:
         """Scores of keys t0 … t0 + 8·lanes - 1; `load` sets kv[v], the key vector v of step r."""
         return [
             f"lumos_f8 sa[{per_block}][{lanes}];",
@@ -272,9 +356,7 @@ def _blocked_scores(ir: AttentionIR, query: str, block: int, per_block: int, thi
             f"    for (int v = 0; v < {lanes}; v++) sa[q][v] += x * kv[v];",
             "  }",
             "}",
-            f"#pragma GCC unroll {per_block}",
-            f"for (int q = 0; q < {per_block}; q++)",
-            f"  for (int v = 0; v < {lanes}; v++) lumos_store8(&s[q][t0 + {VECTOR} * v], sa[q][v]);",
+            *store(lanes, whole),
         ]
 
     def keys_at(lanes: int) -> list[str]:
@@ -284,10 +366,14 @@ def _blocked_scores(ir: AttentionIR, query: str, block: int, per_block: int, thi
 
     # Up to 16 accumulators: they and the key vectors stay in registers (AVX-512 has 32, AVX2 16).
     lanes = max(1, min(4, 16 // per_block, block // VECTOR))
-    return [
+    negative_infinity = "{" + ", ".join(["-INFINITY"] * VECTOR) + "}"
+    lines = [
         "int t0 = 0;",
+        *([f"lumos_f8 mx[{per_block}];  /* the running maximum of each query's scores, per lane */",
+           f"for (int q = 0; q < {per_block}; q++) mx[q] = (lumos_f8){negative_infinity};"] if in_registers else []),
         *keys_at(lanes),
         *(keys_at(1) if lanes > 1 else []),
+        f"const int t_last = {'t0' if in_registers else '0'};  /* the scores whose epilogue is still to run */",
         "if (t0 < jn) {",
         f"  float kt[{dot.length}][{VECTOR}];  /* the last keys, zero-padded to a vector */",
         f"  for (int {r} = 0; {r} < {dot.length}; {r}++)",
@@ -295,19 +381,74 @@ def _blocked_scores(ir: AttentionIR, query: str, block: int, per_block: int, thi
         "      const int j = j0 + t0 + v;",
         f"      kt[{r}][v] = t0 + v < jn ? {key} : 0.0f;",
         "    }",
-        *("  " + line for line in tile(1, [f"kv[v] = lumos_load8(kt[{r}]);"])),
+        *("  " + line for line in tile(1, [f"kv[v] = lumos_load8(kt[{r}]);"], whole=False)),
         "}",
+        *([f"float bmax[{per_block}];"] if in_registers else []),
         f"for (int q = 0; q < {per_block}; q++) {{",
         *("  " + line for line in this_query),
         "  #pragma omp simd",
-        "  for (int jj = 0; jj < jn; jj++) {",
+        "  for (int jj = t_last; jj < jn; jj++) {",
         "    const int j = j0 + jj;",
         f"    const float {dot.acc} = s[q][jj];",
         *("    " + line for line in epilogue),
         f"    s[q][jj] = {score};",
         "  }",
+        *(["  float bm = lumos_max_lanes(mx[q]);",
+           "  for (int jj = t_last; jj < jn; jj++) bm = lumos_max(bm, s[q][jj]);",
+           "  bmax[q] = bm;"] if in_registers else []),
         "}",
     ]
+    # The queries' rows are first read by the block's first product, a load per query that the
+    # out-of-order window cannot hide (and no stride the prefetcher follows): ask for the next
+    # block's rows now, while this block computes (one thread on quickstart: about 10% faster).
+    prefetch = [] if not isinstance(scores.query_value, Load) else [
+        f"for (int q = 0; q < {per_block}; q++) {{  /* the next block of queries' rows */",
+        f"  const int {query} = {query}_0 + {per_block} + q < {queries} ? {query}_0 + {per_block} + q : {queries - 1};",
+        f"  const int {r} = 0;",
+        f"  __builtin_prefetch(&{query_value});",
+        "}"]
+    return BlockedScores(lines, max_found=bool(in_registers), prefetch=prefetch)
+
+
+def _vector_epilogue(scores, score: Expr) -> tuple[list[str], str] | None:
+    """The score's epilogue over a vector of 8 keys' products (the accumulator a lumos_f8): its
+    statements and the score, when they are sums and products of numbers, earlier values and
+    reads that do not move with the keys (one float for all 8) or move by one along them (one
+    vector load at key j); else None (a select or a strided read would need per-lane code)."""
+    vectors = {scores.dot.acc}
+
+    def vector_expr(e: Expr) -> tuple[str, bool] | None:
+        """The C text of `e` over 8 keys, and whether it is a vector (else one float for all)."""
+        if isinstance(e, Num):
+            return literal(e.value), False
+        if isinstance(e, Ref):
+            return (e.name, True) if e.name in vectors else None
+        if isinstance(e, Load):
+            if e.view is None or any(isinstance(i, RowOf) for i in e.indices):
+                return None
+            if "j" not in expr_vars(e):
+                return expr(e), False
+            return (f"lumos_load8(&{expr(e)})", True) if stride_along(e, "j") == 1 else None
+        if isinstance(e, Binary) and e.op in (Op.ADD, Op.MUL, Op.SUM):
+            a, b = vector_expr(e.a), vector_expr(e.b)
+            if a is None or b is None:
+                return None
+            return f"({a[0]} {'*' if e.op is Op.MUL else '+'} {b[0]})", a[1] or b[1]
+        return None
+
+    lines = []
+    for stmt in scores.epilogue:
+        if not isinstance(stmt, Let) or stmt.guard is not None:
+            return None
+        value = vector_expr(stmt.value)
+        if value is None or not value[1]:  # a float for all keys stays in the per-score code
+            return None
+        vectors.add(stmt.name)
+        lines.append(f"const lumos_f8 {stmt.name} = {value[0]};")
+    final = vector_expr(score)
+    if final is None or not final[1]:
+        return None
+    return lines, final[0]
 
 
 # ---------------------------------------------------------------------------------------------

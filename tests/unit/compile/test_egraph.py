@@ -222,7 +222,10 @@ def test_query_blocks_are_exact_when_they_do_not_divide_the_queries(kernel_cache
     got, source = run_fused(graph, inputs, kernel_cache, kernels, materialized, plan_buffers(graph, kernels), schedules)
     assert f"{min(queries, per_block) if queries > 1 else 1} queries at a time" in source
     assert ("lumos_f8 o[" in source) == (D % 8 == 0)
-    assert ("lumos_f8 sa[" in source) == (keys_transposed and queries > 1 and per_block > 1)
+    blocked = keys_transposed and queries > 1 and per_block > 1
+    assert ("lumos_f8 sa[" in source) == blocked
+    # The mask and scale run on the product tiles' vectors, with the running maximum.
+    assert ("mx[q] = lumos_max8(mx[q], sv);" in source) == blocked
     np.testing.assert_allclose(got, interpret(graph, inputs)["y"], atol=1e-5, rtol=1e-5)
 
 
@@ -233,3 +236,24 @@ def test_query_blocks_are_candidates_of_a_fused_attention(kernel_cache):
     # 8 queries is the default at head size 8 (16 accumulators / 1 vector, at most 8): the same C
     # as rows 0, so it is offered once.
     assert {candidate.schedule.rows for candidate in group.candidates} == {0, 1, 2, 4}
+
+
+def test_the_softmax_exponent_is_exp2_to_two_ulp_where_it_is_used(kernel_cache):
+    """lumos_exp2f_nonpositive, the fused attention's 2^x for x <= 0: within 2.4e-7 of 2^x down
+    to 2^-126, 0 below 2^-127 (and at -inf, and at the masks' -1e30 · log2 e), NaN for NaN."""
+    import ctypes
+
+    from lumos.compile.render_c import HEADER
+
+    source = HEADER + ("void exps(const float* x, float* y, int n) {\n"
+                       "  for (int i = 0; i < n; i++) y[i] = lumos_exp2f_nonpositive(x[i]);\n}\n")
+    library = ctypes.CDLL(str(kernel_cache.build(source, "gcc", Options().cflags).library))
+    x = np.concatenate([np.linspace(-126.0, 0.0, 200_001), [-0.0, -1e-8, -0.5, -1.5, -125.9, -126.0]]).astype(np.float32)
+    low = np.array([-127.0, -127.5, -128.0, -1e30, -np.inf], np.float32)
+    special = np.concatenate([x, low, [np.nan]]).astype(np.float32)
+    y = np.empty_like(special)
+    pointer = ctypes.POINTER(ctypes.c_float)
+    library.exps(special.ctypes.data_as(pointer), y.ctypes.data_as(pointer), ctypes.c_int(special.size))
+    exact = np.exp2(x.astype(np.float64))
+    assert np.max(np.abs(y[:x.size] / exact - 1)) < 2.5e-7
+    assert np.all(y[x.size:x.size + low.size] == 0.0) and np.isnan(y[-1])
