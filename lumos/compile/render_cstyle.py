@@ -80,12 +80,37 @@ def expr(e: Expr) -> str:
     if isinstance(e, Load):
         return f"{e.buffer}[{e.offset}]"
     if isinstance(e, Unary):
+        if e.op is Op.EXP2 and nonpositive(e.x):
+            return f"lumos_exp2f_nonpositive({expr(e.x)})"
         return UNARY_C[e.op].format(expr(e.x))
     if isinstance(e, Binary):
         return BINARY_C[e.op].format(expr(e.a), expr(e.b))
     if isinstance(e, Masked):
         return f"(({cond(e.cond)}) ? {expr(e.x)} : 0.0f)"
     raise TypeError(f"not an expression: {e!r}")
+
+
+def nonpositive(e: Expr) -> bool:
+    """Whether `e` is <= 0 (or NaN) whatever its inputs, by its form: a non-positive number, a
+    square times one, a sum of them (erf's exp(-x²) in an exact GELU). Then 2^e takes the cheaper
+    lumos_exp2f_nonpositive (each header defines it)."""
+    if isinstance(e, Num):
+        return e.value <= 0
+    if isinstance(e, Binary) and e.op is Op.MUL:
+        return (nonnegative(e.a) and nonpositive(e.b)) or (nonpositive(e.a) and nonnegative(e.b))
+    if isinstance(e, Binary) and e.op is Op.ADD:
+        return nonpositive(e.a) and nonpositive(e.b)
+    return False
+
+
+def nonnegative(e: Expr) -> bool:
+    if isinstance(e, Num):
+        return e.value >= 0
+    if isinstance(e, Binary) and e.op is Op.MUL:
+        return e.a == e.b or (nonnegative(e.a) and nonnegative(e.b)) or (nonpositive(e.a) and nonpositive(e.b))
+    if isinstance(e, Binary) and e.op is Op.ADD:
+        return nonnegative(e.a) and nonnegative(e.b)
+    return False
 
 
 def cond(c: Cond) -> str:

@@ -57,6 +57,7 @@ HEADER = """\
 
 __device__ __forceinline__ float lumos_max(float a, float b) { return (b > a || b != b) ? b : a; }  /* NaN wins */
 __device__ __forceinline__ float lumos_exp2f(float x) { return exp2f(x); }
+__device__ __forceinline__ float lumos_exp2f_nonpositive(float x) { return exp2f(x); }
 
 __device__ __forceinline__ float lumos_warp_sum(float v) {
   for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffffu, v, offset);

@@ -54,3 +54,20 @@ def test_a_padding_condition_of_an_outer_loop_versions_the_element_loop():
     (ir,) = lowered(graph.prune())
     # The user token's slot (i1 < 1), then the history (i1 >= 1): either condition splits the loop.
     assert ir.version_on in (Compare(Var("i1"), "<", 1), Compare(Var("i1"), ">=", 1))
+
+
+def test_2_to_a_power_that_cannot_be_positive_takes_the_cheaper_exponent():
+    """erf's exp(-x²) in an exact GELU: a square times a negative number is never positive; a
+    plain product or difference may be, and keeps the general lumos_exp2f."""
+    from lumos.compile.ir import Op
+    from lumos.compile.kernel_ir import Binary, Num, Ref, Unary
+    from lumos.compile.render_cstyle import expr
+
+    x, y = Ref("x"), Ref("y")
+    square = Binary(Op.MUL, x, x)
+    never_positive = [Binary(Op.MUL, square, Num(-1.44)), Binary(Op.MUL, Num(-2.0), Binary(Op.ADD, square, Num(1.0))),
+                      Binary(Op.ADD, Binary(Op.MUL, square, Num(-1.0)), Num(-3.0)), Num(0.0)]
+    maybe_positive = [Binary(Op.MUL, x, Num(-1.44)), Binary(Op.MUL, Binary(Op.MUL, x, y), Num(-1.0)),
+                      Binary(Op.ADD, Binary(Op.MUL, square, Num(-1.0)), Num(0.5)), square]
+    assert all(expr(Unary(Op.EXP2, e)).startswith("lumos_exp2f_nonpositive(") for e in never_positive)
+    assert not any("nonpositive" in expr(Unary(Op.EXP2, e)) for e in maybe_positive)
