@@ -228,7 +228,11 @@ class Group:
                 "worst_ms": worst.ms if worst else None, "alternatives": self.tried()}
 
 
-def make_groups(kernels: list[Kernel], materialized: set[Node], seed: int, register_blocks: bool = True) -> list[Group]:
+def make_groups(kernels: list[Kernel], materialized: set[Node], seed: int, register_blocks: bool = True,
+                search_cache: SearchCache | None = None) -> list[Group]:
+    """Identical kernels (by key) as one group each, with their candidate schedules: each rendered
+    to C, so that variants which print the same C are one candidate. A group in `search_cache`
+    gets its entry and no candidates (rendering them was 1.4 s of a 3 s warm compile)."""
     from lumos.compile.egraph.schedule import schedule_candidates
 
     by_key: dict[str, list[Kernel]] = {}
@@ -237,6 +241,10 @@ def make_groups(kernels: list[Kernel], materialized: set[Node], seed: int, regis
     rates = machine_rates()
     groups = []
     for key, members in by_key.items():
+        cached = search_cache.get(key) if search_cache is not None else None
+        if cached is not None:
+            groups.append(Group(key, members, [], cached=cached))
+            continue
         schedules, rules = schedule_candidates(members[0], register_blocks=register_blocks)
         seen: set[str] = set()
         candidates = []
@@ -429,7 +437,7 @@ def search_schedules(graph: Graph, kernels: list[Kernel], materialized: set[Node
         if fused_report["chosen"]:
             kernels, materialized = fused
     if groups is None:
-        groups = make_groups(kernels, materialized, seed, register_blocks)
+        groups = make_groups(kernels, materialized, seed, register_blocks, search_cache)
         rounds += _search_groups(bench, kernels, materialized, groups, search_cache, schedules_until, known)
     if fusion:
         kernels, materialized, groups, fusion_report, fusion_rounds = _climb_fusion(
@@ -502,10 +510,10 @@ def _choose_attention(bench: Bench, plain: tuple, fused: tuple, used, fired, sea
     are verified and the call is faster. With default schedules alone the choice was a coin toss:
     blocked q·kᵀ and P·V can make the unfused program the faster one. Returns the report, each
     program's searched groups (by whether it is the fused one) and the rounds run."""
-    plain_groups = make_groups(*plain, seed, register_blocks)
+    plain_groups = make_groups(*plain, seed, register_blocks, search_cache)
     halfway = time.perf_counter() + (deadline - time.perf_counter()) / 2
     rounds = _search_groups(bench, *plain, plain_groups, search_cache, halfway, known)
-    fused_groups = make_groups(*fused, seed, register_blocks)
+    fused_groups = make_groups(*fused, seed, register_blocks, search_cache)
     try:  # the kernels both programs share go on being searched here
         rounds += _search_groups(bench, *fused, fused_groups, search_cache, deadline, known)
         attention_groups = [g for g in fused_groups if g.kernels[0].attention is not None]
@@ -651,17 +659,21 @@ def _climb_fusion(bench: Bench, kernels: list[Kernel], materialized: set[Node], 
     sites = fusion_sites(bench.graph, kernels, materialized)
     if not sites:
         return kernels, materialized, groups, None, 0
-    space = fusion_space(bench.graph, materialized | {node for site in sites for node in site.nodes})
-    bench.add_reference({node for site in sites for node in site.nodes})  # one interpreter run for every step
-    report = {"sites": len(sites), "rules": space.rules, "enodes": space.serialized.term_nodes,
-              "eclasses": space.serialized.term_classes, "saturate_s": space.seconds, "steps": [], "stored": []}
     key = "fusion:" + hashlib.sha256("|".join(sorted(g.key for g in groups) + sorted(s.signature for s in sites))
                                      .encode()).hexdigest()[:24]
     cached = search_cache.get_decision(key) if search_cache is not None else None
     rounds = 0
+    spaces = []
+
+    def space():
+        """The fusion e-graph, saturated when first needed: a cached decision to store nothing
+        needs none (about a second of a warm compile)."""
+        if not spaces:
+            spaces.append(fusion_space(bench.graph, materialized | {node for site in sites for node in site.nodes}))
+        return spaces[0]
 
     def program(stored_sites: list[FusionSite], base: set[Node]):
-        stored = space.stores(base | {node for site in stored_sites for node in site.nodes})
+        stored = space().stores(base | {node for site in stored_sites for node in site.nodes})
         return _with_attention(build_kernels(bench.graph, stored), kernels), stored
 
     rates = machine_rates()
@@ -674,15 +686,18 @@ def _climb_fusion(bench: Bench, kernels: list[Kernel], materialized: set[Node], 
         chosen = [site for site in sites if site.signature in cached["stored"]]
         if chosen:
             kernels, materialized = program(chosen, materialized)
-            groups = make_groups(kernels, materialized, seed, register_blocks)
+            groups = make_groups(kernels, materialized, seed, register_blocks, search_cache)
             bench.add_reference({kernel.node for kernel in kernels})
             rounds += _search_groups(bench, kernels, materialized, groups, search_cache, deadline, known)
         return kernels, materialized, groups, {**cached, "cached": True}, rounds
+    bench.add_reference({node for site in sites for node in site.nodes})  # one interpreter run for every step
+    report = {"sites": len(sites), "rules": space().rules, "enodes": space().serialized.term_nodes,
+              "eclasses": space().serialized.term_classes, "saturate_s": space().seconds, "steps": [], "stored": []}
     for site in sorted(sites, key=predicted):
         if time.perf_counter() + 1.0 > deadline:
             break
         new_kernels, stored = program([site], materialized)
-        new_groups = make_groups(new_kernels, stored, seed, register_blocks)
+        new_groups = make_groups(new_kernels, stored, seed, register_blocks, search_cache)
         bench.add_reference({kernel.node for kernel in new_kernels})
         step = {"site": site.describe(), "kind": site.kind, "nodes": len(site.nodes), "kept": False}
         try:
