@@ -257,3 +257,29 @@ def test_the_softmax_exponent_is_exp2_to_two_ulp_where_it_is_used(kernel_cache):
     exact = np.exp2(x.astype(np.float64))
     assert np.max(np.abs(y[:x.size] / exact - 1)) < 2.5e-7
     assert np.all(y[x.size:x.size + low.size] == 0.0) and np.isnan(y[-1])
+
+
+def test_a_score_epilogue_runs_on_the_tiles_vectors_only_when_every_lane_is_a_plain_sum_or_product():
+    """Scale and a mask read along the keys: vector code (the mask one load per 8 keys). A max
+    (a clamp) or a select has no vector spelling here, and a read that moves by more than one
+    along the keys is no single load: those keep the per-score pass (None)."""
+    from lumos.compile.ir import Op, View
+    from lumos.compile.kernel_ir import Affine, Binary, Let, Load, Num, Reduce, Ref, Var
+    from lumos.compile.kernel_passes import ScoreDot
+    from lumos.compile.render_c import _vector_epilogue
+
+    def mask(stride: int) -> Load:
+        view = View((4, 17), (17 * stride, stride))
+        return Load("b9", Affine(0, ((17 * stride, Var("i0")), (stride, Var("j")))), view, (Var("i0"), Var("j")))
+
+    def scores(*epilogue: Let) -> ScoreDot:
+        dot = Reduce("acc1", Op.SUM, "r2", 16, [], Num(0.0))
+        return ScoreDot(dot, mask(1), Num(1.0), list(epilogue))
+
+    scaled = Let("v1", Binary(Op.MUL, Ref("acc1"), Num(0.25)))
+    lines, score = _vector_epilogue(scores(scaled, Let("v2", Binary(Op.ADD, Ref("v1"), mask(1)))), Ref("v2"))
+    assert lines == ["const lumos_f8 v1 = (acc1 * 0.25f);", "const lumos_f8 v2 = (v1 + lumos_load8(&b9[(17 * i0 + j)]));"]
+    assert score == "v2"
+    assert _vector_epilogue(scores(scaled, Let("v2", Binary(Op.ADD, Ref("v1"), mask(2)))), Ref("v2")) is None
+    assert _vector_epilogue(scores(scaled, Let("v2", Binary(Op.MAX, Ref("v1"), Num(-5.0)))), Ref("v2")) is None
+    assert _vector_epilogue(scores(scaled), Ref("elsewhere")) is None  # a value not computed from the product
