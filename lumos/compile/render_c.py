@@ -32,7 +32,7 @@ from lumos.compile.kernel_ir import (
     expr_vars,
     stmt_vars,
 )
-from lumos.compile.kernel_passes import Matmul, match_matmul, match_scores, row_wise, stride_along
+from lumos.compile.kernel_passes import Matmul, ScoreDot, match_matmul, match_scores, row_wise, stride_along
 from lumos.compile.lower import lower_attention, lower_kernel
 from lumos.compile.plan import BufferPlan
 from lumos.compile.render_cstyle import C, block_lines, expr, initial, literal, update
@@ -410,7 +410,7 @@ def _blocked_scores(ir: AttentionIR, query: str, queries: int, block: int, per_b
     return BlockedScores(lines, max_found=bool(in_registers), prefetch=prefetch)
 
 
-def _vector_epilogue(scores, score: Expr) -> tuple[list[str], str] | None:
+def _vector_epilogue(scores: ScoreDot, score: Expr) -> tuple[list[str], str] | None:
     """The score's epilogue over a vector of 8 keys' products (the accumulator a lumos_f8): its
     statements and the score, when they are sums and products of numbers, earlier values and
     reads that do not move with the keys (one float for all 8) or move by one along them (one

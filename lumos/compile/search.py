@@ -25,6 +25,7 @@ changes are searched, and a whole call decides. Each choice is cached like the s
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import statistics
 import time
@@ -472,7 +473,7 @@ def _search_groups(bench: Bench, kernels, materialized, groups: list[Group], sea
     fusion climb) may finish them, so the search stores every group once, at its end. Returns the
     rounds run."""
     for group in groups:
-        if search_cache is not None:
+        if search_cache is not None and group.cached is None:  # make_groups read it already where it could
             group.cached = search_cache.get(group.key)
         if group.cached is None and group.key in known:
             other = known[group.key]
@@ -663,14 +664,12 @@ def _climb_fusion(bench: Bench, kernels: list[Kernel], materialized: set[Node], 
                                      .encode()).hexdigest()[:24]
     cached = search_cache.get_decision(key) if search_cache is not None else None
     rounds = 0
-    spaces = []
 
+    @functools.cache
     def space():
         """The fusion e-graph, saturated when first needed: a cached decision to store nothing
         needs none (about a second of a warm compile)."""
-        if not spaces:
-            spaces.append(fusion_space(bench.graph, materialized | {node for site in sites for node in site.nodes}))
-        return spaces[0]
+        return fusion_space(bench.graph, materialized | {node for site in sites for node in site.nodes})
 
     def program(stored_sites: list[FusionSite], base: set[Node]):
         stored = space().stores(base | {node for site in stored_sites for node in site.nodes})
@@ -691,8 +690,9 @@ def _climb_fusion(bench: Bench, kernels: list[Kernel], materialized: set[Node], 
             rounds += _search_groups(bench, kernels, materialized, groups, search_cache, deadline, known)
         return kernels, materialized, groups, {**cached, "cached": True}, rounds
     bench.add_reference({node for site in sites for node in site.nodes})  # one interpreter run for every step
-    report = {"sites": len(sites), "rules": space().rules, "enodes": space().serialized.term_nodes,
-              "eclasses": space().serialized.term_classes, "saturate_s": space().seconds, "steps": [], "stored": []}
+    saturated = space()
+    report = {"sites": len(sites), "rules": saturated.rules, "enodes": saturated.serialized.term_nodes,
+              "eclasses": saturated.serialized.term_classes, "saturate_s": saturated.seconds, "steps": [], "stored": []}
     for site in sorted(sites, key=predicted):
         if time.perf_counter() + 1.0 > deadline:
             break
