@@ -360,6 +360,13 @@ def _rank_main(
     result = fit(plan, **(_rank0_hooks(plan, _print_line) if rank == 0 else {}))
     if local_rank == 0:  # this node's result: rank 0's on node 0
         Path(result_file).write_text(json.dumps(result.__dict__))
+    # The work is done and recorded. Leave without interpreter finalisation: there, gloo's C++ threads
+    # can still hold tensors whose release needs the GIL, and the rank dies of SIGABRT ("terminate
+    # called without an active exception"; seen once in CI after a finished two-node run,
+    # pytorch/pytorch#179291). A failure above still raises and reaches the parent as a traceback.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def _print_line(line: str) -> None:
