@@ -270,7 +270,8 @@ def lower_attention(kernel: Kernel, materialized: set[Node], params: dict[Node, 
     score = lowering.compute(match.scores, source_indices(probs_view, idx, product.srcs[match.probs_index].shape))
     score_stmts, lowering.stmts, lowering.block = lowering.stmts, [], -2  # a block of its own: nothing shared
     value = lowering.operand(product, 1 - match.probs_index, idx)
+    strides = match.store_strides if match.store is not None else contiguous_strides(out.shape)
     out_index = Affine(0, tuple((stride, Lit(0) if d == out.arg else i)
-                                for d, (stride, i) in enumerate(zip(contiguous_strides(out.shape), idx, strict=True))))
+                                for d, (stride, i) in enumerate(zip(strides, idx, strict=True))))
     return AttentionIR(kernel.name, out, [params[src] for src in kernel.reads], rows, product.shape[out.arg], width,
                        match.scale, score_stmts, score, lowering.stmts, value, out_index)

@@ -267,7 +267,9 @@ def render_attention(kernel: Kernel, materialized: set[Node], params: dict[Node,
         "}",
     ]
     signature = ["const int n", "float* restrict out"] + [f"const float* restrict {name}" for name in ir.params]
-    lines = [f"/* {ir.name}: %{out.id} attention{list(out.shape)}, online softmax over {keys} keys "
+    store = kernel.attention.store
+    written = "" if store is None else f", written as %{store.id}{list(store.shape)} (its dims reordered)"
+    lines = [f"/* {ir.name}: %{out.id} attention{list(out.shape)}{written}, online softmax over {keys} keys "
              f"(scores never stored), {per_block} queries at a time; {out.origin.replace('*/', '* /')} */",
              f"LUMOS_KERNEL void {ir.name}({', '.join(signature)}) {{"]
     collapse = f" collapse({len(rows)})" if len(rows) > 1 else ""

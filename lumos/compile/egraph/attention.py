@@ -17,13 +17,13 @@ nodes further up are opaque leaves.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from egglog import EGraph, String, f64, i64, ruleset, vars_
 from egglog.deconstruct import get_callable_args, get_callable_fn, get_literal_value
 
 from lumos.compile.egraph.terms import BINARY, REDUCE, UNARY, Term, named
-from lumos.compile.ir import Graph, Node, Op
+from lumos.compile.ir import Graph, Node, Op, contiguous_strides
 
 DEPTH = 10
 """How many producers above a candidate sum go into its e-graph."""
@@ -67,6 +67,11 @@ class AttentionMatch:
     """exp(x) = exp2(x · scale)."""
     chain: frozenset[Node]
     """The softmax's own nodes (max, shift, exp, sum, reciprocal, probabilities)."""
+    store: Node | None = None
+    """The copy that only reorders `out`'s dims, written by the fused kernel in `out`'s place
+    (the heads merged back: (B, H, L, D) → (B, L, H, D)); None: the kernel writes `out`."""
+    store_strides: tuple[int, ...] = ()
+    """With `store`: per dim of `out`, where the copy keeps it (its stride in the copy's buffer)."""
 
 
 def find_attention(graph: Graph) -> tuple[list[AttentionMatch], dict[str, int]]:
@@ -180,10 +185,13 @@ def supported(match: AttentionMatch, uses) -> bool:
 
 def fuse_attention(graph: Graph, materialized: set[Node], matches: list[AttentionMatch]):
     """Kernels with each supported attention computed by one online-softmax kernel: its softmax
-    nodes, the scores and what only feeds them (down to the score products) are no longer stored."""
+    nodes, the scores and what only feeds them (down to the score products) are no longer stored.
+    When the attention's only use is a stored copy that reorders its dims (the heads merged back
+    into each row), the fused kernel writes that copy directly: one pass over the output fewer."""
     from lumos.compile.schedule import build_kernels
 
     uses = graph.consumers()
+    outputs = set(graph.outputs.values())
     keep = set(materialized)
     used = []
     for match in matches:
@@ -201,10 +209,41 @@ def fuse_attention(graph: Graph, materialized: set[Node], matches: list[Attentio
             if node.op not in (Op.SUM, Op.MAX):  # the score product itself is computed inline, its inputs are not
                 stack.extend(node.srcs)
         keep -= removed
-        keep.add(match.out)
+        reordered = None if match.out in outputs else _reordering_copy(match.out, uses, keep)
+        if reordered is None:
+            keep.add(match.out)
+        else:  # the copy's kernel would only move the output's rows: the fused kernel writes them there
+            match = replace(match, store=reordered[0], store_strides=reordered[1])
         used.append(match)
     kernels = build_kernels(graph, keep)
-    by_out = {match.out: match for match in used}
+    by_out = {match.store or match.out: match for match in used}
     for kernel in kernels:
         kernel.attention = by_out.get(kernel.node)
     return kernels, keep, used
+
+
+def _reordering_copy(out: Node, uses, materialized: set[Node]) -> tuple[Node, tuple[int, ...]] | None:
+    """`out`'s only consumer, when it is a stored copy (x + 0) that reads every element of `out`
+    once with its dims reordered, and, per dim of `out`, the copy's stride for it; else None."""
+    if len(uses[out]) != 1:
+        return None
+    copy, index = uses[out][0]
+    zero = copy.srcs[1 - index] if len(copy.srcs) == 2 else None
+    view = copy.views[index]
+    if (copy.op is not Op.ADD or copy not in materialized or zero is None or not zero.is_scalar_const
+            or zero.arg != 0.0 or view.mask is not None or view.offset != 0 or copy.size != out.size):
+        return None
+    copy_strides = contiguous_strides(copy.shape)
+    where = {stride: (size, copy_strides[d]) for d, (size, stride) in enumerate(zip(copy.shape, view.strides, strict=True))
+             if size > 1}
+    strides = []
+    for size, stride in zip(out.shape, contiguous_strides(out.shape), strict=True):
+        if size == 1:
+            strides.append(0)
+        elif where.get(stride, (None,))[0] != size:
+            return None
+        else:
+            strides.append(where.pop(stride)[1])
+    if where or (out.batched and strides[0] != copy_strides[0]):  # the batch dim stays outermost
+        return None
+    return copy, tuple(strides)

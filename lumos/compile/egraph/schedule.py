@@ -101,7 +101,7 @@ this many: its scores row per query stays on the stack."""
 
 
 def kernel_facts(kernel: Kernel, register_blocks: bool = True) -> tuple[Fact, ...]:
-    node = kernel.node
+    node = kernel.node if kernel.attention is None else kernel.attention.out  # its loops: not the copy it may write
     loops = [size for size in node.shape if size > 1]
     facts: list[Fact] = []
     if kernel.attention is not None:

@@ -283,3 +283,33 @@ def test_a_score_epilogue_runs_on_the_tiles_vectors_only_when_every_lane_is_a_pl
     assert _vector_epilogue(scores(scaled, Let("v2", Binary(Op.ADD, Ref("v1"), mask(2)))), Ref("v2")) is None
     assert _vector_epilogue(scores(scaled, Let("v2", Binary(Op.MAX, Ref("v1"), Num(-5.0)))), Ref("v2")) is None
     assert _vector_epilogue(scores(scaled), Ref("elsewhere")) is None  # a value not computed from the product
+
+
+
+
+def test_the_fused_attention_writes_the_merged_heads(kernel_cache):
+    """x (B, T, H·D) → q, k, v projected and split into heads → attention → heads merged back
+    (a copy that reorders the output's dims, stored: the output projection reads it) → + x. The
+    fused kernel writes the merged heads itself: no kernel of its own for the copy."""
+    rng = np.random.default_rng(8)
+    graph = Graph()
+    B, T, H, D = 2, 19, 2, 8
+    x = Tensor.input(graph, "x", (B, T, H * D))
+    mask = Tensor.input(graph, "mask", (B, 1, 1, T))
+    w = {name: Tensor.constant(graph, name, rng.standard_normal((H * D, H * D)).astype(np.float32) * 0.3)
+         for name in ("wq", "wk", "wv", "wo")}
+    q, k, v = (x.linear(w[name]).reshape(B, T, H, D).transpose(1, 2) for name in ("wq", "wk", "wv"))
+    mark_output(graph, "y", attention(q, k, v, mask).transpose(1, 2).reshape(B, T, H * D).linear(w["wo"]) + x)
+    graph = graph.prune()
+    inputs = {"x": rng.standard_normal((B, T, H * D)).astype(np.float32),
+              "mask": (rng.random((B, 1, 1, T)) > 0.3).astype(np.float32)}
+    inputs["mask"][..., 0] = 1.0
+    compilation = compile_graph(graph, kernel_cache)
+    kernels, materialized, used = fuse_attention(graph, compilation.materialized, find_attention(graph)[0])
+    (fused,) = [kernel for kernel in kernels if kernel.attention is not None]
+    assert used[0].store is fused.node and fused.node.shape == (B, T, H, D)
+    assert used[0].out not in materialized and [k for k in kernels if k.node is fused.node] == [fused]
+    got, source = run_fused(graph, inputs, kernel_cache, kernels, materialized, plan_buffers(graph, kernels),
+                            {kernel.name: KernelSchedule(rows=4) for kernel in kernels})
+    assert "(its dims reordered)" in source
+    np.testing.assert_allclose(got, interpret(graph, inputs)["y"], atol=1e-5, rtol=1e-5)
