@@ -103,6 +103,10 @@ static inline float lumos_exp2f_nonpositive(float x) {
 typedef float lumos_f8 __attribute__((vector_size(32)));
 static inline lumos_f8 lumos_load8(const float* p) { lumos_f8 v; memcpy(&v, p, sizeof v); return v; }
 static inline void lumos_store8(float* p, lumos_f8 v) { memcpy(p, &v, sizeof v); }
+/* 16 floats, one AVX-512 register: the register block's wider vectors (offered on AVX-512 hosts). */
+typedef float lumos_f16 __attribute__((vector_size(64)));
+static inline lumos_f16 lumos_load16(const float* p) { lumos_f16 v; memcpy(&v, p, sizeof v); return v; }
+static inline void lumos_store16(float* p, lumos_f16 v) { memcpy(p, &v, sizeof v); }
 typedef int lumos_i8 __attribute__((vector_size(32)));
 /* lumos_max lane by lane (NaN wins): b where b > a or b is NaN, else a. */
 static inline lumos_f8 lumos_max8(lumos_f8 a, lumos_f8 b) {
@@ -537,7 +541,8 @@ def register_block_body(ir: KernelIR, schedule: KernelSchedule) -> tuple[list[Lo
     summed at once in vector registers: per reduction step, `tile / 8` weight vectors are loaded
     once and shared by the block's rows, and each row's value is loaded once and shared by its
     columns, so the loop does rows·tile/8 FMAs per rows + tile/8 loads (the row-wise loop: one
-    FMA, one load and one store of its row accumulator each).
+    FMA, one load and one store of its row accumulator each). With `schedule.lanes` 16 the
+    vectors are 16 floats (AVX-512): half the FMAs and loads for the same block.
 
     Rows past the last are clamped to the last (computed, not stored), columns past the last
     whole tile take one dot product each. The prologue (the value's locals: layer norm, GELU)
@@ -546,7 +551,9 @@ def register_block_body(ir: KernelIR, schedule: KernelSchedule) -> tuple[list[Lo
     loops (the row loop stepping by blocks, the column loop gone) and body, or None when the
     kernel has no such shape (the schedule then renders as plain row-wise)."""
     rows, tile = schedule.rows, schedule.tile
-    if not rows or not tile or tile % VECTOR or len(ir.loops) < 2:
+    width = schedule.lanes or VECTOR
+    vec, load, store = (f"lumos_f{width}", f"lumos_load{width}", f"lumos_store{width}")
+    if not rows or not tile or tile % width or len(ir.loops) < 2:
         return None
     if not tile <= ir.loops[-1].extent:
         return None
@@ -559,7 +566,7 @@ def register_block_body(ir: KernelIR, schedule: KernelSchedule) -> tuple[list[Lo
     blocks = f"({bound} + {rows - 1}) / {rows}" if bound == "n" else None
     loops = [Loop(f"{row}_b", -(-extent // rows), bound=blocks) if loop is match.row else loop for loop in ir.loops[:-1]]
     acc, r, steps = reduce.acc, reduce.var, reduce.length
-    m, v, lanes = f"{acc}_m", f"{acc}_v", tile // VECTOR
+    m, v, lanes = f"{acc}_m", f"{acc}_v", tile // width
     full = size - size % tile
     rest = _lines(match.rest)  # the epilogue, once per output
     weight, value = expr(match.weight), expr(match.value)
@@ -570,17 +577,17 @@ def register_block_body(ir: KernelIR, schedule: KernelSchedule) -> tuple[list[Lo
         f"for (int {m} = 0; {m} < {rows}; {m}++) {row}_rows[{m}] = {row}_0 + {m} < {bound} ? {row}_0 + {m} : {bound} - 1;",
         *prologue,
         f"for (int {last}_0 = 0; {last}_0 < {full}; {last}_0 += {tile}) {{",
-        f"  lumos_f8 {acc}_blk[{rows}][{lanes}];  /* the block's sums: {rows * lanes} vector registers */",
+        f"  {vec} {acc}_blk[{rows}][{lanes}];  /* the block's sums: {rows * lanes} vector registers */",
         f"  #pragma GCC unroll {rows}",
         f"  for (int {m} = 0; {m} < {rows}; {m}++)",
-        f"    for (int {v} = 0; {v} < {lanes}; {v}++) {acc}_blk[{m}][{v}] = (lumos_f8){{0}};",
+        f"    for (int {v} = 0; {v} < {lanes}; {v}++) {acc}_blk[{m}][{v}] = ({vec}){{0}};",
         f"  #pragma GCC unroll {BLOCK_UNROLL}",
         f"  for (int {r} = 0; {r} < {steps}; {r}++) {{",
-        f"    lumos_f8 {acc}_w[{lanes}];  /* loaded once, used by every row of the block */",
+        f"    {vec} {acc}_w[{lanes}];  /* loaded once, used by every row of the block */",
         f"    #pragma GCC unroll {lanes}",
         f"    for (int {v} = 0; {v} < {lanes}; {v}++) {{",
-        f"      const int {last} = {last}_0 + {VECTOR} * {v};",
-        f"      {acc}_w[{v}] = lumos_load8(&{weight});",
+        f"      const int {last} = {last}_0 + {width} * {v};",
+        f"      {acc}_w[{v}] = {load}(&{weight});",
         "    }",
         f"    #pragma GCC unroll {rows}",
         f"    for (int {m} = 0; {m} < {rows}; {m}++) {{",
@@ -593,7 +600,7 @@ def register_block_body(ir: KernelIR, schedule: KernelSchedule) -> tuple[list[Lo
         "  }",
         f"  float {acc}_tile[{rows}][{tile}];",
         f"  for (int {m} = 0; {m} < {rows}; {m}++)",
-        f"    for (int {v} = 0; {v} < {lanes}; {v}++) lumos_store8(&{acc}_tile[{m}][{VECTOR} * {v}], {acc}_blk[{m}][{v}]);",
+        f"    for (int {v} = 0; {v} < {lanes}; {v}++) {store}(&{acc}_tile[{m}][{width} * {v}], {acc}_blk[{m}][{v}]);",
         f"  for (int {m} = 0; {m} < {rows} && {row}_0 + {m} < {bound}; {m}++) {{",
         f"    const int {row} = {row}_0 + {m};",
         f"    for (int {last} = {last}_0; {last} < {last}_0 + {tile}; {last}++) {{",

@@ -54,11 +54,14 @@ class KernelSchedule:
     `tile` columns summed in vector registers (each weight load shared by `rows` rows, each input
     load by `tile` columns); remainders of rows and columns are handled (0: off). In a fused
     attention kernel: queries per block, which share each key's value row (0: the default)."""
+    lanes: int = 0
+    """With `rows`: floats per vector of the register block (0: 8, one AVX2 register; 16: one
+    AVX-512 register, offered where the host has AVX-512, so a block holds twice the sums)."""
 
     def describe(self) -> str:
         parts = [{None: "auto", True: "row-wise", False: "dot"}[self.interchange]]
         if self.rows:
-            parts.append(f"block {self.rows}x{self.tile or 'auto'}")
+            parts.append(f"block {self.rows}x{self.tile or 'auto'}" + (f" ({self.lanes} lanes)" if self.lanes else ""))
         else:
             parts += [f"tile {self.tile}"] * bool(self.tile)
         parts += [f"collapse {self.collapse}"] * bool(self.collapse)

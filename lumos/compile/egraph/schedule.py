@@ -27,6 +27,7 @@ import re
 
 from egglog import EGraph, Expr, i64, i64Like, relation, rule, ruleset, union, vars_
 
+from lumos.compile.cache import host_cpu
 from lumos.compile.schedule import Kernel, KernelSchedule
 
 TILES = (8, 16, 32, 64)
@@ -37,6 +38,11 @@ columns / 8 weight vectors and one broadcast value, fit AVX2's 16 registers (8 �
 there; 6 × 32, 24 accumulators, fits only AVX-512's 32); which is fastest depends on the machine
 and the matmul's sizes (6 × 32 won the quickstart model's feed-forward layers here: 4.7 against
 5.3 ms for the best of the others; 12 × 16 never won and is not offered)."""
+WIDE_BLOCKS = ((4, 32), (6, 32), (4, 64), (6, 64))
+"""(rows, columns) of the register block in 16-lane vectors (AVX-512 hosts only): rows × columns /
+16 accumulators of the 32 registers. Where the host has two 512-bit FMA units, they double the
+FMA rate of 8-lane vectors (measured by benchmarks/fma_peak.py: 334 against 182 GFLOP/s on a
+2-core Sapphire Rapids slice); where 512-bit vectors run as two halves, the search finds no gain."""
 QUERY_BLOCKS = (1, 2, 4, 8)
 """Queries per fused attention block (besides the renderer's default, which is one of them)."""
 AUTO, ROW_WISE, DOT = 0, 1, 2
@@ -44,7 +50,7 @@ AUTO, ROW_WISE, DOT = 0, 1, 2
 
 class Sched(Expr):
     def __init__(self, interchange: i64Like, tile: i64Like, collapse: i64Like, unroll: i64Like, simd: i64Like,
-                 rows: i64Like) -> None: ...
+                 rows: i64Like, lanes: i64Like) -> None: ...
 
 
 reduces = relation("reduces")
@@ -52,9 +58,10 @@ reduces = relation("reduces")
 row_wise_legal = relation("row_wise_legal")
 tile_fits = relation("tile_fits", i64)
 """The last output loop splits evenly into tiles of this size."""
-register_block = relation("register_block", i64, i64)
-"""A block of this many rows × columns fits the matmul's output (the renderer checks the rest:
-a contiguous weight read shared by the rows; else the schedule renders as plain row-wise)."""
+register_block = relation("register_block", i64, i64, i64)
+"""A block of this many rows × columns, in vectors of this many lanes (0: 8), fits the matmul's
+output (the renderer checks the rest: a contiguous weight read shared by the rows; else the
+schedule renders as plain row-wise)."""
 many_outer = relation("many_outer")
 """More than one outer loop is shared out to threads (so sharing only the first is a variant)."""
 elementwise = relation("elementwise")
@@ -63,30 +70,37 @@ key_block = relation("key_block", i64)
 query_block = relation("query_block", i64)
 """A fused attention kernel can take its queries in blocks of this size (the `rows` field)."""
 
-a, t, c, u, s, m, n = vars_("a t c u s m n", i64)
+a, t, c, u, s, m, n, w = vars_("a t c u s m n w", i64)
 
 schedule_rules = ruleset(
-    rule(Sched(AUTO, 0, c, u, s, 0), row_wise_legal(), name="swap:row-wise").then(
-        union(Sched(AUTO, 0, c, u, s, 0)).with_(Sched(ROW_WISE, 0, c, u, s, 0))),
-    rule(Sched(AUTO, 0, c, u, s, 0), reduces(), name="swap:dot").then(
-        union(Sched(AUTO, 0, c, u, s, 0)).with_(Sched(DOT, 0, c, u, s, 0))),
-    rule(Sched(ROW_WISE, 0, c, u, s, 0), tile_fits(n), name="tile:registers").then(
-        union(Sched(ROW_WISE, 0, c, u, s, 0)).with_(Sched(ROW_WISE, n, c, u, s, 0))),
-    rule(Sched(ROW_WISE, 0, c, 0, s, 0), register_block(m, n), name="block:registers").then(
-        union(Sched(ROW_WISE, 0, c, 0, s, 0)).with_(Sched(ROW_WISE, n, c, 0, s, m))),
-    rule(Sched(AUTO, 0, c, u, s, 0), key_block(n), name="tile:key-block").then(
-        union(Sched(AUTO, 0, c, u, s, 0)).with_(Sched(AUTO, n, c, u, s, 0))),
-    rule(Sched(AUTO, t, c, u, s, 0), query_block(m), name="block:queries").then(
-        union(Sched(AUTO, t, c, u, s, 0)).with_(Sched(AUTO, t, c, u, s, m))),
-    rule(Sched(a, t, 0, u, s, m), many_outer(), name="parallelize:outermost").then(
-        union(Sched(a, t, 0, u, s, m)).with_(Sched(a, t, 1, u, s, m))),
-    rule(Sched(a, t, c, 0, s, 0), reduces(), name="unroll:reduction").then(
-        union(Sched(a, t, c, 0, s, 0)).with_(Sched(a, t, c, UNROLL, s, 0))),
-    rule(Sched(a, t, c, u, 0, m), elementwise(), name="vectorize:inner").then(
-        union(Sched(a, t, c, u, 0, m)).with_(Sched(a, t, c, u, 1, m))),
+    rule(Sched(AUTO, 0, c, u, s, 0, w), row_wise_legal(), name="swap:row-wise").then(
+        union(Sched(AUTO, 0, c, u, s, 0, w)).with_(Sched(ROW_WISE, 0, c, u, s, 0, w))),
+    rule(Sched(AUTO, 0, c, u, s, 0, w), reduces(), name="swap:dot").then(
+        union(Sched(AUTO, 0, c, u, s, 0, w)).with_(Sched(DOT, 0, c, u, s, 0, w))),
+    rule(Sched(ROW_WISE, 0, c, u, s, 0, w), tile_fits(n), name="tile:registers").then(
+        union(Sched(ROW_WISE, 0, c, u, s, 0, w)).with_(Sched(ROW_WISE, n, c, u, s, 0, w))),
+    rule(Sched(ROW_WISE, 0, c, 0, s, 0, 0), register_block(m, n, w), name="block:registers").then(
+        union(Sched(ROW_WISE, 0, c, 0, s, 0, 0)).with_(Sched(ROW_WISE, n, c, 0, s, m, w))),
+    rule(Sched(AUTO, 0, c, u, s, 0, w), key_block(n), name="tile:key-block").then(
+        union(Sched(AUTO, 0, c, u, s, 0, w)).with_(Sched(AUTO, n, c, u, s, 0, w))),
+    rule(Sched(AUTO, t, c, u, s, 0, w), query_block(m), name="block:queries").then(
+        union(Sched(AUTO, t, c, u, s, 0, w)).with_(Sched(AUTO, t, c, u, s, m, w))),
+    rule(Sched(a, t, 0, u, s, m, w), many_outer(), name="parallelize:outermost").then(
+        union(Sched(a, t, 0, u, s, m, w)).with_(Sched(a, t, 1, u, s, m, w))),
+    rule(Sched(a, t, c, 0, s, 0, w), reduces(), name="unroll:reduction").then(
+        union(Sched(a, t, c, 0, s, 0, w)).with_(Sched(a, t, c, UNROLL, s, 0, w))),
+    rule(Sched(a, t, c, u, 0, m, w), elementwise(), name="vectorize:inner").then(
+        union(Sched(a, t, c, u, 0, m, w)).with_(Sched(a, t, c, u, 1, m, w))),
 )
 
-_TERM = re.compile(r"Sched\((-?\d+), (-?\d+), (-?\d+), (-?\d+), (-?\d+), (-?\d+)\)")
+
+@functools.cache
+def has_avx512() -> bool:
+    """Whether this host's CPU has AVX-512 (which `-march=native` then lets gcc use)."""
+    return "avx512f" in host_cpu().replace(";", " ").split()
+
+
+_TERM = re.compile(r"Sched\((-?\d+), (-?\d+), (-?\d+), (-?\d+), (-?\d+), (-?\d+), (-?\d+)\)")
 
 
 Fact = tuple
@@ -119,7 +133,9 @@ def kernel_facts(kernel: Kernel, register_blocks: bool = True) -> tuple[Fact, ..
             facts.append(("row_wise_legal",))
             facts += [("tile_fits", tile) for tile in TILES if loops[-1] % tile == 0 and loops[-1] > tile]
             if register_blocks:
-                facts += [("register_block", rows, cols) for rows, cols in BLOCKS if cols <= loops[-1]]
+                facts += [("register_block", rows, cols, 0) for rows, cols in BLOCKS if cols <= loops[-1]]
+                if has_avx512():
+                    facts += [("register_block", rows, cols, 16) for rows, cols in WIDE_BLOCKS if cols <= loops[-1]]
     if len(loops) >= 3:
         facts.append(("many_outer",))
     if kernel.kind == "elementwise" and len(loops) >= 2:
@@ -141,7 +157,7 @@ def _candidates(facts: tuple[Fact, ...], limit: int) -> tuple[tuple[KernelSchedu
     kernel, most elementwise kernels) share it; each run prints its terms, which egglog formats
     one by one (2.6 s of a 46 s search before)."""
     egraph = EGraph()
-    root = egraph.let("root", Sched(AUTO, 0, 0, 0, 0, 0))
+    root = egraph.let("root", Sched(AUTO, 0, 0, 0, 0, 0, 0))
     if facts:
         egraph.register(*(_RELATIONS[name](*map(i64, values)) for name, *values in facts))
     report = egraph.run(schedule_rules.saturate())
@@ -151,9 +167,9 @@ def _candidates(facts: tuple[Fact, ...], limit: int) -> tuple[tuple[KernelSchedu
         match = _TERM.fullmatch(str(term))
         if match is None:
             continue
-        interchange, tile, collapse, unroll, simd, rows = map(int, match.groups())
+        interchange, tile, collapse, unroll, simd, rows, lanes = map(int, match.groups())
         schedules.append(KernelSchedule({AUTO: None, ROW_WISE: True, DOT: False}[interchange], tile, collapse,
-                                        unroll, bool(simd), rows))
+                                        unroll, bool(simd), rows, lanes))
     schedules.sort(key=lambda sched: sched != KernelSchedule())
     fired = {getattr(rule_, "name", None) or str(rule_): count for rule_, count in report.num_matches_per_rule.items() if count}
     return tuple(schedules), tuple(fired.items())

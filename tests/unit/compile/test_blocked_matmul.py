@@ -45,14 +45,15 @@ def run_with(graph: Graph, inputs, kernel_cache, schedule: KernelSchedule) -> tu
 
 
 @pytest.mark.parametrize("sizes", [(3, 17, 19, 37), (2, 5, 24, 48), (1, 3, 7, 33)])
-@pytest.mark.parametrize("block", [(4, 16), (6, 16), (2, 32)])
+@pytest.mark.parametrize("block", [(4, 16, 0), (6, 16, 0), (2, 32, 0), (4, 32, 16), (2, 16, 16)])
 def test_the_blocked_matmul_is_exact_when_no_block_divides_the_sizes(kernel_cache, sizes, block):
     """Row remainders (17 rows by 4 or 6; 3 rows in a block of 4 or 6), column remainders
-    (37 = 2·16 + 5 = 32 + 5), odd reduction lengths (19, 7), with the prologue and epilogues fused."""
+    (37 = 2·16 + 5 = 32 + 5), odd reduction lengths (19, 7), with the prologue and epilogues fused;
+    in vectors of 8 floats and of 16 (gcc splits those in two where the host lacks AVX-512)."""
     graph, inputs = block_layer(*sizes)
-    rows, tile = block
-    got, source = run_with(graph, inputs, kernel_cache, KernelSchedule(interchange=True, tile=tile, rows=rows))
-    assert "_blk[" in source  # the micro-kernel was rendered, not the plain row-wise loop
+    rows, tile, lanes = block
+    got, source = run_with(graph, inputs, kernel_cache, KernelSchedule(interchange=True, tile=tile, rows=rows, lanes=lanes))
+    assert f"lumos_f{lanes or 8} acc" in source and "_blk[" in source  # the micro-kernel, in vectors of that width
     np.testing.assert_allclose(got, interpret(graph, inputs)["y"], atol=1e-4, rtol=1e-4)
 
 
@@ -101,7 +102,8 @@ def test_a_wrong_blocked_kernel_is_rejected_and_never_chosen(kernel_cache, monke
         if blocked is None:
             return None
         loops, lines = blocked
-        return loops, [line.replace("(lumos_f8){0}", "(lumos_f8){1.0f}") for line in lines]
+        return loops, [line.replace("(lumos_f8){0}", "(lumos_f8){1.0f}").replace("(lumos_f16){0}", "(lumos_f16){1.0f}")
+                       for line in lines]
 
     monkeypatch.setattr(render_c, "register_block_body", broken)
     graph, inputs = block_layer(3, 17, 19, 37)
