@@ -285,8 +285,6 @@ def test_a_score_epilogue_runs_on_the_tiles_vectors_only_when_every_lane_is_a_pl
     assert _vector_epilogue(scores(scaled), Ref("elsewhere")) is None  # a value not computed from the product
 
 
-
-
 def test_the_fused_attention_writes_the_merged_heads(kernel_cache):
     """x (B, T, H·D) → q, k, v projected and split into heads → attention → heads merged back
     (a copy that reorders the output's dims, stored: the output projection reads it) → + x. The
