@@ -114,12 +114,88 @@ static inline lumos_f8 lumos_max8(lumos_f8 a, lumos_f8 b) {
   return (lumos_f8)(((lumos_i8)b & take) | ((lumos_i8)a & ~take));
 }
 /* The largest of v's lanes (NaN wins), in three steps of lane pairs rather than a chain of seven. */
-static inline float lumos_max_lanes(lumos_f8 v) {
+static inline float lumos_max_lanes8(lumos_f8 v) {
   v = lumos_max8(v, __builtin_shuffle(v, (lumos_i8){4, 5, 6, 7, 0, 1, 2, 3}));
   v = lumos_max8(v, __builtin_shuffle(v, (lumos_i8){2, 3, 0, 1, 6, 7, 4, 5}));
   v = lumos_max8(v, __builtin_shuffle(v, (lumos_i8){1, 0, 3, 2, 5, 4, 7, 6}));
   return v[0];
 }
+/* The same two for 16-float vectors (the fused attention's, on AVX-512 hosts). */
+typedef int lumos_i16 __attribute__((vector_size(64)));
+static inline lumos_f16 lumos_max16(lumos_f16 a, lumos_f16 b) {
+  const lumos_i16 take = (b > a) | (b != b);
+  return (lumos_f16)(((lumos_i16)b & take) | ((lumos_i16)a & ~take));
+}
+static inline float lumos_max_lanes16(lumos_f16 v) {
+  v = lumos_max16(v, __builtin_shuffle(v, (lumos_i16){8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7}));
+  v = lumos_max16(v, __builtin_shuffle(v, (lumos_i16){4, 5, 6, 7, 0, 1, 2, 3, 12, 13, 14, 15, 8, 9, 10, 11}));
+  v = lumos_max16(v, __builtin_shuffle(v, (lumos_i16){2, 3, 0, 1, 6, 7, 4, 5, 10, 11, 8, 9, 14, 15, 12, 13}));
+  v = lumos_max16(v, __builtin_shuffle(v, (lumos_i16){1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10, 13, 12, 15, 14}));
+  return v[0];
+}
+/* lumos_exp2f_nonpositive lane by lane (the same steps; a select for the clamp), and the sum of
+   a vector's lanes in log2(lanes) shuffle-and-add steps: the fused attention's softmax in whole
+   vectors, with no scalar remainder loop and no reduction epilogue from gcc (a chain of 15 scalar
+   adds per query, a fifth of the kernel at head size 16). */
+#define LUMOS_VECTOR_SOFTMAX(N, ...)                                                       \
+  typedef unsigned lumos_u##N __attribute__((vector_size(4 * N)));                        \
+  static inline lumos_f##N lumos_exp2_nonpositive##N(lumos_f##N x) {                      \
+    const lumos_i##N low = x < (lumos_f##N){} - 127.0f;                                    \
+    const lumos_f##N c = (lumos_f##N)((low & (lumos_i##N)((lumos_f##N){} - 127.0f)) | (~low & (lumos_i##N)x)); \
+    const lumos_f##N t = c + 12582912.0f;                                                  \
+    const lumos_f##N f = c - (t - 12582912.0f);                                            \
+    lumos_f##N p = f * 1.3276358367875218e-03f + 9.67550277709961e-03f;                    \
+    p = p * f + 5.550713092088699e-02f;                                                    \
+    p = p * f + 2.4022120237350464e-01f;                                                   \
+    p = p * f + 6.931469440460205e-01f;                                                    \
+    p = p * f + 1.0000001192092896f;                                                       \
+    const lumos_u##N bits = ((lumos_u##N)t - 0x4B400000u + 127u) << 23;                    \
+    return p * (lumos_f##N)bits;                                                           \
+  }                                                                                        \
+  static inline float lumos_sum_lanes##N(lumos_f##N v) {                                   \
+    const lumos_i##N steps[] = {__VA_ARGS__};                                              \
+    for (int k = 0; k < (int)(sizeof steps / sizeof steps[0]); k++) v += __builtin_shuffle(v, steps[k]); \
+    return v[0];                                                                           \
+  }
+/* The first n (0 < n < lanes) floats at p and zeros, reading nothing past p + n - 1 (a masked load
+   where the target has one), and v's first n lanes with `fill` in the rest: the fused attention's
+   last keys, fewer than a vector. */
+#if defined(__AVX512F__)
+#include <immintrin.h>
+static inline lumos_f16 lumos_load16_first(const float* p, int n) {
+  return (lumos_f16)_mm512_maskz_loadu_ps((__mmask16)((1u << n) - 1u), p);
+}
+#else
+static inline lumos_f16 lumos_load16_first(const float* p, int n) {
+  lumos_f16 v = {0};
+  for (int k = 0; k < n; k++) v[k] = p[k];
+  return v;
+}
+#endif
+#if defined(__AVX512F__) && defined(__AVX512VL__)
+static inline lumos_f8 lumos_load8_first(const float* p, int n) {
+  return (lumos_f8)_mm256_maskz_loadu_ps((__mmask8)((1u << n) - 1u), p);
+}
+#else
+static inline lumos_f8 lumos_load8_first(const float* p, int n) {
+  lumos_f8 v = {0};
+  for (int k = 0; k < n; k++) v[k] = p[k];
+  return v;
+}
+#endif
+static inline lumos_f8 lumos_first8(lumos_f8 v, int n, float fill) {
+  const lumos_i8 keep = (lumos_i8){0, 1, 2, 3, 4, 5, 6, 7} < n;
+  return (lumos_f8)(((lumos_i8)v & keep) | ((lumos_i8)((lumos_f8){} + fill) & ~keep));
+}
+static inline lumos_f16 lumos_first16(lumos_f16 v, int n, float fill) {
+  const lumos_i16 keep = (lumos_i16){0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15} < n;
+  return (lumos_f16)(((lumos_i16)v & keep) | ((lumos_i16)((lumos_f16){} + fill) & ~keep));
+}
+LUMOS_VECTOR_SOFTMAX(8, {4, 5, 6, 7, 0, 1, 2, 3}, {2, 3, 0, 1, 6, 7, 4, 5}, {1, 0, 3, 2, 5, 4, 7, 6})
+LUMOS_VECTOR_SOFTMAX(16, {8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7},
+                     {4, 5, 6, 7, 0, 1, 2, 3, 12, 13, 14, 15, 8, 9, 10, 11},
+                     {2, 3, 0, 1, 6, 7, 4, 5, 10, 11, 8, 9, 14, 15, 12, 13},
+                     {1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10, 13, 12, 15, 14})
 """
 
 ATTENTION_BLOCK = 128
@@ -157,7 +233,10 @@ def render_attention(kernel: Kernel, materialized: set[Node], params: dict[Node,
     # values depend on the query (never for attention; the rule would still be legal).
     shared = query not in expr_vars(ir.value).union(*(stmt_vars(s) for s in ir.value_stmts))
     batch = out.batched and query == "i0"  # as many as given: no static size to block
-    default_rows = max(1, min(8, ATTENTION_ACCUMULATORS // max(1, width // VECTOR)))
+    # Vectors of 16 floats where the schedule asks (AVX-512 hosts) and the head splits into them.
+    vw = 16 if schedule.lanes == 16 and width % 16 == 0 else VECTOR
+    vec, load_vec, store_vec = f"lumos_f{vw}", f"lumos_load{vw}", f"lumos_store{vw}"
+    default_rows = max(1, min(8, ATTENTION_ACCUMULATORS // max(1, width // vw)))
     per_block = min(schedule.rows or default_rows, queries) if shared and not batch else 1
     # Inside a block, the query index is defined per query; a last, partial block repeats its
     # last query rather than read past the end.
@@ -165,23 +244,23 @@ def render_attention(kernel: Kernel, materialized: set[Node], params: dict[Node,
                   if per_block > 1 else [])
     stored = f"q < {per_block} && {query}_0 + q < {queries}" if per_block > 1 else "q < 1"
     # The values as vectors when they are one contiguous read along the value width: then each
-    # query's output row is width / 8 vector registers, and a key's value row is loaded once
+    # query's output row is width / vw vector registers, and a key's value row is loaded once
     # for the whole block of queries (as in the register-blocked matmul).
-    vectors = (not ir.value_stmts and width % VECTOR == 0 and isinstance(ir.value, Load)
+    vectors = (not ir.value_stmts and width % vw == 0 and isinstance(ir.value, Load)
                and not any(isinstance(i, RowOf) for i in ir.value.indices) and stride_along(ir.value, "dd") == 1)
-    lanes = width // VECTOR
+    lanes = width // vw
     if vectors:
-        declare = f"lumos_f8 o[{per_block}][{lanes}];"
-        clear = f"  for (int v = 0; v < {lanes}; v++) o[q][v] = (lumos_f8){{0}};"
+        declare = f"{vec} o[{per_block}][{lanes}];"
+        clear = f"  for (int v = 0; v < {lanes}; v++) o[q][v] = ({vec}){{0}};"
         rescale = f"    for (int v = 0; v < {lanes}; v++) o[q][v] *= corr[q];"
         accumulate = [
             "  for (int jj = 0; jj < jn; jj++) {",
             "    const int j = j0 + jj;",
-            f"    lumos_f8 vv[{lanes}];  /* the key's value row: loaded once for every query of the block */",
+            f"    {vec} vv[{lanes}];  /* the key's value row: loaded once for every query of the block */",
             f"    #pragma GCC unroll {lanes}",
             f"    for (int v = 0; v < {lanes}; v++) {{",
-            f"      const int dd = {VECTOR} * v;",
-            f"      vv[v] = lumos_load8(&{value});",
+            f"      const int dd = {vw} * v;",
+            f"      vv[v] = {load_vec}(&{value});",
             "    }",
             f"    #pragma GCC unroll {per_block}",
             f"    for (int q = 0; q < {per_block}; q++) {{",
@@ -192,7 +271,7 @@ def render_attention(kernel: Kernel, materialized: set[Node], params: dict[Node,
             "  }",
         ]
         store = [f"  float row[{width}];",
-                 f"  for (int v = 0; v < {lanes}; v++) lumos_store8(&row[{VECTOR} * v], o[q][v]);",
+                 f"  for (int v = 0; v < {lanes}; v++) {store_vec}(&row[{vw} * v], o[q][v]);",
                  f"  for (int dd = 0; dd < {width}; dd++) out[{out_index}] = row[dd] / l[q];"]
     else:
         declare = f"float o[{per_block}][{width}];"
@@ -213,7 +292,7 @@ def render_attention(kernel: Kernel, materialized: set[Node], params: dict[Node,
         ]
         store = [f"  for (int dd = 0; dd < {width}; dd++) out[{out_index}] = o[q][dd] / l[q];"]
     # Without a register-blocked product: each query's scores, vectorized across keys.
-    blocked = _blocked_scores(ir, query, queries, block, per_block, this_query)
+    blocked = _blocked_scores(ir, query, queries, block, per_block, this_query, vw)
     # The block's maximum score per query: found in registers with the scores when their
     # epilogue ran on the product tiles (bmax), else one more pass over them.
     block_max = (["    float bm = bmax[q];"] if blocked and blocked.max_found else [
@@ -229,7 +308,7 @@ def render_attention(kernel: Kernel, materialized: set[Node], params: dict[Node,
         f"    s[q][jj] = {score};",
         "  }",
         "}"]]
-    scores_row = -(-block // VECTOR) * VECTOR  # whole vectors: the zero-padded last keys store one
+    scores_row = -(-block // vw) * vw  # whole vectors: the last keys store one
     # Every access to o is in a fully unrolled loop, so that gcc keeps it in registers.
     body = [
         f"float m[{per_block}], l[{per_block}], corr[{per_block}], s[{per_block}][{scores_row}];",
@@ -249,12 +328,17 @@ def render_attention(kernel: Kernel, materialized: set[Node], params: dict[Node,
         "    const float mn = lumos_max(m[q], bm);",
         f"    corr[q] = lumos_exp2f_nonpositive((m[q] - mn) * {scale});  /* the max-rescaling identity */",
         "    float lq = l[q] * corr[q];",
-        "    #pragma omp simd reduction(+:lq)",
-        "    for (int jj = 0; jj < jn; jj++) {",
-        f"      s[q][jj] = lumos_exp2f_nonpositive((s[q][jj] - mn) * {scale});",
-        "      lq += s[q][jj];",
+        # Whole vectors of exponentials, the padding's scores -inf (2^-inf is 0, so they add
+        # nothing): no scalar remainder (5 of 101 keys were 40 scalar exponentials per block).
+        f"    const int jv = (jn + {vw - 1}) / {vw} * {vw};",
+        "    for (int jj = jn; jj < jv; jj++) s[q][jj] = -INFINITY;",
+        f"    {vec} lv = ({vec}){{0}};",
+        f"    for (int jj = 0; jj < jv; jj += {vw}) {{",
+        f"      const {vec} e = lumos_exp2_nonpositive{vw}(({load_vec}(&s[q][jj]) - mn) * {scale});",
+        f"      {store_vec}(&s[q][jj], e);",
+        "      lv += e;",
         "    }",
-        "    l[q] = lq;",
+        f"    l[q] = lq + lumos_sum_lanes{vw}(lv);",
         "    m[q] = mn;",
         "  }",
         f"  #pragma GCC unroll {per_block}",
@@ -300,16 +384,18 @@ class BlockedScores:
 
 
 def _blocked_scores(ir: AttentionIR, query: str, queries: int, block: int, per_block: int,
-                    this_query: list[str]) -> BlockedScores | None:
+                    this_query: list[str], vw: int = VECTOR) -> BlockedScores | None:
     """The scores of the block's jn keys for the block of queries as register-blocked products
     (per_block × lanes vector sums; each key vector loaded once for every query): tiles of up to
-    4 vectors of keys, then single vectors, then the last keys (fewer than 8) copied into a
-    zero-padded vector. (The last keys one query at a time, a scalar dot product each, took a
-    fifth of the kernel at 51 keys.) The score's epilogue (scale, mask) runs on each whole tile's
-    vectors before they are stored, with the running maximum, when it is made of sums and
-    products of reads along the keys (_vector_epilogue); else, and for the zero-padded last keys,
-    per score after the tiles. Needs the score to be a dot product q·k whose key operand is read
-    contiguously along the keys; else None."""
+    4 vectors of keys, then single vectors, then the last keys (fewer than a vector) as one
+    vector read with a lane mask (lumos_load16_first: zeros past them, nothing read there);
+    vectors of `vw` floats (8, or 16 on AVX-512). (The last keys one query at a time, a scalar dot
+    product each, took a fifth of the kernel at 51 keys; copied into a zero-padded vector per
+    block of queries, with their epilogue per score, a seventh at 101.) The score's epilogue
+    (scale, mask) runs on the tiles' vectors before they are stored, with the running maximum,
+    when it is made of sums and products of reads along the keys (_vector_epilogue; the last
+    keys' lanes past jn set to -inf); else per score after the tiles. Needs the score to be a dot
+    product q·k whose key operand is read contiguously along the keys; else None."""
     if per_block < 2:
         return None
     scores = match_scores(ir, query)
@@ -317,39 +403,42 @@ def _blocked_scores(ir: AttentionIR, query: str, queries: int, block: int, per_b
         return None
     dot, key, query_value = scores.dot, expr(scores.key), expr(scores.query_value)
     score, epilogue = expr(ir.score), _lines(scores.epilogue)
-    in_registers = _vector_epilogue(scores, ir.score)
+    in_registers = _vector_epilogue(scores, ir.score, vw)
+    in_registers_last = _vector_epilogue(scores, ir.score, vw, first="jn - t0")
     r = dot.var
+    vec, load, store_vec, vmax = f"lumos_f{vw}", f"lumos_load{vw}", f"lumos_store{vw}", f"lumos_max{vw}"
 
-    def store(lanes: int, whole: bool) -> list[str]:
-        if not (whole and in_registers):
+    def store(lanes: int, last: bool) -> list[str]:
+        vector = in_registers_last if last else in_registers
+        if not vector:
             return [f"#pragma GCC unroll {per_block}",
                     f"for (int q = 0; q < {per_block}; q++)",
-                    f"  for (int v = 0; v < {lanes}; v++) lumos_store8(&s[q][t0 + {VECTOR} * v], sa[q][v]);"]
+                    f"  for (int v = 0; v < {lanes}; v++) {store_vec}(&s[q][t0 + {vw} * v], sa[q][v]);"]
         return [
             f"#pragma GCC unroll {per_block}",
             f"for (int q = 0; q < {per_block}; q++) {{",
             *("  " + line for line in this_query),
             f"  #pragma GCC unroll {lanes}",
             f"  for (int v = 0; v < {lanes}; v++) {{",
-            f"    const int j = j0 + t0 + {VECTOR} * v;",
-            f"    const lumos_f8 {dot.acc} = sa[q][v];",
-            *("    " + line for line in in_registers[0]),
-            f"    const lumos_f8 sv = {in_registers[1]};",
-            f"    lumos_store8(&s[q][t0 + {VECTOR} * v], sv);",
-            "    mx[q] = lumos_max8(mx[q], sv);",
+            f"    const int j = j0 + t0 + {vw} * v;",
+            f"    const {vec} {dot.acc} = sa[q][v];",
+            *("    " + line for line in vector[0]),
+            f"    const {vec} sv = {f'lumos_first{vw}({vector[1]}, jn - t0, -INFINITY)' if last else vector[1]};",
+            f"    {store_vec}(&s[q][t0 + {vw} * v], sv);",
+            f"    mx[q] = {vmax}(mx[q], sv);",
             "  }",
             "}",
         ]
 
-    def tile(lanes: int, load: list[str], whole: bool = True) -> list[str]:
-        """Scores of keys t0 … t0 + 8·lanes - 1; `load` sets kv[v], the key vector v of step r."""
+    def tile(lanes: int, load: list[str], last: bool = False) -> list[str]:
+        """Scores of keys t0 … t0 + vw·lanes - 1; `load` sets kv[v], the key vector v of step r."""
         return [
-            f"lumos_f8 sa[{per_block}][{lanes}];",
+            f"{vec} sa[{per_block}][{lanes}];",
             f"#pragma GCC unroll {per_block}",
             f"for (int q = 0; q < {per_block}; q++)",
-            f"  for (int v = 0; v < {lanes}; v++) sa[q][v] = (lumos_f8){{0}};",
+            f"  for (int v = 0; v < {lanes}; v++) sa[q][v] = ({vec}){{0}};",
             f"for (int {r} = 0; {r} < {dot.length}; {r}++) {{",
-            f"  lumos_f8 kv[{lanes}];  /* loaded once, used by every query of the block */",
+            f"  {vec} kv[{lanes}];  /* loaded once, used by every query of the block */",
             f"  #pragma GCC unroll {lanes}",
             f"  for (int v = 0; v < {lanes}; v++) {{",
             *("    " + line for line in load),
@@ -362,48 +451,43 @@ def _blocked_scores(ir: AttentionIR, query: str, queries: int, block: int, per_b
             f"    for (int v = 0; v < {lanes}; v++) sa[q][v] += x * kv[v];",
             "  }",
             "}",
-            *store(lanes, whole),
+            *store(lanes, last),
         ]
 
     def keys_at(lanes: int) -> list[str]:
-        return [f"for (; t0 + {lanes * VECTOR} <= jn; t0 += {lanes * VECTOR}) {{",
-                *("  " + line for line in tile(lanes, [f"const int j = j0 + t0 + {VECTOR} * v;", f"kv[v] = lumos_load8(&{key});"])),
+        return [f"for (; t0 + {lanes * vw} <= jn; t0 += {lanes * vw}) {{",
+                *("  " + line for line in tile(lanes, [f"const int j = j0 + t0 + {vw} * v;", f"kv[v] = {load}(&{key});"])),
                 "}"]
 
     # Up to 16 accumulators: they and the key vectors stay in registers (AVX-512 has 32, AVX2 16).
-    lanes = max(1, min(4, 16 // per_block, block // VECTOR))
-    negative_infinity = "{" + ", ".join(["-INFINITY"] * VECTOR) + "}"
+    lanes = max(1, min(4, 16 // per_block, block // vw))
+    negative_infinity = "{" + ", ".join(["-INFINITY"] * vw) + "}"
     lines = [
         "int t0 = 0;",
-        *([f"lumos_f8 mx[{per_block}];  /* the running maximum of each query's scores, per lane */",
-           f"for (int q = 0; q < {per_block}; q++) mx[q] = (lumos_f8){negative_infinity};"] if in_registers else []),
+        *([f"{vec} mx[{per_block}];  /* the running maximum of each query's scores, per lane */",
+           f"for (int q = 0; q < {per_block}; q++) mx[q] = ({vec}){negative_infinity};"] if in_registers else []),
         *keys_at(lanes),
         *(keys_at(1) if lanes > 1 else []),
-        f"const int t_last = {'t0' if in_registers else '0'};  /* the scores whose epilogue is still to run */",
-        "if (t0 < jn) {",
-        f"  float kt[{dot.length}][{VECTOR}];  /* the last keys, zero-padded to a vector */",
-        f"  for (int {r} = 0; {r} < {dot.length}; {r}++)",
-        f"    for (int v = 0; v < {VECTOR}; v++) {{",
-        "      const int j = j0 + t0 + v;",
-        f"      kt[{r}][v] = t0 + v < jn ? {key} : 0.0f;",
-        "    }",
-        *("  " + line for line in tile(1, [f"kv[v] = lumos_load8(kt[{r}]);"], whole=False)),
-        "}",
-        *([f"float bmax[{per_block}];"] if in_registers else []),
-        f"for (int q = 0; q < {per_block}; q++) {{",
-        *("  " + line for line in this_query),
-        "  #pragma omp simd",
-        "  for (int jj = t_last; jj < jn; jj++) {",
-        "    const int j = j0 + jj;",
-        f"    const float {dot.acc} = s[q][jj];",
-        *("    " + line for line in epilogue),
-        f"    s[q][jj] = {score};",
-        "  }",
-        *(["  float bm = lumos_max_lanes(mx[q]);",
-           "  for (int jj = t_last; jj < jn; jj++) bm = lumos_max(bm, s[q][jj]);",
-           "  bmax[q] = bm;"] if in_registers else []),
+        "if (t0 < jn) {  /* the last keys: one vector, its lanes past them zero */",
+        *("  " + line for line in tile(1, [f"const int j = j0 + t0 + {vw} * v;", f"kv[v] = {load}_first(&{key}, jn - t0);"],
+                                       last=True)),
         "}",
     ]
+    if in_registers_last:  # every score's epilogue ran on its vector
+        lines += [f"float bmax[{per_block}];",
+                  f"for (int q = 0; q < {per_block}; q++) bmax[q] = lumos_max_lanes{vw}(mx[q]);"]
+    else:
+        lines += [
+            f"for (int q = 0; q < {per_block}; q++) {{",
+            *("  " + line for line in this_query),
+            "  #pragma omp simd",
+            "  for (int jj = 0; jj < jn; jj++) {",
+            "    const int j = j0 + jj;",
+            f"    const float {dot.acc} = s[q][jj];",
+            *("    " + line for line in epilogue),
+            f"    s[q][jj] = {score};",
+            "  }",
+            "}"]
     # The queries' rows are first read by the block's first product, a load per query that the
     # out-of-order window cannot hide (and no stride the prefetcher follows): ask for the next
     # block's rows now, while this block computes (one thread on quickstart: about 10% faster).
@@ -413,18 +497,19 @@ def _blocked_scores(ir: AttentionIR, query: str, queries: int, block: int, per_b
         f"  const int {r} = 0;",
         f"  __builtin_prefetch(&{query_value});",
         "}"]
-    return BlockedScores(lines, max_found=bool(in_registers), prefetch=prefetch)
+    return BlockedScores(lines, max_found=bool(in_registers_last), prefetch=prefetch)
 
 
-def _vector_epilogue(scores: ScoreDot, score: Expr) -> tuple[list[str], str] | None:
-    """The score's epilogue over a vector of 8 keys' products (the accumulator a lumos_f8): its
+def _vector_epilogue(scores: ScoreDot, score: Expr, vw: int = VECTOR, first: str = "") -> tuple[list[str], str] | None:
+    """The score's epilogue over a vector of vw keys' products (the accumulator a lumos_f8 or _f16): its
     statements and the score, when they are sums and products of numbers, earlier values and
-    reads that do not move with the keys (one float for all 8) or move by one along them (one
-    vector load at key j); else None (a select or a strided read would need per-lane code)."""
+    reads that do not move with the keys (one float for all vw) or move by one along them (one
+    vector load at key j; with `first`, only the first lanes are read, the rest 0); else None (a
+    select or a strided read would need per-lane code)."""
     vectors = {scores.dot.acc}
 
     def vector_expr(e: Expr) -> tuple[str, bool] | None:
-        """The C text of `e` over 8 keys, and whether it is a vector (else one float for all)."""
+        """The C text of `e` over vw keys, and whether it is a vector (else one float for all)."""
         if isinstance(e, Num):
             return literal(e.value), False
         if isinstance(e, Ref):
@@ -434,7 +519,9 @@ def _vector_epilogue(scores: ScoreDot, score: Expr) -> tuple[list[str], str] | N
                 return None
             if "j" not in expr_vars(e):
                 return expr(e), False
-            return (f"lumos_load8(&{expr(e)})", True) if stride_along(e, "j") == 1 else None
+            if stride_along(e, "j") != 1:
+                return None
+            return (f"lumos_load{vw}_first(&{expr(e)}, {first})" if first else f"lumos_load{vw}(&{expr(e)})"), True
         if isinstance(e, Binary) and e.op in (Op.ADD, Op.MUL, Op.SUM):
             a, b = vector_expr(e.a), vector_expr(e.b)
             if a is None or b is None:
@@ -450,7 +537,7 @@ def _vector_epilogue(scores: ScoreDot, score: Expr) -> tuple[list[str], str] | N
         if value is None or not value[1]:  # a float for all keys stays in the per-score code
             return None
         vectors.add(stmt.name)
-        lines.append(f"const lumos_f8 {stmt.name} = {value[0]};")
+        lines.append(f"const lumos_f{vw} {stmt.name} = {value[0]};")
     final = vector_expr(score)
     if final is None or not final[1]:
         return None

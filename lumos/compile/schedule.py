@@ -56,14 +56,15 @@ class KernelSchedule:
     attention kernel: queries per block, which share each key's value row (0: the default)."""
     lanes: int = 0
     """With `rows`: floats per vector of the register block (0: 8, one AVX2 register; 16: one
-    AVX-512 register, offered where the host has AVX-512, so a block holds twice the sums)."""
+    AVX-512 register, offered where the host has AVX-512, so a block holds twice the sums). In a
+    fused attention kernel: the same for its score tiles and output rows."""
 
     def describe(self) -> str:
         parts = [{None: "auto", True: "row-wise", False: "dot"}[self.interchange]]
         if self.rows:
             parts.append(f"block {self.rows}x{self.tile or 'auto'}" + (f" ({self.lanes} lanes)" if self.lanes else ""))
         else:
-            parts += [f"tile {self.tile}"] * bool(self.tile)
+            parts += [f"tile {self.tile}"] * bool(self.tile) + [f"{self.lanes} lanes"] * bool(self.lanes)
         parts += [f"collapse {self.collapse}"] * bool(self.collapse)
         parts += [f"unroll {self.unroll}"] * bool(self.unroll) + ["simd"] * self.simd
         return ", ".join(parts)

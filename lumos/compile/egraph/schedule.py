@@ -13,7 +13,8 @@ about this kernel's loops (which the caller asserts as relations):
 - unroll: unroll the reduction loop;
 - vectorize: mark the innermost output loop `omp simd`;
 - key blocks (fused attention): how many keys' scores are computed before one rescaling;
-- query blocks (fused attention): how many queries share each key's value row.
+- query blocks (fused attention): how many queries share each key's value row;
+- wide vectors (fused attention, AVX-512 hosts): its scores and output rows in 16-float vectors.
 
 All the terms end in the kernel's root e-class (they compute the same thing), and every one of
 them is extracted as a candidate for the search to measure: a static cost cannot tell which is
@@ -69,6 +70,9 @@ key_block = relation("key_block", i64)
 """A fused attention kernel can take its keys in blocks of this size."""
 query_block = relation("query_block", i64)
 """A fused attention kernel can take its queries in blocks of this size (the `rows` field)."""
+wide_vectors = relation("wide_vectors")
+"""A fused attention kernel can run in 16-float vectors (the host has AVX-512, and its head size
+is a multiple of 16)."""
 
 a, t, c, u, s, m, n, w = vars_("a t c u s m n w", i64)
 
@@ -85,6 +89,8 @@ schedule_rules = ruleset(
         union(Sched(AUTO, 0, c, u, s, 0, w)).with_(Sched(AUTO, n, c, u, s, 0, w))),
     rule(Sched(AUTO, t, c, u, s, 0, w), query_block(m), name="block:queries").then(
         union(Sched(AUTO, t, c, u, s, 0, w)).with_(Sched(AUTO, t, c, u, s, m, w))),
+    rule(Sched(AUTO, t, c, u, s, m, 0), wide_vectors(), name="vectorize:16-lanes").then(
+        union(Sched(AUTO, t, c, u, s, m, 0)).with_(Sched(AUTO, t, c, u, s, m, 16))),
     rule(Sched(a, t, 0, u, s, m, w), many_outer(), name="parallelize:outermost").then(
         union(Sched(a, t, 0, u, s, m, w)).with_(Sched(a, t, 1, u, s, m, w))),
     rule(Sched(a, t, c, 0, s, 0, w), reduces(), name="unroll:reduction").then(
@@ -108,7 +114,7 @@ Fact = tuple
 
 _RELATIONS = {"reduces": reduces, "row_wise_legal": row_wise_legal, "tile_fits": tile_fits,
               "register_block": register_block, "many_outer": many_outer, "elementwise": elementwise,
-              "key_block": key_block, "query_block": query_block}
+              "key_block": key_block, "query_block": query_block, "wide_vectors": wide_vectors}
 WHOLE_KEYS_MAX = 1024
 """A fused attention kernel can take all its keys as one block (one pass, no rescaling) up to
 this many: its scores row per query stays on the stack."""
@@ -126,6 +132,8 @@ def kernel_facts(kernel: Kernel, register_blocks: bool = True) -> tuple[Fact, ..
         facts += [("key_block", block) for block in sorted(blocks)]
         queries = loops[-2] if len(loops) >= 2 else 1  # (..., queries, value width)
         facts += [("query_block", block) for block in QUERY_BLOCKS if block < queries]
+        if has_avx512() and loops[-1] % 16 == 0:
+            facts.append(("wide_vectors",))
         return tuple(facts + [("many_outer",)] * (len(loops) >= 3))
     if kernel.kind == "reduce" and len(loops) >= 2:
         facts.append(("reduces",))

@@ -205,27 +205,32 @@ def test_key_blocks_are_distinct_candidates_of_a_fused_attention(kernel_cache):
     assert {candidate.schedule.tile for candidate in group.candidates} >= {0, 8, 16, 64}
 
 
-@pytest.mark.parametrize("queries, per_block, D, keys_transposed, keys_per_block", [
-    (17, 1, 8, False, 8), (17, 2, 16, True, 8), (17, 4, 8, False, 8), (17, 4, 8, True, 8), (17, 8, 8, True, 8),
-    (1, 4, 8, True, 8), (17, 4, 6, False, 8), (17, 4, 8, True, 17), (17, 2, 16, True, 0)])
+@pytest.mark.parametrize("queries, per_block, D, keys_transposed, keys_per_block, lanes", [
+    (17, 1, 8, False, 8, 0), (17, 2, 16, True, 8, 0), (17, 4, 8, False, 8, 0), (17, 4, 8, True, 8, 0),
+    (17, 8, 8, True, 8, 0), (1, 4, 8, True, 8, 0), (17, 4, 6, False, 8, 0), (17, 4, 8, True, 17, 0),
+    (17, 2, 16, True, 0, 0), (17, 8, 16, True, 0, 16), (17, 4, 16, True, 8, 16), (17, 2, 32, False, 16, 16),
+    (17, 4, 32, True, 17, 16), (17, 4, 8, True, 0, 16)])
 def test_query_blocks_are_exact_when_they_do_not_divide_the_queries(kernel_cache, queries, per_block, D, keys_transposed,
-                                                                    keys_per_block):
+                                                                    keys_per_block, lanes):
     """17 queries in blocks of 2, 4 or 8 leave a partial last block; one query (a decoder slot's
     cross-attention) has no query loop to block. Heads of 8 and 16 accumulate in vectors, of 6 not.
     With the keys stored along the sequence, a block's scores are register-blocked products over
     tiles of keys, the keys left over zero-padded to one more vector (17 keys in blocks of 8: two
     tiles, then one key padded; all 17 keys in one block, given or the default of 32 cut to 17: a
-    tile of 16, then one padded)."""
+    tile of 16, then one padded). In 16-float vectors (lanes 16, where the head size is a multiple
+    of 16; a head of 8 keeps 8-float ones): 17 keys are a tile of 16 and one padded, a block of 8
+    keys only the padded vector. (On a host without AVX-512 gcc splits those vectors in two.)"""
     graph, inputs = attention_graph(17, queries, D, keys_transposed)
     kernels, materialized = fused_kernels(graph, kernel_cache)
-    schedules = {kernel.name: KernelSchedule(tile=keys_per_block, rows=per_block) for kernel in kernels}
+    schedules = {kernel.name: KernelSchedule(tile=keys_per_block, rows=per_block, lanes=lanes) for kernel in kernels}
     got, source = run_fused(graph, inputs, kernel_cache, kernels, materialized, plan_buffers(graph, kernels), schedules)
     assert f"{min(queries, per_block) if queries > 1 else 1} queries at a time" in source
-    assert ("lumos_f8 o[" in source) == (D % 8 == 0)
+    vw = 16 if lanes == 16 and D % 16 == 0 else 8
+    assert (f"lumos_f{vw} o[" in source) == (D % 8 == 0)
     blocked = keys_transposed and queries > 1 and per_block > 1
-    assert ("lumos_f8 sa[" in source) == blocked
+    assert (f"lumos_f{vw} sa[" in source) == blocked
     # The mask and scale run on the product tiles' vectors, with the running maximum.
-    assert ("mx[q] = lumos_max8(mx[q], sv);" in source) == blocked
+    assert (f"mx[q] = lumos_max{vw}(mx[q], sv);" in source) == blocked
     np.testing.assert_allclose(got, interpret(graph, inputs)["y"], atol=1e-5, rtol=1e-5)
 
 
@@ -236,6 +241,18 @@ def test_query_blocks_are_candidates_of_a_fused_attention(kernel_cache):
     # 8 queries is the default at head size 8 (16 accumulators / 1 vector, at most 8): the same C
     # as rows 0, so it is offered once.
     assert {candidate.schedule.rows for candidate in group.candidates} == {0, 1, 2, 4}
+
+
+def test_16_float_vectors_are_candidates_of_a_fused_attention_on_avx512_hosts(kernel_cache):
+    from lumos.compile.egraph.schedule import has_avx512
+    from lumos.compile.search import make_groups
+
+    def lanes(D: int) -> set[int]:
+        (group,) = make_groups(*fused_kernels(attention_graph(17, D=D)[0], kernel_cache), seed=0)
+        return {candidate.schedule.lanes for candidate in group.candidates}
+
+    assert lanes(16) == ({0, 16} if has_avx512() else {0})
+    assert lanes(8) == {0}  # a head of 8 floats is half a 16-float vector: not offered
 
 
 def test_the_softmax_exponent_is_exp2_to_two_ulp_where_it_is_used(kernel_cache):
@@ -257,6 +274,55 @@ def test_the_softmax_exponent_is_exp2_to_two_ulp_where_it_is_used(kernel_cache):
     exact = np.exp2(x.astype(np.float64))
     assert np.max(np.abs(y[:x.size] / exact - 1)) < 2.5e-7
     assert np.all(y[x.size:x.size + low.size] == 0.0) and np.isnan(y[-1])
+
+
+@pytest.mark.parametrize("lanes", [8, 16])
+def test_the_vector_softmax_steps_match_the_scalar_ones_and_the_last_keys_read_nothing_past_them(kernel_cache, lanes):
+    """lumos_exp2_nonpositive8/16 to the scalar one's accuracy, with its 0 below 2^-127 and NaN;
+    lumos_sum_lanes; lumos_loadN_first at the very end of a readable page (the next one
+    unreadable: a read past the n floats would crash), zeros after them; lumos_firstN."""
+    import ctypes
+    import mmap
+
+    from lumos.compile.render_c import HEADER
+
+    n = lanes
+    source = HEADER + f"""
+void exps(const float* x, float* y, int count) {{
+  for (int i = 0; i < count; i += {n}) lumos_store{n}(&y[i], lumos_exp2_nonpositive{n}(lumos_load{n}(&x[i])));
+}}
+float sum(const float* x) {{ return lumos_sum_lanes{n}(lumos_load{n}(x)); }}
+void load_first(const float* p, int count, float* y) {{ lumos_store{n}(y, lumos_load{n}_first(p, count)); }}
+void first(const float* p, int count, float* y) {{ lumos_store{n}(y, lumos_first{n}(lumos_load{n}(p), count, -INFINITY)); }}
+"""
+    library = ctypes.CDLL(str(kernel_cache.build(source, "gcc", Options().cflags).library))
+    library.sum.restype = ctypes.c_float
+    pointer = ctypes.POINTER(ctypes.c_float)
+    x = np.concatenate([np.linspace(-126.0, 0.0, 100_000), [-0.0, -1e-8, -0.5, -127.0, -128.0, -1e30, -np.inf, np.nan]])
+    x = np.concatenate([x, np.zeros(-x.size % n)]).astype(np.float32)
+    y = np.empty_like(x)
+    library.exps(x.ctypes.data_as(pointer), y.ctypes.data_as(pointer), ctypes.c_int(x.size))
+    normal = x >= -126.0
+    assert np.max(np.abs(y[normal] / np.exp2(x[normal].astype(np.float64)) - 1)) < 2.5e-7
+    assert np.all(y[(x < -126.5)] == 0.0) and np.isnan(y[np.isnan(x)]).all()
+    values = np.random.default_rng(3).standard_normal(n).astype(np.float32)
+    assert abs(library.sum(values.ctypes.data_as(pointer)) - values.sum(dtype=np.float64)) < 1e-5
+
+    page = mmap.PAGESIZE
+    region = mmap.mmap(-1, 2 * page)
+    base = ctypes.addressof(ctypes.c_char.from_buffer(region))
+    libc = ctypes.CDLL(None)
+    assert libc.mprotect(ctypes.c_void_p(base + page), ctypes.c_size_t(page), 0) == 0  # PROT_NONE
+    out = np.empty(n, np.float32)
+    for count in range(1, n):
+        start = base + page - 4 * count
+        ctypes.memmove(start, values.ctypes.data, 4 * count)
+        library.load_first(ctypes.cast(start, pointer), ctypes.c_int(count), out.ctypes.data_as(pointer))
+        np.testing.assert_array_equal(out, np.concatenate([values[:count], np.zeros(n - count, np.float32)]))
+        library.first(values.ctypes.data_as(pointer), ctypes.c_int(count), out.ctypes.data_as(pointer))
+        np.testing.assert_array_equal(out, np.concatenate([values[:count], np.full(n - count, -np.inf, np.float32)]))
+    assert libc.mprotect(ctypes.c_void_p(base + page), ctypes.c_size_t(page), 3) == 0  # readable again, to unmap
+    del out
 
 
 def test_a_score_epilogue_runs_on_the_tiles_vectors_only_when_every_lane_is_a_plain_sum_or_product():
