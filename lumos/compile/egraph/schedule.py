@@ -1,6 +1,6 @@
 """The schedule ruleset: the loop-nest variants of one kernel, as an e-graph of equivalent schedules.
 
-A kernel's loop nest is the term `Sched(interchange, tile, collapse, unroll, simd, rows)` (the
+A kernel's loop nest is the term `Sched(interchange, tile, collapse, unroll, simd, rows, lanes)` (the
 fields of schedule.KernelSchedule; interchange 0 = the renderer's heuristic, 1 = reduction loop
 outside the last output loop, 2 = never). Each rule is one local loop transformation, legal only under facts
 about this kernel's loops (which the caller asserts as relations):
