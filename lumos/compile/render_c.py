@@ -108,36 +108,31 @@ typedef float lumos_f16 __attribute__((vector_size(64)));
 static inline lumos_f16 lumos_load16(const float* p) { lumos_f16 v; memcpy(&v, p, sizeof v); return v; }
 static inline void lumos_store16(float* p, lumos_f16 v) { memcpy(p, &v, sizeof v); }
 typedef int lumos_i8 __attribute__((vector_size(32)));
-/* lumos_max lane by lane (NaN wins): b where b > a or b is NaN, else a. */
-static inline lumos_f8 lumos_max8(lumos_f8 a, lumos_f8 b) {
-  const lumos_i8 take = (b > a) | (b != b);
-  return (lumos_f8)(((lumos_i8)b & take) | ((lumos_i8)a & ~take));
-}
-/* The largest of v's lanes (NaN wins), in three steps of lane pairs rather than a chain of seven. */
-static inline float lumos_max_lanes8(lumos_f8 v) {
-  v = lumos_max8(v, __builtin_shuffle(v, (lumos_i8){4, 5, 6, 7, 0, 1, 2, 3}));
-  v = lumos_max8(v, __builtin_shuffle(v, (lumos_i8){2, 3, 0, 1, 6, 7, 4, 5}));
-  v = lumos_max8(v, __builtin_shuffle(v, (lumos_i8){1, 0, 3, 2, 5, 4, 7, 6}));
-  return v[0];
-}
-/* The same two for 16-float vectors (the fused attention's, on AVX-512 hosts). */
 typedef int lumos_i16 __attribute__((vector_size(64)));
-static inline lumos_f16 lumos_max16(lumos_f16 a, lumos_f16 b) {
-  const lumos_i16 take = (b > a) | (b != b);
-  return (lumos_f16)(((lumos_i16)b & take) | ((lumos_i16)a & ~take));
-}
-static inline float lumos_max_lanes16(lumos_f16 v) {
-  v = lumos_max16(v, __builtin_shuffle(v, (lumos_i16){8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7}));
-  v = lumos_max16(v, __builtin_shuffle(v, (lumos_i16){4, 5, 6, 7, 0, 1, 2, 3, 12, 13, 14, 15, 8, 9, 10, 11}));
-  v = lumos_max16(v, __builtin_shuffle(v, (lumos_i16){2, 3, 0, 1, 6, 7, 4, 5, 10, 11, 8, 9, 14, 15, 12, 13}));
-  v = lumos_max16(v, __builtin_shuffle(v, (lumos_i16){1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10, 13, 12, 15, 14}));
-  return v[0];
-}
-/* lumos_exp2f_nonpositive lane by lane (the same steps; a select for the clamp), and the sum of
-   a vector's lanes in log2(lanes) shuffle-and-add steps: the fused attention's softmax in whole
-   vectors, with no scalar remainder loop and no reduction epilogue from gcc (a chain of 15 scalar
-   adds per query, a fifth of the kernel at head size 16). */
-#define LUMOS_VECTOR_SOFTMAX(N, ...)                                                       \
+/* For vectors of N floats (8, or 16 for the fused attention on AVX-512 hosts), given the
+   log2(N) shuffles that pair each lane with another (halves, then quarters, ...):
+   - lumos_maxN: lumos_max lane by lane (NaN wins): b where b > a or b is NaN, else a;
+   - lumos_max_lanesN / lumos_sum_lanesN: the largest (NaN wins) / the sum of v's lanes, in
+     log2(N) shuffle steps rather than a chain of N - 1 (gcc's reduction epilogue was that chain
+     of scalar adds per query, a fifth of the attention kernel at head size 16);
+   - lumos_exp2_nonpositiveN: lumos_exp2f_nonpositive lane by lane (the same steps; a select for
+     the clamp): the fused attention's softmax in whole vectors, with no scalar remainder loop. */
+#define LUMOS_VECTOR_LANES(N, ...)                                                         \
+  static const lumos_i##N lumos_lane_pairs##N[] = {__VA_ARGS__};                           \
+  static inline lumos_f##N lumos_max##N(lumos_f##N a, lumos_f##N b) {                      \
+    const lumos_i##N take = (b > a) | (b != b);                                            \
+    return (lumos_f##N)(((lumos_i##N)b & take) | ((lumos_i##N)a & ~take));                 \
+  }                                                                                        \
+  static inline float lumos_max_lanes##N(lumos_f##N v) {                                   \
+    for (int k = 0; k < (int)(sizeof lumos_lane_pairs##N / sizeof lumos_lane_pairs##N[0]); k++) \
+      v = lumos_max##N(v, __builtin_shuffle(v, lumos_lane_pairs##N[k]));                   \
+    return v[0];                                                                           \
+  }                                                                                        \
+  static inline float lumos_sum_lanes##N(lumos_f##N v) {                                   \
+    for (int k = 0; k < (int)(sizeof lumos_lane_pairs##N / sizeof lumos_lane_pairs##N[0]); k++) \
+      v += __builtin_shuffle(v, lumos_lane_pairs##N[k]);                                   \
+    return v[0];                                                                           \
+  }                                                                                        \
   typedef unsigned lumos_u##N __attribute__((vector_size(4 * N)));                        \
   static inline lumos_f##N lumos_exp2_nonpositive##N(lumos_f##N x) {                      \
     const lumos_i##N low = x < (lumos_f##N){} - 127.0f;                                    \
@@ -151,12 +146,12 @@ static inline float lumos_max_lanes16(lumos_f16 v) {
     p = p * f + 1.0000001192092896f;                                                       \
     const lumos_u##N bits = ((lumos_u##N)t - 0x4B400000u + 127u) << 23;                    \
     return p * (lumos_f##N)bits;                                                           \
-  }                                                                                        \
-  static inline float lumos_sum_lanes##N(lumos_f##N v) {                                   \
-    const lumos_i##N steps[] = {__VA_ARGS__};                                              \
-    for (int k = 0; k < (int)(sizeof steps / sizeof steps[0]); k++) v += __builtin_shuffle(v, steps[k]); \
-    return v[0];                                                                           \
   }
+LUMOS_VECTOR_LANES(8, {4, 5, 6, 7, 0, 1, 2, 3}, {2, 3, 0, 1, 6, 7, 4, 5}, {1, 0, 3, 2, 5, 4, 7, 6})
+LUMOS_VECTOR_LANES(16, {8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7},
+                   {4, 5, 6, 7, 0, 1, 2, 3, 12, 13, 14, 15, 8, 9, 10, 11},
+                   {2, 3, 0, 1, 6, 7, 4, 5, 10, 11, 8, 9, 14, 15, 12, 13},
+                   {1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10, 13, 12, 15, 14})
 /* The first n (0 < n < lanes) floats at p and zeros, reading nothing past p + n - 1 (a masked load
    where the target has one), and v's first n lanes with `fill` in the rest: the fused attention's
    last keys, fewer than a vector. */
@@ -191,11 +186,6 @@ static inline lumos_f16 lumos_first16(lumos_f16 v, int n, float fill) {
   const lumos_i16 keep = (lumos_i16){0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15} < n;
   return (lumos_f16)(((lumos_i16)v & keep) | ((lumos_i16)((lumos_f16){} + fill) & ~keep));
 }
-LUMOS_VECTOR_SOFTMAX(8, {4, 5, 6, 7, 0, 1, 2, 3}, {2, 3, 0, 1, 6, 7, 4, 5}, {1, 0, 3, 2, 5, 4, 7, 6})
-LUMOS_VECTOR_SOFTMAX(16, {8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7},
-                     {4, 5, 6, 7, 0, 1, 2, 3, 12, 13, 14, 15, 8, 9, 10, 11},
-                     {2, 3, 0, 1, 6, 7, 4, 5, 10, 11, 8, 9, 14, 15, 12, 13},
-                     {1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10, 13, 12, 15, 14})
 """
 
 ATTENTION_BLOCK = 128
@@ -329,9 +319,10 @@ def render_attention(kernel: Kernel, materialized: set[Node], params: dict[Node,
         f"    corr[q] = lumos_exp2f_nonpositive((m[q] - mn) * {scale});  /* the max-rescaling identity */",
         "    float lq = l[q] * corr[q];",
         # Whole vectors of exponentials, the padding's scores -inf (2^-inf is 0, so they add
-        # nothing): no scalar remainder (5 of 101 keys were 40 scalar exponentials per block).
+        # nothing; the register-blocked scores' last vector has them already): no scalar
+        # remainder (5 of 101 keys were 40 scalar exponentials per block).
         f"    const int jv = (jn + {vw - 1}) / {vw} * {vw};",
-        "    for (int jj = jn; jj < jv; jj++) s[q][jj] = -INFINITY;",
+        *([] if blocked and blocked.max_found else ["    for (int jj = jn; jj < jv; jj++) s[q][jj] = -INFINITY;"]),
         f"    {vec} lv = ({vec}){{0}};",
         f"    for (int jj = 0; jj < jv; jj += {vw}) {{",
         f"      const {vec} e = lumos_exp2_nonpositive{vw}(({load_vec}(&s[q][jj]) - mn) * {scale});",
