@@ -47,6 +47,12 @@ HEADER = """\
 /* Kernels are seen by the driver in another translation unit (the cache compiles the units at
    the same time), never outside the library. */
 #define LUMOS_KERNEL __attribute__((visibility("hidden")))
+/* A kernel whose schedule asks gcc to vectorize its loops in 16-float vectors (KernelSchedule.wide). */
+#if defined(__GNUC__) && !defined(__clang__)
+#define LUMOS_WIDE __attribute__((target("prefer-vector-width=512")))
+#else
+#define LUMOS_WIDE
+#endif
 
 /* 2^x without a library call, so that loops over it vectorize: x = n + f with n = rint(x) and
    |f| <= 1/2, 2^f by its degree-7 Taylor polynomial (relative error < 1e-7), 2^n by building
@@ -760,20 +766,24 @@ def render_kernel(kernel: Kernel, materialized: set[Node], params: dict[Node, st
     ir = lower_kernel(kernel, materialized, params, schedule)
     layout = register_block_body(ir, schedule) or row_wise_body(ir, schedule)
     if layout is None:
-        return print_kernel(ir, barrier)
+        return print_kernel(ir, barrier, schedule.wide)
     loops, body = layout
-    params_c = ["const int n", "float* restrict out"] + [f"const float* restrict {name}" for name in ir.params]
-    lines = [f"/* {ir.comment} */", f"LUMOS_KERNEL void {ir.name}({', '.join(params_c)}) {{"]
+    lines = [f"/* {ir.comment} */", _signature(ir, schedule.wide)]
     outer = loops[:-1] if len(loops) > 1 else loops
     outer = outer[:schedule.collapse] if schedule.collapse else outer
     return "\n".join(lines + _omp_loops(loops, len(outer), body, barrier))
 
 
-def print_kernel(ir: KernelIR, barrier: bool = True) -> str:
-    """A kernel IR in its plain layout: OpenMP shares out the parallel loops, the innermost loop
-    runs the body per element (vectorized or versioned on an invariant guard as annotated)."""
+def _signature(ir: KernelIR, wide: bool = False) -> str:
     params = ["const int n", "float* restrict out"] + [f"const float* restrict {name}" for name in ir.params]
-    lines = [f"/* {ir.comment} */", f"LUMOS_KERNEL void {ir.name}({', '.join(params)}) {{"]
+    return f"LUMOS_KERNEL {'LUMOS_WIDE ' if wide else ''}void {ir.name}({', '.join(params)}) {{"
+
+
+def print_kernel(ir: KernelIR, barrier: bool = True, wide: bool = False) -> str:
+    """A kernel IR in its plain layout: OpenMP shares out the parallel loops, the innermost loop
+    runs the body per element (vectorized or versioned on an invariant guard as annotated);
+    `wide`: in 16-float vectors (KernelSchedule.wide)."""
+    lines = [f"/* {ir.comment} */", _signature(ir, wide)]
     body = block_lines(ir.body, C)
     if not ir.loops:
         return "\n".join(lines + [f"#pragma omp single{'' if barrier else ' nowait'}", "{", *("  " + line for line in body), "}", "}"])

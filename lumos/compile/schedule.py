@@ -58,6 +58,10 @@ class KernelSchedule:
     """With `rows`: floats per vector of the register block (0: 8, one AVX2 register; 16: one
     AVX-512 register, offered where the host has AVX-512, so a block holds twice the sums). In a
     fused attention kernel: the same for its score tiles and output rows."""
+    wide: bool = False
+    """gcc vectorizes this kernel's loops in 16-float vectors (prefer-vector-width=512; its default
+    on AVX-512 hosts is 8). Offered where the host has AVX-512 and the kernel computes a 2^x, log,
+    sine, reciprocal or square root."""
 
     def describe(self) -> str:
         parts = [{None: "auto", True: "row-wise", False: "dot"}[self.interchange]]
@@ -67,6 +71,7 @@ class KernelSchedule:
             parts += [f"tile {self.tile}"] * bool(self.tile) + [f"{self.lanes} lanes"] * bool(self.lanes)
         parts += [f"collapse {self.collapse}"] * bool(self.collapse)
         parts += [f"unroll {self.unroll}"] * bool(self.unroll) + ["simd"] * self.simd
+        parts += ["512-bit loops"] * self.wide
         return ", ".join(parts)
 
 

@@ -1,7 +1,7 @@
 """The schedule ruleset: the loop-nest variants of one kernel, as an e-graph of equivalent schedules.
 
-A kernel's loop nest is the term `Sched(interchange, tile, collapse, unroll, simd, rows, lanes)` (the
-fields of schedule.KernelSchedule; interchange 0 = the renderer's heuristic, 1 = reduction loop
+A kernel's loop nest is the term `Sched(interchange, tile, collapse, unroll, simd, rows, lanes, wide)`
+(the fields of schedule.KernelSchedule; interchange 0 = the renderer's heuristic, 1 = reduction loop
 outside the last output loop, 2 = never). Each rule is one local loop transformation, legal only under facts
 about this kernel's loops (which the caller asserts as relations):
 
@@ -14,7 +14,9 @@ about this kernel's loops (which the caller asserts as relations):
 - vectorize: mark the innermost output loop `omp simd`;
 - key blocks (fused attention): how many keys' scores are computed before one rescaling;
 - query blocks (fused attention): how many queries share each key's value row;
-- wide vectors (fused attention, AVX-512 hosts): its scores and output rows in 16-float vectors.
+- wide vectors (fused attention, AVX-512 hosts): its scores and output rows in 16-float vectors;
+- wide loops (AVX-512 hosts, kernels with a 2^x, log, sine, reciprocal or square root): gcc
+  vectorizes the kernel's own loops in 16-float vectors too (its default on these hosts is 8).
 
 All the terms end in the kernel's root e-class (they compute the same thing), and every one of
 them is extracted as a candidate for the search to measure: a static cost cannot tell which is
@@ -29,6 +31,7 @@ import re
 from egglog import EGraph, Expr, i64, i64Like, relation, rule, ruleset, union, vars_
 
 from lumos.compile.cache import host_cpu
+from lumos.compile.ir import UNARY
 from lumos.compile.schedule import Kernel, KernelSchedule
 
 TILES = (8, 16, 32, 64)
@@ -51,7 +54,7 @@ AUTO, ROW_WISE, DOT = 0, 1, 2
 
 class Sched(Expr):
     def __init__(self, interchange: i64Like, tile: i64Like, collapse: i64Like, unroll: i64Like, simd: i64Like,
-                 rows: i64Like, lanes: i64Like) -> None: ...
+                 rows: i64Like, lanes: i64Like, wide: i64Like) -> None: ...
 
 
 reduces = relation("reduces")
@@ -73,30 +76,39 @@ query_block = relation("query_block", i64)
 wide_vectors = relation("wide_vectors")
 """A fused attention kernel can run in 16-float vectors (the host has AVX-512, and its head size
 is a multiple of 16)."""
+wide_loops = relation("wide_loops")
+"""gcc may vectorize the kernel's loops in 16-float vectors (the host has AVX-512). gcc's own
+choice there is 8 (-mprefer-vector-width=256), which is right for some kernels and not for others:
+on a Sapphire Rapids slice, 16 made a feed-forward matmul whose prologue computes GELU (erf: a
+2^x and a division per element) 20% faster, 0.62 → 0.50 ms, and a matmul whose prologue is a layer
+norm 15% slower, 1.21 → 1.40 ms. Hence a per-kernel choice the search measures, offered only where
+the kernel computes such a function: the kernels it can help."""
 
-a, t, c, u, s, m, n, w = vars_("a t c u s m n w", i64)
+a, t, c, u, s, m, n, w, x = vars_("a t c u s m n w x", i64)
 
 schedule_rules = ruleset(
-    rule(Sched(AUTO, 0, c, u, s, 0, w), row_wise_legal(), name="swap:row-wise").then(
-        union(Sched(AUTO, 0, c, u, s, 0, w)).with_(Sched(ROW_WISE, 0, c, u, s, 0, w))),
-    rule(Sched(AUTO, 0, c, u, s, 0, w), reduces(), name="swap:dot").then(
-        union(Sched(AUTO, 0, c, u, s, 0, w)).with_(Sched(DOT, 0, c, u, s, 0, w))),
-    rule(Sched(ROW_WISE, 0, c, u, s, 0, w), tile_fits(n), name="tile:registers").then(
-        union(Sched(ROW_WISE, 0, c, u, s, 0, w)).with_(Sched(ROW_WISE, n, c, u, s, 0, w))),
-    rule(Sched(ROW_WISE, 0, c, 0, s, 0, 0), register_block(m, n, w), name="block:registers").then(
-        union(Sched(ROW_WISE, 0, c, 0, s, 0, 0)).with_(Sched(ROW_WISE, n, c, 0, s, m, w))),
-    rule(Sched(AUTO, 0, c, u, s, 0, w), key_block(n), name="tile:key-block").then(
-        union(Sched(AUTO, 0, c, u, s, 0, w)).with_(Sched(AUTO, n, c, u, s, 0, w))),
-    rule(Sched(AUTO, t, c, u, s, 0, w), query_block(m), name="block:queries").then(
-        union(Sched(AUTO, t, c, u, s, 0, w)).with_(Sched(AUTO, t, c, u, s, m, w))),
-    rule(Sched(AUTO, t, c, u, s, m, 0), wide_vectors(), name="vectorize:16-lanes").then(
-        union(Sched(AUTO, t, c, u, s, m, 0)).with_(Sched(AUTO, t, c, u, s, m, 16))),
-    rule(Sched(a, t, 0, u, s, m, w), many_outer(), name="parallelize:outermost").then(
-        union(Sched(a, t, 0, u, s, m, w)).with_(Sched(a, t, 1, u, s, m, w))),
-    rule(Sched(a, t, c, 0, s, 0, w), reduces(), name="unroll:reduction").then(
-        union(Sched(a, t, c, 0, s, 0, w)).with_(Sched(a, t, c, UNROLL, s, 0, w))),
-    rule(Sched(a, t, c, u, 0, m, w), elementwise(), name="vectorize:inner").then(
-        union(Sched(a, t, c, u, 0, m, w)).with_(Sched(a, t, c, u, 1, m, w))),
+    rule(Sched(AUTO, 0, c, u, s, 0, w, x), row_wise_legal(), name="swap:row-wise").then(
+        union(Sched(AUTO, 0, c, u, s, 0, w, x)).with_(Sched(ROW_WISE, 0, c, u, s, 0, w, x))),
+    rule(Sched(AUTO, 0, c, u, s, 0, w, x), reduces(), name="swap:dot").then(
+        union(Sched(AUTO, 0, c, u, s, 0, w, x)).with_(Sched(DOT, 0, c, u, s, 0, w, x))),
+    rule(Sched(ROW_WISE, 0, c, u, s, 0, w, x), tile_fits(n), name="tile:registers").then(
+        union(Sched(ROW_WISE, 0, c, u, s, 0, w, x)).with_(Sched(ROW_WISE, n, c, u, s, 0, w, x))),
+    rule(Sched(ROW_WISE, 0, c, 0, s, 0, 0, x), register_block(m, n, w), name="block:registers").then(
+        union(Sched(ROW_WISE, 0, c, 0, s, 0, 0, x)).with_(Sched(ROW_WISE, n, c, 0, s, m, w, x))),
+    rule(Sched(AUTO, 0, c, u, s, 0, w, x), key_block(n), name="tile:key-block").then(
+        union(Sched(AUTO, 0, c, u, s, 0, w, x)).with_(Sched(AUTO, n, c, u, s, 0, w, x))),
+    rule(Sched(AUTO, t, c, u, s, 0, w, x), query_block(m), name="block:queries").then(
+        union(Sched(AUTO, t, c, u, s, 0, w, x)).with_(Sched(AUTO, t, c, u, s, m, w, x))),
+    rule(Sched(AUTO, t, c, u, s, m, 0, x), wide_vectors(), name="vectorize:16-lanes").then(
+        union(Sched(AUTO, t, c, u, s, m, 0, x)).with_(Sched(AUTO, t, c, u, s, m, 16, x))),
+    rule(Sched(a, t, 0, u, s, m, w, x), many_outer(), name="parallelize:outermost").then(
+        union(Sched(a, t, 0, u, s, m, w, x)).with_(Sched(a, t, 1, u, s, m, w, x))),
+    rule(Sched(a, t, c, 0, s, 0, w, x), reduces(), name="unroll:reduction").then(
+        union(Sched(a, t, c, 0, s, 0, w, x)).with_(Sched(a, t, c, UNROLL, s, 0, w, x))),
+    rule(Sched(a, t, c, u, 0, m, w, x), elementwise(), name="vectorize:inner").then(
+        union(Sched(a, t, c, u, 0, m, w, x)).with_(Sched(a, t, c, u, 1, m, w, x))),
+    rule(Sched(a, t, c, u, s, m, w, 0), wide_loops(), name="vectorize:wide-loops").then(
+        union(Sched(a, t, c, u, s, m, w, 0)).with_(Sched(a, t, c, u, s, m, w, 1))),
 )
 
 
@@ -106,7 +118,7 @@ def has_avx512() -> bool:
     return "avx512f" in host_cpu().replace(";", " ").split()
 
 
-_TERM = re.compile(r"Sched\((-?\d+), (-?\d+), (-?\d+), (-?\d+), (-?\d+), (-?\d+), (-?\d+)\)")
+_TERM = re.compile(r"Sched\(" + ", ".join([r"(-?\d+)"] * 8) + r"\)")
 
 
 Fact = tuple
@@ -114,7 +126,8 @@ Fact = tuple
 
 _RELATIONS = {"reduces": reduces, "row_wise_legal": row_wise_legal, "tile_fits": tile_fits,
               "register_block": register_block, "many_outer": many_outer, "elementwise": elementwise,
-              "key_block": key_block, "query_block": query_block, "wide_vectors": wide_vectors}
+              "key_block": key_block, "query_block": query_block, "wide_vectors": wide_vectors,
+              "wide_loops": wide_loops}
 WHOLE_KEYS_MAX = 1024
 """A fused attention kernel can take all its keys as one block (one pass, no rescaling) up to
 this many: its scores row per query stays on the stack."""
@@ -148,6 +161,8 @@ def kernel_facts(kernel: Kernel, register_blocks: bool = True) -> tuple[Fact, ..
         facts.append(("many_outer",))
     if kernel.kind == "elementwise" and len(loops) >= 2:
         facts.append(("elementwise",))
+    if has_avx512() and any(node.op in UNARY for node in kernel.unique_fused):
+        facts.append(("wide_loops",))
     return tuple(facts)
 
 
@@ -165,7 +180,7 @@ def _candidates(facts: tuple[Fact, ...], limit: int) -> tuple[tuple[KernelSchedu
     kernel, most elementwise kernels) share it; each run prints its terms, which egglog formats
     one by one (2.6 s of a 46 s search before)."""
     egraph = EGraph()
-    root = egraph.let("root", Sched(AUTO, 0, 0, 0, 0, 0, 0))
+    root = egraph.let("root", Sched(AUTO, 0, 0, 0, 0, 0, 0, 0))
     if facts:
         egraph.register(*(_RELATIONS[name](*map(i64, values)) for name, *values in facts))
     report = egraph.run(schedule_rules.saturate())
@@ -175,9 +190,9 @@ def _candidates(facts: tuple[Fact, ...], limit: int) -> tuple[tuple[KernelSchedu
         match = _TERM.fullmatch(str(term))
         if match is None:
             continue
-        interchange, tile, collapse, unroll, simd, rows, lanes = map(int, match.groups())
+        interchange, tile, collapse, unroll, simd, rows, lanes, wide = map(int, match.groups())
         schedules.append(KernelSchedule({AUTO: None, ROW_WISE: True, DOT: False}[interchange], tile, collapse,
-                                        unroll, bool(simd), rows, lanes))
+                                        unroll, bool(simd), rows, lanes, bool(wide)))
     schedules.sort(key=lambda sched: sched != KernelSchedule())
     fired = {getattr(rule_, "name", None) or str(rule_): count for rule_, count in report.num_matches_per_rule.items() if count}
     return tuple(schedules), tuple(fired.items())

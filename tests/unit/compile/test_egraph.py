@@ -131,6 +131,42 @@ def test_schedule_rules_span_the_loop_variants():
     assert {"swap:row-wise", "swap:dot", "tile:registers", "unroll:reduction", "parallelize:outermost"} <= set(fired)
 
 
+def test_16_float_loops_are_candidates_where_a_kernel_computes_a_transcendental_and_give_its_values(kernel_cache):
+    """On AVX-512 hosts a kernel with a 2^x (here GELU's erf before a matmul) is offered with its
+    loops in 16-float vectors (gcc's own width there is 8), which renders, builds and computes the
+    interpreter's values; a plain matmul is not offered it, nor is any kernel elsewhere."""
+    from lumos.compile.egraph.schedule import has_avx512
+
+    rng = np.random.default_rng(3)
+    graph = Graph()
+    x = Tensor.input(graph, "x", (3, 17, 64))
+    w = Tensor.constant(graph, "w", rng.standard_normal((64, 48)).astype(np.float32))
+    mark_output(graph, "y", x.gelu().linear(w.transpose(0, 1)))
+    mark_output(graph, "z", x.linear(w.transpose(0, 1)))
+    graph = graph.prune()
+    kernels, materialized = schedule(graph)
+    gelu = next(k for k in kernels if k.node is graph.outputs["y"])
+    plain = next(k for k in kernels if k.node is graph.outputs["z"])
+    candidates, fired = schedule_candidates(gelu)
+    assert not any(sched.wide for sched in schedule_candidates(plain)[0])
+    if not has_avx512():
+        assert not any(sched.wide for sched in candidates)
+        return
+    assert fired["vectorize:wide-loops"] and {sched.wide for sched in candidates} == {False, True}
+    inputs = {"x": rng.standard_normal((3, 17, 64)).astype(np.float32)}
+    want = interpret(graph, inputs)
+    plan = plan_buffers(graph, kernels)
+    for sched in (KernelSchedule(wide=True), next(s for s in candidates if s.wide and s.rows)):
+        source = render_library(graph, kernels, materialized, plan, {gelu.name: sched})
+        assert f"LUMOS_KERNEL LUMOS_WIDE void {gelu.name}(" in source and source.count("LUMOS_WIDE void") == 2
+        program = NativeProgram(kernel_cache.build(source, "gcc", Options().cflags).library,
+                                [(n, node.shape) for n, node in graph.inputs.items()],
+                                [(n, node.shape) for n, node in graph.outputs.items()],
+                                [graph.tensors[n] for n in tensor_names(graph)], plan.arena_bytes)
+        got = program(inputs)
+        np.testing.assert_allclose(got["y"].reshape(want["y"].shape), want["y"], rtol=1e-5, atol=1e-5)
+
+
 def attention_graph(length: int = 17, queries: int | None = None, D: int = 8,
                     keys_transposed: bool = False) -> tuple[Graph, dict[str, np.ndarray]]:
     """Self-attention over `length` tokens, or `queries` slots' cross-attention to them; heads of
