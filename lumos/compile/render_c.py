@@ -198,6 +198,9 @@ ATTENTION_BLOCK = 128
 """Keys per block of a fused attention kernel (its schedule's `tile` overrides it): all of them up
 to 128, so that short sequences take one pass without rescaling (the fastest schedule the search
 found at 51 and 101 keys)."""
+PV_CHAINS = 8
+"""Independent sums a fused attention's P·V loop needs to keep two FMA units busy (4 cycles of
+latency each)."""
 ATTENTION_ACCUMULATORS = 16
 """Vector registers a fused attention kernel's block of output rows may take by default: queries
 per block = 16 / (value width / 8), at most 8 (8 queries at head size 16, 4 at 32); its
@@ -249,23 +252,34 @@ def render_attention(kernel: Kernel, materialized: set[Node], params: dict[Node,
         declare = f"{vec} o[{per_block}][{lanes}];"
         clear = f"  for (int v = 0; v < {lanes}; v++) o[q][v] = ({vec}){{0}};"
         rescale = f"    for (int v = 0; v < {lanes}; v++) o[q][v] *= corr[q];"
-        accumulate = [
-            "  for (int jj = 0; jj < jn; jj++) {",
-            "    const int j = j0 + jj;",
-            f"    {vec} vv[{lanes}];  /* the key's value row: loaded once for every query of the block */",
-            f"    #pragma GCC unroll {lanes}",
-            f"    for (int v = 0; v < {lanes}; v++) {{",
-            f"      const int dd = {vw} * v;",
-            f"      vv[v] = {load_vec}(&{value});",
-            "    }",
-            f"    #pragma GCC unroll {per_block}",
-            f"    for (int q = 0; q < {per_block}; q++) {{",
-            "      const float p = s[q][jj];",
-            f"      #pragma GCC unroll {lanes}",
-            f"      for (int v = 0; v < {lanes}; v++) o[q][v] += p * vv[v];",
-            "    }",
-            "  }",
-        ]
+
+        def add_keys(step: int) -> list[str]:
+            """The loop over the block's keys, `step` at a time: key jj + k summed into o (k = 0)
+            or o1 (k = 1); each key's value row is loaded once for every query of the block."""
+            loads = [f"    {vec} vv{k}[{lanes}];" for k in range(step)]
+            loads += [f"    #pragma GCC unroll {lanes}", f"    for (int v = 0; v < {lanes}; v++) {{",
+                      f"      const int dd = {vw} * v;"]
+            loads += [f"      {{ const int j = j0 + jj + {k}; vv{k}[v] = {load_vec}(&{value}); }}" for k in range(step)]
+            sums = [line for k in range(step) for line in (
+                f"      #pragma GCC unroll {lanes}",
+                f"      for (int v = 0; v < {lanes}; v++) {'o1' if k else 'o'}[q][v] += s[q][jj + {k}] * vv{k}[v];")]
+            return [f"  for (; jj + {step} <= jn; jj += {step}) {{", *loads, "    }",
+                    f"    #pragma GCC unroll {per_block}", f"    for (int q = 0; q < {per_block}; q++) {{",
+                    *sums, "    }", "  }"]
+
+        # Each output vector is a chain of dependent FMAs, one per key. Fewer than PV_CHAINS
+        # chains leave the FMA units waiting on their latency (perf on quickstart's attention at
+        # 4 queries a block, a head of 16: the P·V loop's 4 FMAs a key took 4 cycles), so there the
+        # keys alternate between two sets of sums: 5.50 → 4.89 ms for that kernel.
+        if per_block * lanes < PV_CHAINS:
+            accumulate = [f"  {vec} o1[{per_block}][{lanes}];", f"  #pragma GCC unroll {per_block}",
+                          f"  for (int q = 0; q < {per_block}; q++)",
+                          f"    for (int v = 0; v < {lanes}; v++) o1[q][v] = ({vec}){{0}};",
+                          "  int jj = 0;", *add_keys(2), *add_keys(1),
+                          f"  #pragma GCC unroll {per_block}", f"  for (int q = 0; q < {per_block}; q++)",
+                          f"    for (int v = 0; v < {lanes}; v++) o[q][v] += o1[q][v];"]
+        else:
+            accumulate = ["  int jj = 0;", *add_keys(1)]
         store = [f"  float row[{width}];",
                  f"  for (int v = 0; v < {lanes}; v++) {store_vec}(&row[{vw} * v], o[q][v]);",
                  f"  for (int dd = 0; dd < {width}; dd++) out[{out_index}] = row[dd] / l[q];"]

@@ -255,7 +255,9 @@ def test_query_blocks_are_exact_when_they_do_not_divide_the_queries(kernel_cache
     tiles, then one key padded; all 17 keys in one block, given or the default of 32 cut to 17: a
     tile of 16, then one padded). In 16-float vectors (lanes 16, where the head size is a multiple
     of 16; a head of 8 keeps 8-float ones): 17 keys are a tile of 16 and one padded, a block of 8
-    keys only the padded vector. (On a host without AVX-512 gcc splits those vectors in two.)"""
+    keys only the padded vector. (On a host without AVX-512 gcc splits those vectors in two.)
+    Blocks of 17 and 8 keys, and a last block of one, cover both the P·V loop's pairs of keys
+    and the key left over."""
     graph, inputs = attention_graph(17, queries, D, keys_transposed)
     kernels, materialized = fused_kernels(graph, kernel_cache)
     schedules = {kernel.name: KernelSchedule(tile=keys_per_block, rows=per_block, lanes=lanes) for kernel in kernels}
@@ -263,6 +265,8 @@ def test_query_blocks_are_exact_when_they_do_not_divide_the_queries(kernel_cache
     assert f"{min(queries, per_block) if queries > 1 else 1} queries at a time" in source
     vw = 16 if lanes == 16 and D % 16 == 0 else 8
     assert (f"lumos_f{vw} o[" in source) == (D % 8 == 0)
+    # Fewer than 8 output vectors in a block (FMA chains): odd keys go to a second set of sums.
+    assert (f"lumos_f{vw} o1[" in source) == (D % 8 == 0 and min(queries, per_block) * D // vw < 8)
     blocked = keys_transposed and queries > 1 and per_block > 1
     assert (f"lumos_f{vw} sa[" in source) == blocked
     # The mask and scale run on the product tiles' vectors, with the running maximum.
