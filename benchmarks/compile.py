@@ -205,6 +205,10 @@ def bench_model(name: str, model: LumosModel, batch_size: int, repeats: int, ind
             print(f"  fused attention  {attention['matches']} found, {'kept' if attention['chosen'] else 'not kept'} "
                   f"({attention['fused_ms'] or float('nan'):.1f} ms vs {attention['unfused_ms'] or float('nan'):.1f} ms "
                   "unfused, whole call, both searched)")
+            staged = attention.get("staged_keys")
+            if staged and staged["verified"]:
+                print(f"  staged keys      {'kept' if staged['chosen'] else 'not kept'} ({staged['staged_ms']:.1f} ms vs "
+                      f"{staged['copies_ms']:.1f} ms with the keys' transposed copies, whole call)")
     if result.get("search_confirmed"):
         confirmed = result["search_confirmed"]
         print(f"  search verdict   whole call {confirmed['searched_ms']:.1f} ms searched vs {confirmed['baseline_ms']:.1f} ms "

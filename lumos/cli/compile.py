@@ -47,6 +47,10 @@ def _attention_line(attention: dict | None) -> str:
     verdict = "kept" if attention["chosen"] else ("not kept: slower" if attention["verified"] else "not kept: unverified")
     times = (f"whole call {attention['fused_ms']:.2f} ms vs {attention['unfused_ms']:.2f} ms unfused, both searched"
              if attention["verified"] else "does not build or differs from the interpreter")
+    staged = attention.get("staged_keys")
+    if staged and staged["verified"]:
+        times += (f"; keys read untransposed {staged['staged_ms']:.2f} ms vs {staged['copies_ms']:.2f} ms through "
+                  f"transposed copies: {'staged' if staged['chosen'] else 'copies'} kept")
     return (f"{attention['matches']} online-softmax kernel(s) ({rules}); {verdict} ({times}); "
             f"score matrices not written: {_bytes(attention['score_bytes_not_written'])}")
 

@@ -13,9 +13,9 @@ Nothing here looks at emitted text: reads are `Load`s with their views and indic
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, is_dataclass, replace
 
-from lumos.compile.ir import Op
+from lumos.compile.ir import Op, View
 from lumos.compile.kernel_ir import (
     NEVER,
     Affine,
@@ -217,6 +217,59 @@ def match_scores(ir: AttentionIR, query: str, contiguous: bool = True) -> ScoreD
     if contiguous and stride_along(key, "j") != 1:
         return None
     return ScoreDot(dot, key, factors[1 - factors.index(key)], ir.score_stmts[1:])
+
+
+STAGED = "kt"
+"""The name of a fused attention kernel's per-thread buffer of one (batch, head)'s keys."""
+
+
+@dataclass
+class StagedKeys:
+    ir: AttentionIR
+    """The kernel reading its keys from STAGED."""
+    key: Load
+    """Where the keys are read from otherwise (what fills STAGED)."""
+    var: str
+    """The scores' sum variable (the first index of STAGED)."""
+    depth: int
+    """Its length (the head size)."""
+
+
+def stage_keys(ir: AttentionIR, query: str) -> StagedKeys | None:
+    """The kernel reading its keys from STAGED (laid out [sum][keys], contiguous along the keys)
+    instead of where their producer wrote them: when the score is q · k with k one read that is
+    not already contiguous along the keys."""
+    dot = ir.score_stmts[0] if ir.score_stmts and isinstance(ir.score_stmts[0], Reduce) else None
+    if dot is None:
+        return None
+    # The keys read through the copy's view broadcast over the queries, so Lowering.operand bound
+    # them to a local of the dot's loop: put the read back in its place.
+    for let in [s for s in dot.body if isinstance(s, Let) and isinstance(s.value, Load) and s.guard is None]:
+        rest = [s for s in dot.body if s is not let]
+        dot = replace(dot, body=_swap(rest, Ref(let.name), let.value), value=_swap(dot.value, Ref(let.name), let.value))
+    ir = replace(ir, score_stmts=[dot, *ir.score_stmts[1:]])
+    scores = match_scores(ir, query, contiguous=False)
+    if scores is None or stride_along(scores.key, "j") == 1:
+        return None
+    r, depth = scores.dot.var, scores.dot.length
+    staged = Load(STAGED, Affine(0, ((ir.keys, Var(r)), (1, Var("j")))), View((depth, ir.keys), (ir.keys, 1)),
+                  (Var(r), Var("j")))
+    swapped = replace(ir, score_stmts=_swap(ir.score_stmts, scores.key, staged), score=_swap(ir.score, scores.key, staged))
+    return StagedKeys(swapped, scores.key, r, depth)
+
+
+def _swap(tree, old: Expr, new: Expr):
+    """`tree` (statements, expressions, lists of them) with every `old` replaced by `new`."""
+    if tree == old:
+        return new
+    if isinstance(tree, list):
+        return [_swap(item, old, new) for item in tree]
+    if isinstance(tree, tuple):
+        return tuple(_swap(item, old, new) for item in tree)
+    if is_dataclass(tree) and type(tree).__module__ == Load.__module__:
+        changed = {f.name: _swap(getattr(tree, f.name), old, new) for f in fields(tree)}
+        return replace(tree, **changed)
+    return tree
 
 
 def annotate_loops(ir: KernelIR) -> None:

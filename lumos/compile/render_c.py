@@ -32,7 +32,16 @@ from lumos.compile.kernel_ir import (
     expr_vars,
     stmt_vars,
 )
-from lumos.compile.kernel_passes import Matmul, ScoreDot, match_matmul, match_scores, row_wise, stride_along
+from lumos.compile.kernel_passes import (
+    STAGED,
+    Matmul,
+    ScoreDot,
+    match_matmul,
+    match_scores,
+    row_wise,
+    stage_keys,
+    stride_along,
+)
 from lumos.compile.lower import lower_attention, lower_kernel
 from lumos.compile.plan import BufferPlan
 from lumos.compile.render_cstyle import C, block_lines, expr, initial, literal, update
@@ -221,6 +230,8 @@ def render_attention(kernel: Kernel, materialized: set[Node], params: dict[Node,
     queries in blocks (schedule.rows) that share every load of a key's vectors."""
     ir = lower_attention(kernel, materialized, params, schedule)
     out, rows = ir.node, [(loop.var, loop.extent) for loop in ir.rows]
+    staged = stage_keys(ir, rows[-1][0]) if kernel.attention.keys_copy is not None else None
+    ir = staged.ir if staged is not None else ir
     width, keys, scale = ir.width, ir.keys, literal(ir.scale)
     score, score_lines = expr(ir.score), _lines(ir.score_stmts)
     value, value_lines = expr(ir.value), _lines(ir.value_stmts)
@@ -319,8 +330,22 @@ def render_attention(kernel: Kernel, materialized: set[Node], params: dict[Node,
         "  }",
         "}"]]
     scores_row = -(-block // vw) * vw  # whole vectors: the last keys store one
+    # The keys where their producer wrote them, laid out along the keys in this thread's buffer
+    # when the (batch, head) changes: a thread's static share of the rows takes each head's
+    # queries one block after another, so this runs about once per (batch, head).
+    stage = [] if staged is None else [
+        f"{{ const int j = 0, {staged.var} = 0;",
+        f"  const long at = {staged.key.offset};  /* where this (batch, head)'s keys start */",
+        "  if (at != staged_at) {",
+        "    staged_at = at;",
+        f"    for (int j = 0; j < {keys}; j++)",
+        f"      for (int {staged.var} = 0; {staged.var} < {staged.depth}; {staged.var}++)",
+        f"        {STAGED}[{staged.var} * {keys} + j] = {expr(staged.key)};",
+        "  }",
+        "}"]
     # Every access to o is in a fully unrolled loop, so that gcc keeps it in registers.
     body = [
+        *stage,
         f"float m[{per_block}], l[{per_block}], corr[{per_block}], s[{per_block}][{scores_row}];",
         *(blocked.prefetch if blocked else []),
         declare,
@@ -371,6 +396,9 @@ def render_attention(kernel: Kernel, materialized: set[Node], params: dict[Node,
     lines = [f"/* {ir.name}: %{out.id} attention{list(out.shape)}{written}, online softmax over {keys} keys "
              f"(scores never stored), {per_block} queries at a time; {out.origin.replace('*/', '* /')} */",
              f"LUMOS_KERNEL void {ir.name}({', '.join(signature)}) {{"]
+    if staged is not None:
+        lines.append(f"float {STAGED}[{staged.depth * keys}];  /* this thread's (batch, head) of keys */")
+        lines.append("long staged_at = -1;")
     collapse = f" collapse({len(rows)})" if len(rows) > 1 else ""
     lines.append(f"#pragma omp for{collapse} schedule(static){'' if barrier else ' nowait'}")
     for depth, (var, size) in enumerate(rows):

@@ -412,7 +412,7 @@ def search_schedules(graph: Graph, kernels: list[Kernel], materialized: set[Node
     inputs = inputs if inputs is not None else random_inputs(graph, seed)
     plain = (kernels, materialized)
     known: dict[str, Group] = {}  # every group searched, by key: programs share them, and all are stored at the end
-    fused_report, fused, groups, rounds, fusion_report = None, None, None, 0, None
+    fused_report, fused, staged, groups, rounds, fusion_report = None, None, None, None, 0, None
     if attention:
         from lumos.compile.egraph.attention import find_attention, fuse_attention
 
@@ -420,7 +420,10 @@ def search_schedules(graph: Graph, kernels: list[Kernel], materialized: set[Node
         if matches:
             fused_kernels, fused_materialized, used = fuse_attention(graph, materialized, matches)
             fused = (fused_kernels, fused_materialized) if used else None
-    bench = Bench(graph, {k.node for k in kernels} | {k.node for k in (fused[0] if fused else [])}, inputs, cache,
+            staged_kernels, staged_materialized, staged_used = fuse_attention(graph, materialized, matches, stage_keys=True)
+            if fused and any(match.keys_copy is not None for match in staged_used):
+                staged = (staged_kernels, staged_materialized)
+    bench = Bench(graph, {k.node for program in (plain, fused, staged) if program for k in program[0]}, inputs, cache,
                   cc, cflags)
     if fused is not None:
         decision_key = hashlib.sha256("\n".join(sorted(
@@ -428,15 +431,14 @@ def search_schedules(graph: Graph, kernels: list[Kernel], materialized: set[Node
         ).hexdigest()[:24]
         fused_report = search_cache.get_decision(decision_key) if search_cache is not None else None
         if fused_report is None:
-            fused_report, searched, rounds = _choose_attention(bench, plain, fused, used, fired, search_cache, seed,
-                                                               register_blocks, schedules_until, known)
-            groups = searched[fused_report["chosen"]]
+            fused_report, groups, rounds = _choose_attention(bench, plain, fused, staged, used, fired, search_cache,
+                                                             seed, register_blocks, schedules_until, known)
             if search_cache is not None:
                 search_cache.put_decision(decision_key, fused_report)
         else:
             fused_report = {**fused_report, "cached": True}
         if fused_report["chosen"]:
-            kernels, materialized = fused
+            kernels, materialized = staged if fused_report.get("staged_keys", {}).get("chosen") else fused
     if groups is None:
         groups = make_groups(kernels, materialized, seed, register_blocks, search_cache)
         rounds += _search_groups(bench, kernels, materialized, groups, search_cache, schedules_until, known)
@@ -503,33 +505,59 @@ def _chosen(groups: list[Group]) -> dict[str, KernelSchedule]:
     return schedules
 
 
-def _choose_attention(bench: Bench, plain: tuple, fused: tuple, used, fired, search_cache: SearchCache | None,
-                      seed: int, register_blocks: bool, deadline: float,
-                      known: dict[str, Group]) -> tuple[dict, dict[bool, list[Group]], int]:
+def _choose_attention(bench: Bench, plain: tuple, fused: tuple, staged: tuple | None, used, fired,
+                      search_cache: SearchCache | None, seed: int, register_blocks: bool, deadline: float,
+                      known: dict[str, Group]) -> tuple[dict, list[Group], int]:
     """Search both programs' schedules (the fused one only for the kernels the unfused one lacks,
     with half the time left), then time a whole call of each: the fused kernels are kept when they
     are verified and the call is faster. With default schedules alone the choice was a coin toss:
-    blocked q·kᵀ and P·V can make the unfused program the faster one. Returns the report, each
-    program's searched groups (by whether it is the fused one) and the rounds run."""
+    blocked q·kᵀ and P·V can make the unfused program the faster one. With `staged` (the fused
+    kernels reading the keys where their producer wrote them, no transposing copy), it is searched
+    in the last third of the fused program's time and timed against the fused one first, and the
+    faster of the two goes on. Returns the report, the chosen program's searched groups and the
+    rounds run."""
     plain_groups = make_groups(*plain, seed, register_blocks, search_cache)
     halfway = time.perf_counter() + (deadline - time.perf_counter()) / 2
     rounds = _search_groups(bench, *plain, plain_groups, search_cache, halfway, known)
     fused_groups = make_groups(*fused, seed, register_blocks, search_cache)
-    try:  # the kernels both programs share go on being searched here
-        rounds += _search_groups(bench, *fused, fused_groups, search_cache, deadline, known)
-        attention_groups = [g for g in fused_groups if g.kernels[0].attention is not None]
-        verified = all(g.cached is not None or g.best is not None for g in attention_groups)
-    except (BuildError, AssertionError):  # the fused kernels' default schedule does not build, or is wrong
-        attention_groups, verified = [], False
+    fused_until = deadline if staged is None else time.perf_counter() + (deadline - time.perf_counter()) * 2 / 3
+    fused_rounds, verified = _search_fused(bench, fused, fused_groups, search_cache, fused_until, known)
+    rounds += fused_rounds
+    staged_report = None
+    if staged is not None and verified:
+        staged_groups = make_groups(*staged, seed, register_blocks, search_cache)
+        staged_rounds, staged_verified = _search_fused(bench, staged, staged_groups, search_cache, deadline, known)
+        rounds += staged_rounds
+        copies_ms, staged_ms = (bench.confirm((*fused, _chosen(fused_groups)), (*staged, _chosen(staged_groups)))
+                                if staged_verified else (None, None))
+        staged_report = {"verified": staged_verified, "copies_ms": copies_ms, "staged_ms": staged_ms,
+                         "chosen": staged_verified and staged_ms < copies_ms}
+        if staged_report["chosen"]:
+            fused, fused_groups = staged, staged_groups
     unfused_ms, fused_ms = (bench.confirm((*plain, _chosen(plain_groups)), (*fused, _chosen(fused_groups)))
                             if verified else (None, None))
-    kernel_ms = [g.cached.best_ms if g.cached is not None else g.best.ms for g in attention_groups]
+    attention_groups = [g for g in fused_groups if g.kernels[0].attention is not None]
+    kernel_ms = [g.cached.best_ms if g.cached is not None else g.best.ms for g in attention_groups] if verified else []
     report = {"rules": fired, "matches": len(used), "kernels": [k.name for k in fused[0] if k.attention is not None],
               "verified": verified, "fused_ms": fused_ms, "unfused_ms": unfused_ms,
               "chosen": verified and fused_ms < unfused_ms,
               "score_bytes_not_written": sum(match.scores.size * FLOAT_BYTES for match in used),
               "fused_kernel_ms": float(sum(kernel_ms)) if verified else None}
-    return report, {True: fused_groups, False: plain_groups}, rounds
+    if staged_report is not None:
+        report["staged_keys"] = staged_report
+    return report, fused_groups if report["chosen"] else plain_groups, rounds
+
+
+def _search_fused(bench: Bench, program: tuple, groups: list[Group], search_cache: SearchCache | None,
+                  deadline: float, known: dict[str, Group]) -> tuple[int, bool]:
+    """Search a fused program's groups (the kernels it shares with others go on from where they
+    stopped); returns the rounds run and whether its attention kernels were verified."""
+    try:
+        rounds = _search_groups(bench, *program, groups, search_cache, deadline, known)
+    except (BuildError, AssertionError):  # the fused kernels' default schedule does not build, or is wrong
+        return 0, False
+    attention_groups = [g for g in groups if g.kernels[0].attention is not None]
+    return rounds, all(g.cached is not None or g.best is not None for g in attention_groups)
 
 
 def _run_rounds(bench: Bench, kernels, materialized, groups, pending, deadline) -> int:

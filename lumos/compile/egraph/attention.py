@@ -72,6 +72,10 @@ class AttentionMatch:
     (the heads merged back: (B, H, L, D) → (B, L, H, D)); None: the kernel writes `out`."""
     store_strides: tuple[int, ...] = ()
     """With `store`: per dim of `out`, where the copy keeps it (its stride in the copy's buffer)."""
+    keys_copy: Node | None = None
+    """The stored copy that laid the keys out along the scores' sum (layout.transpose_activations),
+    inlined instead: the kernel reads the keys where their producer wrote them and lays out each
+    (batch, head)'s keys in a buffer of its own thread (render_c), one pass over memory fewer."""
 
 
 def find_attention(graph: Graph) -> tuple[list[AttentionMatch], dict[str, int]]:
@@ -183,11 +187,18 @@ def supported(match: AttentionMatch, uses) -> bool:
             and all(consumer in inside for consumer, _ in uses[match.scores]) and len(uses[product]) == 1)
 
 
-def fuse_attention(graph: Graph, materialized: set[Node], matches: list[AttentionMatch]):
+STAGED_KEYS = 16384
+"""Most floats of one (batch, head)'s keys a fused kernel lays out in its thread's buffer (64 KB,
+on the stack, next to L2)."""
+
+
+def fuse_attention(graph: Graph, materialized: set[Node], matches: list[AttentionMatch], stage_keys: bool = False):
     """Kernels with each supported attention computed by one online-softmax kernel: its softmax
     nodes, the scores and what only feeds them (down to the score products) are no longer stored.
     When the attention's only use is a stored copy that reorders its dims (the heads merged back
-    into each row), the fused kernel writes that copy directly: one pass over the output fewer."""
+    into each row), the fused kernel writes that copy directly: one pass over the output fewer.
+    With `stage_keys`, a stored copy that only transposes the keys for the scores is inlined too
+    (AttentionMatch.keys_copy), where a (batch, head)'s keys fit STAGED_KEYS."""
     from lumos.compile.schedule import build_kernels
 
     uses = graph.consumers()
@@ -209,6 +220,10 @@ def fuse_attention(graph: Graph, materialized: set[Node], matches: list[Attentio
             if node.op not in (Op.SUM, Op.MAX):  # the score product itself is computed inline, its inputs are not
                 stack.extend(node.srcs)
         keep -= removed
+        keys_copy = _keys_copy(removed, uses, keep) if stage_keys else None
+        if keys_copy is not None:
+            keep.discard(keys_copy)
+            match = replace(match, keys_copy=keys_copy)
         reordered = None if match.out in outputs else _reordering_copy(match.out, uses, keep)
         if reordered is None:
             keep.add(match.out)
@@ -220,6 +235,24 @@ def fuse_attention(graph: Graph, materialized: set[Node], matches: list[Attentio
     for kernel in kernels:
         kernel.attention = by_out.get(kernel.node)
     return kernels, keep, used
+
+
+def _keys_copy(inlined: set[Node], uses, materialized: set[Node]) -> Node | None:
+    """The stored copy (x + 0) of a stored tensor that one of the scores' dot products reads and
+    nothing else does, when a (batch, head)'s slice of it (its last two dims: the sum, then the keys) fits
+    STAGED_KEYS; else None."""
+    for node in inlined:
+        if node.op is not Op.SUM or node.srcs[0].op is not Op.MUL:
+            continue
+        product = node.srcs[0]
+        for copy in product.srcs:
+            zero = copy.srcs[1] if copy.op is Op.ADD and len(copy.srcs) == 2 else None
+            if (zero is not None and zero.is_scalar_const and zero.arg == 0.0 and copy in materialized
+                    and (copy.srcs[0] in materialized or copy.srcs[0].op is Op.INPUT)
+                    and len(copy.shape) >= 2 and copy.shape[-1] * copy.shape[-2] <= STAGED_KEYS
+                    and all(consumer is product for consumer, _ in uses[copy])):
+                return copy
+    return None
 
 
 def _reordering_copy(out: Node, uses, materialized: set[Node]) -> tuple[Node, tuple[int, ...]] | None:

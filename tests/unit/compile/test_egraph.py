@@ -168,15 +168,23 @@ def test_16_float_loops_are_candidates_where_a_kernel_computes_a_transcendental_
 
 
 def attention_graph(length: int = 17, queries: int | None = None, D: int = 8,
-                    keys_transposed: bool = False) -> tuple[Graph, dict[str, np.ndarray]]:
+                    keys_transposed: bool = False, projected_keys: bool = False) -> tuple[Graph, dict[str, np.ndarray]]:
     """Self-attention over `length` tokens, or `queries` slots' cross-attention to them; heads of
-    size D; the keys stored (B, H, D, length), as the compiled model keeps them, when `keys_transposed`."""
+    size D; the keys stored (B, H, D, length), as the compiled model keeps them, when `keys_transposed`;
+    with `projected_keys`, keys and values one linear layer's output (B, length, 2·H·D) split into
+    heads, as a model computes them (the layout pass then copies the keys transposed)."""
     rng = np.random.default_rng(6)
     graph = Graph()
     B, H = 3, 2
     shapes = {"q": (B, H, queries or length, D), "k": (B, H, D, length) if keys_transposed else (B, H, length, D),
               "v": (B, H, length, D)}
-    q, k, v = (Tensor.input(graph, name, shape) for name, shape in shapes.items())
+    if projected_keys:
+        shapes = {"q": shapes["q"], "x": (B, length, H * D), "w": (H * D, 2 * H * D)}
+        q, x, w = (Tensor.input(graph, name, shape) for name, shape in shapes.items())
+        kv = x.linear(w.transpose(0, 1))
+        k, v = (kv.slice(2, at, at + H * D).reshape(B, length, H, D).permute(0, 2, 1, 3) for at in (0, H * D))
+    else:
+        q, k, v = (Tensor.input(graph, name, shape) for name, shape in shapes.items())
     k = k.transpose(2, 3) if keys_transposed else k
     mask = Tensor.input(graph, "mask", (B, 1, 1, length))
     mark_output(graph, "y", attention(q, k, v, mask))
@@ -230,6 +238,36 @@ def test_the_search_reports_and_verifies_the_fused_attention(kernel_cache):
     report = compilation.search.attention
     assert report["matches"] == 1 and report["verified"] and report["score_bytes_not_written"] == 3 * 2 * 33 * 33 * 4
     assert report["chosen"] == (report["fused_ms"] < report["unfused_ms"])
+    got = load_program(compilation)(inputs)["y"].reshape(graph.output_shapes["y"])
+    np.testing.assert_allclose(got, interpret(graph, inputs)["y"], atol=1e-5, rtol=1e-5)
+
+
+def test_a_fused_attention_can_read_the_keys_untransposed_and_gives_the_same_values(kernel_cache):
+    """With stage_keys, the copy that transposes the keys is no kernel of its own: the fused kernel
+    lays out each (batch, head)'s keys in its thread's buffer, for every way it blocks queries."""
+    graph, inputs = attention_graph(37, D=16, projected_keys=True)
+    compilation = compile_graph(graph, kernel_cache)
+    copies, _, _ = fuse_attention(graph, compilation.materialized, find_attention(graph)[0])
+    kernels, materialized, used = fuse_attention(graph, compilation.materialized, find_attention(graph)[0], stage_keys=True)
+    assert used[0].keys_copy is not None and used[0].keys_copy not in materialized
+    assert len(kernels) == len(copies) - 1  # the transposing copy's kernel is gone
+    plan = plan_buffers(graph, kernels)
+    want = interpret(graph, inputs)["y"]
+    for blocks in (KernelSchedule(), KernelSchedule(rows=1), KernelSchedule(rows=4, lanes=16), KernelSchedule(tile=16, rows=3)):
+        got, source = run_fused(graph, inputs, kernel_cache, kernels, materialized, plan,
+                                {kernel.name: blocks for kernel in kernels})
+        assert "kt[" in source and "staged_at" in source
+        np.testing.assert_allclose(got, want, atol=1e-5, rtol=1e-5)
+
+
+def test_the_search_times_the_keys_staged_against_their_transposed_copies_and_keeps_the_faster(kernel_cache):
+    graph, inputs = attention_graph(40, D=16, projected_keys=True)
+    compilation = compile_graph(graph, kernel_cache, Options(search_budget_s=0.001, search_cache=False), inputs)
+    staged = compilation.search.attention["staged_keys"]
+    assert staged["verified"] and staged["chosen"] == (staged["staged_ms"] < staged["copies_ms"])
+    copies = [kernel for kernel in compilation.kernels if kernel.node.origin.startswith("layout")]
+    search = compilation.search
+    assert bool(copies) != (staged["chosen"] and search.attention["chosen"] and search.confirmed["kept"])
     got = load_program(compilation)(inputs)["y"].reshape(graph.output_shapes["y"])
     np.testing.assert_allclose(got, interpret(graph, inputs)["y"], atol=1e-5, rtol=1e-5)
 
