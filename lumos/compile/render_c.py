@@ -36,6 +36,7 @@ from lumos.compile.kernel_passes import (
     STAGED,
     Matmul,
     ScoreDot,
+    StagedKeys,
     match_matmul,
     match_scores,
     row_wise,
@@ -203,6 +204,41 @@ static inline lumos_f16 lumos_first16(lumos_f16 v, int n, float fill) {
 }
 """
 
+
+def _transpose(n: int) -> str:
+    """C for lumos_transposeN: n vectors of n floats transposed in place, in log2(n) stages of
+    two-input shuffles (stage b swaps the off-diagonal b × b blocks of every 2b × 2b block): n
+    log2(n) shuffles for n² floats, where a scalar copy moves one float an instruction."""
+    stages = []
+    b = n // 2
+    while b:
+        low = [c + n - b if c & b else c for c in range(n)]
+        high = [c + n if c & b else c + b for c in range(n)]
+        stages.append(f"{{{{{', '.join(map(str, low))}}}, {{{', '.join(map(str, high))}}}}}")
+        b //= 2
+    return "\n".join([
+        f"static const lumos_i{n} lumos_transpose_masks{n}[{len(stages)}][2] = {{",
+        *(f"  {stage}," for stage in stages),
+        "};",
+        f"static inline void lumos_transpose{n}(lumos_f{n}* t) {{",
+        f"  #pragma GCC unroll {len(stages)}",
+        f"  for (int s = 0; s < {len(stages)}; s++) {{",
+        f"    const int b = {n // 2} >> s;",
+        f"    #pragma GCC unroll {n}",
+        f"    for (int i = 0; i < {n}; i++) {{",
+        "      if (i & b) continue;",
+        f"      const lumos_f{n} a = t[i], c = t[i + b];",
+        f"      t[i] = __builtin_shuffle(a, c, lumos_transpose_masks{n}[s][0]);",
+        f"      t[i + b] = __builtin_shuffle(a, c, lumos_transpose_masks{n}[s][1]);",
+        "    }",
+        "  }",
+        "}",
+    ])
+
+
+HEADER += "/* n vectors of n floats transposed in place: the fused attention's staged keys (render_attention). */\n"
+HEADER += _transpose(8) + "\n" + _transpose(16) + "\n"
+
 ATTENTION_BLOCK = 128
 """Keys per block of a fused attention kernel (its schedule's `tile` overrides it): all of them up
 to 128, so that short sequences take one pass without rescaling (the fastest schedule the search
@@ -333,14 +369,23 @@ def render_attention(kernel: Kernel, materialized: set[Node], params: dict[Node,
     # The keys where their producer wrote them, laid out along the keys in this thread's buffer
     # when the (batch, head) changes: a thread's static share of the rows takes each head's
     # queries one block after another, so this runs about once per (batch, head).
+    # Their rows come from memory, one cache line a key or so, a load the out-of-order window
+    # cannot hide: ask for the next head's (the next row outside the queries) while this one
+    # computes.
+    outer = rows[-2][0] if len(rows) > 1 else None
+    prefetch = [] if staged is None or outer is None else [
+        f"{{ const int {outer}_next = {outer} + 1;",
+        f"  {{ const int {outer} = {outer}_next, {staged.var} = 0;",
+        f"    for (int j = 0; j < {keys}; j++) __builtin_prefetch(&{expr(staged.key)});",
+        "  }",
+        "}"]
     stage = [] if staged is None else [
         f"{{ const int j = 0, {staged.var} = 0;",
         f"  const long at = {staged.key.offset};  /* where this (batch, head)'s keys start */",
         "  if (at != staged_at) {",
         "    staged_at = at;",
-        f"    for (int j = 0; j < {keys}; j++)",
-        f"      for (int {staged.var} = 0; {staged.var} < {staged.depth}; {staged.var}++)",
-        f"        {STAGED}[{staged.var} * {keys} + j] = {expr(staged.key)};",
+        *("    " + line for line in _stage_lines(staged, keys, vw)),
+        *("    " + line for line in prefetch),
         "  }",
         "}"]
     # Every access to o is in a fully unrolled loop, so that gcc keeps it in registers.
@@ -411,6 +456,29 @@ def render_attention(kernel: Kernel, materialized: set[Node], params: dict[Node,
     lines += ["  " * d + "}" for d in range(len(rows) - 1, -1, -1)]
     lines.append("}")
     return "\n".join(lines)
+
+
+def _stage_lines(staged: StagedKeys, keys: int, vw: int) -> list[str]:
+    """Fill STAGED ([dim][key]) from where the keys are: vw keys × vw dims at a time, read as vw
+    vectors and transposed in registers (lumos_transpose), where the keys are contiguous along
+    their dims and the head splits into vectors; the rest one float at a time."""
+    r, depth, key = staged.var, staged.depth, expr(staged.key)
+    scalar = [f"for (int j = j0; j < {keys}; j++)",
+              f"  for (int {r} = 0; {r} < {depth}; {r}++) {STAGED}[{r} * {keys} + j] = {key};"]
+    if depth % vw or stride_along(staged.key, r) != 1:
+        return ["const int j0 = 0;", *scalar]
+    return [
+        "int j0 = 0;",
+        f"for (; j0 + {vw} <= {keys}; j0 += {vw})",
+        f"  for (int {r} = 0; {r} < {depth}; {r} += {vw}) {{",
+        f"    lumos_f{vw} t[{vw}];",
+        f"    #pragma GCC unroll {vw}",
+        f"    for (int k = 0; k < {vw}; k++) {{ const int j = j0 + k; t[k] = lumos_load{vw}(&{key}); }}",
+        f"    lumos_transpose{vw}(t);",
+        f"    #pragma GCC unroll {vw}",
+        f"    for (int k = 0; k < {vw}; k++) lumos_store{vw}(&{STAGED}[({r} + k) * {keys} + j0], t[k]);",
+        "  }",
+        *scalar]
 
 
 @dataclass

@@ -242,10 +242,12 @@ def test_the_search_reports_and_verifies_the_fused_attention(kernel_cache):
     np.testing.assert_allclose(got, interpret(graph, inputs)["y"], atol=1e-5, rtol=1e-5)
 
 
-def test_a_fused_attention_can_read_the_keys_untransposed_and_gives_the_same_values(kernel_cache):
+@pytest.mark.parametrize("head", [16, 12])
+def test_a_fused_attention_can_read_the_keys_untransposed_and_gives_the_same_values(kernel_cache, head):
     """With stage_keys, the copy that transposes the keys is no kernel of its own: the fused kernel
-    lays out each (batch, head)'s keys in its thread's buffer, for every way it blocks queries."""
-    graph, inputs = attention_graph(37, D=16, projected_keys=True)
+    lays out each (batch, head)'s keys in its thread's buffer (transposed in registers where the
+    head splits into vectors, else one float at a time), for every way it blocks queries."""
+    graph, inputs = attention_graph(37, D=head, projected_keys=True)
     compilation = compile_graph(graph, kernel_cache)
     copies, _, _ = fuse_attention(graph, compilation.materialized, find_attention(graph)[0])
     kernels, materialized, used = fuse_attention(graph, compilation.materialized, find_attention(graph)[0], stage_keys=True)
@@ -256,7 +258,8 @@ def test_a_fused_attention_can_read_the_keys_untransposed_and_gives_the_same_val
     for blocks in (KernelSchedule(), KernelSchedule(rows=1), KernelSchedule(rows=4, lanes=16), KernelSchedule(tile=16, rows=3)):
         got, source = run_fused(graph, inputs, kernel_cache, kernels, materialized, plan,
                                 {kernel.name: blocks for kernel in kernels})
-        assert "kt[" in source and "staged_at" in source
+        assert "kt[" in source and "staged_at" in source and (
+            ("lumos_transpose8(t);" in source or "lumos_transpose16(t);" in source) == (head == 16))
         np.testing.assert_allclose(got, want, atol=1e-5, rtol=1e-5)
 
 
