@@ -244,7 +244,7 @@ def stage_keys(ir: AttentionIR, query: str) -> StagedKeys | None:
         return None
     # The keys read through the copy's view broadcast over the queries, so Lowering.operand bound
     # them to a local of the dot's loop: put the read back in its place.
-    for let in [s for s in dot.body if isinstance(s, Let) and isinstance(s.value, Load) and s.guard is None]:
+    while let := next((s for s in dot.body if isinstance(s, Let) and isinstance(s.value, Load) and s.guard is None), None):
         rest = [s for s in dot.body if s is not let]
         dot = replace(dot, body=_swap(rest, Ref(let.name), let.value), value=_swap(dot.value, Ref(let.name), let.value))
     ir = replace(ir, score_stmts=[dot, *ir.score_stmts[1:]])

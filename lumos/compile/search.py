@@ -193,6 +193,14 @@ class Group:
         self.queue.remove(index)
         return index
 
+    def start_from(self, schedule: KernelSchedule) -> None:
+        """Time the candidate with `schedule` (if there is one, untimed) next: a kernel that
+        differs from one already searched only where it reads an operand starts from its best."""
+        index = next((i for i in self.queue if self.candidates[i].schedule == schedule), None)
+        if index is not None:
+            self.queue.remove(index)
+            self.retry.insert(0, index)
+
     @property
     def searching(self) -> bool:
         return bool(self.queue or self.retry)
@@ -438,7 +446,7 @@ def search_schedules(graph: Graph, kernels: list[Kernel], materialized: set[Node
         else:
             fused_report = {**fused_report, "cached": True}
         if fused_report["chosen"]:
-            kernels, materialized = staged if fused_report.get("staged_keys", {}).get("chosen") else fused
+            kernels, materialized = staged if staged and fused_report.get("staged_keys", {}).get("chosen") else fused
     if groups is None:
         groups = make_groups(kernels, materialized, seed, register_blocks, search_cache)
         rounds += _search_groups(bench, kernels, materialized, groups, search_cache, schedules_until, known)
@@ -513,8 +521,9 @@ def _choose_attention(bench: Bench, plain: tuple, fused: tuple, staged: tuple | 
     are verified and the call is faster. With default schedules alone the choice was a coin toss:
     blocked q·kᵀ and P·V can make the unfused program the faster one. With `staged` (the fused
     kernels reading the keys where their producer wrote them, no transposing copy), it is searched
-    in the last third of the fused program's time and timed against the fused one first, and the
-    faster of the two goes on. Returns the report, the chosen program's searched groups and the
+    in the last third of the fused program's time (each attention kernel starting from the
+    schedule its twin found) and timed against the fused one first, and the faster of the two
+    goes on. Returns the report, the chosen program's searched groups and the
     rounds run."""
     plain_groups = make_groups(*plain, seed, register_blocks, search_cache)
     halfway = time.perf_counter() + (deadline - time.perf_counter()) / 2
@@ -526,6 +535,10 @@ def _choose_attention(bench: Bench, plain: tuple, fused: tuple, staged: tuple | 
     staged_report = None
     if staged is not None and verified:
         staged_groups = make_groups(*staged, seed, register_blocks, search_cache)
+        copies_best = {g.kernels[0].node: g.best for g in fused_groups if g.kernels[0].attention is not None and g.best}
+        for group in staged_groups:  # the same attention, but for where it reads its keys
+            if group.kernels[0].node in copies_best:
+                group.start_from(copies_best[group.kernels[0].node].schedule)
         staged_rounds, staged_verified = _search_fused(bench, staged, staged_groups, search_cache, deadline, known)
         rounds += staged_rounds
         copies_ms, staged_ms = (bench.confirm((*fused, _chosen(fused_groups)), (*staged, _chosen(staged_groups)))
