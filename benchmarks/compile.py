@@ -200,15 +200,7 @@ def bench_model(name: str, model: LumosModel, batch_size: int, repeats: int, ind
         print("                   " + "; ".join(
             f"{kind} {result[f'{kind}_kernel_gflops']:.1f} GFLOP/s over {result[f'{kind}_kernel_ms']:.1f} ms"
             for kind in ("linear", "attention") if result[f"{kind}_kernel_gflops"]))
-        attention = result.get("search_attention")
-        if attention:
-            print(f"  fused attention  {attention['matches']} found, {'kept' if attention['chosen'] else 'not kept'} "
-                  f"({attention['fused_ms'] or float('nan'):.1f} ms vs {attention['unfused_ms'] or float('nan'):.1f} ms "
-                  "unfused, whole call, both searched)")
-            staged = attention.get("staged_keys")
-            if staged and staged["verified"]:
-                print(f"  staged keys      {'kept' if staged['chosen'] else 'not kept'} ({staged['staged_ms']:.1f} ms vs "
-                      f"{staged['copies_ms']:.1f} ms with the keys' transposed copies, whole call)")
+        _print_attention(result.get("search_attention"))
     if result.get("search_confirmed"):
         confirmed = result["search_confirmed"]
         print(f"  search verdict   whole call {confirmed['searched_ms']:.1f} ms searched vs {confirmed['baseline_ms']:.1f} ms "
@@ -425,6 +417,8 @@ def bench_external(name: str, batch_size: int, repeats: int, inductor: bool, sea
         result["load_average"] = os.getloadavg()
         stats = searched.compilation.stats()
         flops = matmul_flops(searched.compilation.graph)
+        if searched.compilation.search is not None:
+            result["search_attention"] = searched.compilation.search.attention
     for engine, values in times.items():
         result[f"{engine}_ms"] = statistics.median(values)
         result[f"{engine}_best_ms"] = min(values)
@@ -443,7 +437,21 @@ def bench_external(name: str, batch_size: int, repeats: int, inductor: bool, sea
     print(f"  kernels {stats['kernels']} from {stats['primitive_ops']} primitive ops; compile: no search "
           f"{result['lumos_compile_no_search_s']:.1f} s, cold {result['lumos_compile_cold_s']:.1f} s, warm "
           f"{result['lumos_compile_warm_s']:.1f} s; max |diff| vs eager (math path) {result['max_error']:.1e}", flush=True)
+    _print_attention(result.get("search_attention"))
     return result
+
+
+def _print_attention(attention: dict | None) -> None:
+    """The search's attention choices: fused or not, and the keys staged or through their copies."""
+    if not attention:
+        return
+    print(f"  fused attention  {attention['matches']} found, {'kept' if attention['chosen'] else 'not kept'} "
+          f"({attention['fused_ms'] or float('nan'):.1f} ms vs {attention['unfused_ms'] or float('nan'):.1f} ms "
+          "unfused, whole call, both searched)")
+    staged = attention.get("staged_keys")
+    if staged and staged["verified"]:
+        print(f"  staged keys      {'kept' if staged['chosen'] else 'not kept'} ({staged['staged_ms']:.1f} ms vs "
+              f"{staged['copies_ms']:.1f} ms with the keys' transposed copies, whole call)")
 
 
 def _fresh_like(value: torch.Tensor) -> torch.Tensor:
