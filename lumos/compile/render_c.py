@@ -366,10 +366,7 @@ def render_attention(kernel: Kernel, materialized: set[Node], params: dict[Node,
         "  }",
         "}"]]
     scores_row = -(-block // vw) * vw  # whole vectors: the last keys store one
-    # The keys where their producer wrote them, laid out along the keys in this thread's buffer
-    # when the (batch, head) changes: a thread's static share of the rows takes each head's
-    # queries one block after another, so this runs about once per (batch, head).
-    # Their rows come from memory, one cache line a key or so, a load the out-of-order window
+    # The keys' rows come from memory, one cache line a key or so, a load the out-of-order window
     # cannot hide: ask for the next head's (the next row outside the queries) while this one
     # computes.
     outer = rows[-2][0] if len(rows) > 1 else None
@@ -379,6 +376,9 @@ def render_attention(kernel: Kernel, materialized: set[Node], params: dict[Node,
         f"    for (int j = 0; j < {keys}; j++) __builtin_prefetch(&{expr(staged.key)});",
         "  }",
         "}"]
+    # The keys where their producer wrote them, laid out along the keys in this thread's buffer
+    # when the (batch, head) changes: a thread's static share of the rows takes each head's
+    # queries one block after another, so this runs about once per (batch, head).
     stage = [] if staged is None else [
         f"{{ const int j = 0, {staged.var} = 0;",
         f"  const long at = {staged.key.offset};  /* where this (batch, head)'s keys start */",

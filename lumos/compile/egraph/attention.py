@@ -237,6 +237,17 @@ def fuse_attention(graph: Graph, materialized: set[Node], matches: list[Attentio
     return kernels, keep, used
 
 
+def _copied(node: Node) -> Node | None:
+    """What `node` copies when it is x + 0 (a view made a node: hl_ops.contiguous, the layout
+    pass), else None."""
+    if node.op is not Op.ADD or len(node.srcs) != 2:
+        return None
+    for source, zero in (node.srcs, node.srcs[::-1]):
+        if zero.is_scalar_const and zero.arg == 0.0:
+            return source
+    return None
+
+
 def _keys_copy(inlined: set[Node], uses, materialized: set[Node]) -> Node | None:
     """The stored copy (x + 0) of a stored tensor that one of the scores' dot products reads and
     nothing else does, when a (batch, head)'s slice of it (its last two dims: the sum, then the keys) fits
@@ -246,9 +257,8 @@ def _keys_copy(inlined: set[Node], uses, materialized: set[Node]) -> Node | None
             continue
         product = node.srcs[0]
         for copy in product.srcs:
-            zero = copy.srcs[1] if copy.op is Op.ADD and len(copy.srcs) == 2 else None
-            if (zero is not None and zero.is_scalar_const and zero.arg == 0.0 and copy in materialized
-                    and (copy.srcs[0] in materialized or copy.srcs[0].op is Op.INPUT)
+            source = _copied(copy)
+            if (source is not None and copy in materialized and (source in materialized or source.op is Op.INPUT)
                     and len(copy.shape) >= 2 and copy.shape[-1] * copy.shape[-2] <= STAGED_KEYS
                     and all(consumer is product for consumer, _ in uses[copy])):
                 return copy
@@ -261,10 +271,9 @@ def _reordering_copy(out: Node, uses, materialized: set[Node]) -> tuple[Node, tu
     if len(uses[out]) != 1:
         return None
     copy, index = uses[out][0]
-    zero = copy.srcs[1 - index] if len(copy.srcs) == 2 else None
     view = copy.views[index]
-    if (copy.op is not Op.ADD or copy not in materialized or zero is None or not zero.is_scalar_const
-            or zero.arg != 0.0 or view.mask is not None or view.offset != 0 or copy.size != out.size):
+    if (_copied(copy) is not out or copy not in materialized or view.mask is not None or view.offset != 0
+            or copy.size != out.size):
         return None
     copy_strides = contiguous_strides(copy.shape)
     where = {stride: (size, copy_strides[d]) for d, (size, stride) in enumerate(zip(copy.shape, view.strides, strict=True))
