@@ -96,6 +96,17 @@ def write_table(spark, workspace: Workspace, ref: TableRef, frame, lineage: Line
     return committed_version(spark, workspace, ref, lineage)
 
 
+def commit_table_files(spark, workspace: Workspace, ref: TableRef, files, schema, lineage: LineageRecord) -> TableRef:
+    """`write_table` for rows already written as Parquet files into the table's folder
+    (`lumos.core.delta_commit.WrittenFile`s, Spark schema `schema`): one Delta commit that
+    replaces the table's contents with them, carrying `lineage`; returns the version written."""
+    from lumos.core.delta_commit import commit_overwrite
+
+    version = commit_overwrite(spark, table_location(workspace, ref), files, schema.json(), LOG_RETENTION,
+                               lineage.to_json())
+    return ref.at(version)
+
+
 def keep_log(spark, location: str) -> None:
     """Give an existing table without LOG_RETENTION (made before Lumos set it) those properties.
 

@@ -19,6 +19,7 @@ from lumos.core.lineage import LineageInput, LineageRecord
 from lumos.core.spark import job_steps
 from lumos.core.tables import (
     TableRef,
+    commit_table_files,
     content_hash_of,
     row_hash,
     table_exists,
@@ -28,6 +29,7 @@ from lumos.core.tables import (
 )
 from lumos.core.workspace import Workspace
 from lumos.data.recipe import IngestRecipe
+from lumos.data.sequence_files import SequenceFiles, write_sequence_files
 from lumos.data.sequences import build_sequences, build_vocab, sequence_tokens
 from lumos.data.sources import read_source
 from lumos.data.validation import (
@@ -143,10 +145,11 @@ def run_ingest(spark, workspace: Workspace, recipe: IngestRecipe, recipe_dir: Pa
             step("ordering each user's tokens")
             tokens = sequence_tokens(events, recipe).persist()
         step("building sequences")
-        sequences = build_sequences(events, vocab, users, calendar, recipe, tokens).persist()
+        rows = _sequence_rows(spark, workspace, refs["sequences"], events, vocab, users, calendar, recipe, tokens)
         try:
-            # One pass over the cached rows: their count and tokens per split, and their content
-            # hash (what `lumos reproduce` compares a rebuild against), summed per split.
+            # One pass over the rows: their count and tokens per split, and their content hash
+            # (what `lumos reproduce` compares a rebuild against), summed per split.
+            sequences = rows.frame
             summary = sequences.groupBy("split").agg(
                 F.count(F.lit(1)).alias("rows"), F.sum("length").alias("tokens"),
                 F.sum(row_hash(sequences)).alias("hash"),
@@ -174,10 +177,10 @@ def run_ingest(spark, workspace: Workspace, recipe: IngestRecipe, recipe_dir: Pa
             # Sequences last: its lineage names the exact vocab and rejects versions of this run,
             # and its presence marks the ingest as complete (the idempotency check reads it).
             tables = {role: str(ref) for role, ref in written.items()}
-            written["sequences"] = write_table(spark, workspace, refs["sequences"], sequences,
-                                               LineageRecord(**lineage_base, stats={**stats, "tables": tables}))
+            written["sequences"] = rows.write(spark, workspace, refs["sequences"],
+                                              LineageRecord(**lineage_base, stats={**stats, "tables": tables}))
         finally:
-            sequences.unpersist()
+            rows.release()
             if tokens is not None:
                 tokens.unpersist()
             vocab.unpersist()
@@ -186,6 +189,47 @@ def run_ingest(spark, workspace: Workspace, recipe: IngestRecipe, recipe_dir: Pa
         step(None)
     tables = {role: str(written[role]) for role in ("sequences", "vocab", "rejects")}
     return IngestResult(recipe.dataset, tables, reused=False, stats=stats)
+
+
+def _sequence_rows(spark, workspace: Workspace, ref: TableRef, events, vocab, users, calendar, recipe: IngestRecipe,
+                   tokens) -> _CachedRows | _FileRows:
+    """Time splits in a local workspace: written as Parquet by the Python workers that build them
+    (`lumos.data.sequence_files`; Spark's writer was most of an ingest's write). Otherwise built by
+    Spark and cached, then written by Spark's writer."""
+    if recipe.splits.mode == "time" and workspace.is_local:
+        return _FileRows(spark, write_sequence_files(events, vocab, users, calendar, recipe,
+                                                     table_location(workspace, ref)))
+    return _CachedRows(build_sequences(events, vocab, users, calendar, recipe, tokens).persist())
+
+
+@dataclass
+class _CachedRows:
+    """Rows Spark built and cached: counted and hashed from the cache, then written by Spark."""
+
+    frame: Any
+
+    def write(self, spark, workspace: Workspace, ref: TableRef, lineage: LineageRecord) -> TableRef:
+        return write_table(spark, workspace, ref, self.frame, lineage)
+
+    def release(self) -> None:
+        self.frame.unpersist()
+
+
+class _FileRows:
+    """Rows already written into the table's folder: counted and hashed by reading them back,
+    then committed as the new version (deleted instead if the ingest stops before that)."""
+
+    def __init__(self, spark, files: SequenceFiles) -> None:
+        self.files, self.frame, self.committed = files, files.frame(spark), False
+
+    def write(self, spark, workspace: Workspace, ref: TableRef, lineage: LineageRecord) -> TableRef:
+        version = commit_table_files(spark, workspace, ref, self.files.files, self.files.schema, lineage)
+        self.committed = True
+        return version
+
+    def release(self) -> None:
+        if not self.committed:
+            self.files.discard()
 
 
 def enforce_reject_budget(checked, counts: RejectCounts, recipe: IngestRecipe) -> None:

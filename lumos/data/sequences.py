@@ -179,10 +179,10 @@ def build_sequences(
             rows = _with_static_features(rows, _require(users, "users"), vocab, recipe)
     if recipe.calendar is not None and recipe.calendar.flags:
         rows = _with_future_context(rows, _require(calendar, "calendar"), recipe)
-    return rows.select(*_output_columns(recipe))
+    return rows.select(*output_columns(recipe))
 
 
-def _output_columns(recipe: IngestRecipe) -> list[str]:
+def output_columns(recipe: IngestRecipe) -> list[str]:
     """The sequences table's columns, in their fixed order."""
     columns = ["user_id", "split", "as_of", "length", *_history_features(recipe)]
     if recipe.tokens.age_days:
@@ -590,6 +590,22 @@ def _with_future_context(rows: DataFrame, calendar: DataFrame, recipe: IngestRec
     return joined.select(
         *rows.columns, *[F.coalesce(F.col(f"context_{flag}"), no_flags).alias(f"future_{flag}") for flag in flags]
     )
+
+
+def future_context(calendar: DataFrame, recipe: IngestRecipe, dates) -> dict[datetime.date, dict[str, list[int]]]:
+    """future_<flag> of the rows at each of `dates`, as `_with_future_context` gives every row:
+    date → flag → the flag on date + d for each decoder slot d, 0 where the calendar lacks the
+    day. One small collect of the calendar's days in reach; {} without calendar flags."""
+    if recipe.calendar is None or not recipe.calendar.flags or not dates:
+        return {}
+    slots = max(recipe.targets.horizons_days, default=1)
+    dates = sorted(set(dates))
+    last = dates[-1] + datetime.timedelta(days=slots - 1)
+    days = calendar.where((F.col("date") >= F.lit(dates[0])) & (F.col("date") <= F.lit(last))).collect()
+    by_date = {row["date"]: row for row in days}
+    flags_on = {date: [by_date.get(date + datetime.timedelta(days=slot)) for slot in range(slots)] for date in dates}
+    return {date: {flag: [int(row[flag]) if row is not None else 0 for row in rows] for flag in recipe.calendar.flags}
+            for date, rows in flags_on.items()}
 
 
 # ---------------------------------------------------------------------------------------------

@@ -67,6 +67,10 @@ class TimeRowsPlan:
 
     def spark_schema(self) -> str:
         """The DDL of the rows `build_rows` yields (as_of as epoch microseconds)."""
+        return ", ".join(f"`{name}` {kind}" for name, kind in self.columns())
+
+    def columns(self) -> list[tuple[str, str]]:
+        """(name, Spark SQL type) of the columns `build_rows` yields, in order."""
         columns = [("user_id", "string"), ("split", "string"), ("as_of_micros", "bigint"), ("length", "int")]
         columns += [(name, "array<int>") for name in self.id_features]
         columns += [(name, "array<float>") for name in self.float_features]
@@ -77,7 +81,7 @@ class TimeRowsPlan:
         columns += [("next_item", "int")] if self.next_item else []
         for days in self.horizons_days:
             columns += [(f"act_{days}d", "int"), (f"value_{days}d", "double")]
-        return ", ".join(f"`{name}` {kind}" for name, kind in columns)
+        return columns
 
 
 def build_rows(plan: TimeRowsPlan, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
@@ -102,6 +106,59 @@ def build_rows(plan: TimeRowsPlan, batches: Iterator[pa.RecordBatch]) -> Iterato
         waiting = [batch.slice(last_user_start)]
         yield from _rows(plan, complete)
     yield from _rows(plan, waiting)
+
+
+ROW_GROUP_BYTES = 64 << 20
+"""Rows `write_rows` gathers (in Arrow, uncompressed) before writing them as one Parquet row
+group: about Spark's 128 MB row groups once compressed (the loader shuffles by row group)."""
+
+
+def write_rows(plan: TimeRowsPlan, path: str, schema: pa.Schema, future: dict[int, dict[str, list[int]]],
+               batches: Iterator[pa.RecordBatch]) -> int:
+    """Build one partition's rows (`build_rows`) and write them to a Parquet file at `path`, in
+    the columns and types of `schema` (the sequences table's: `as_of` a UTC timestamp); return the
+    rows written (no file when 0). `future`: as_of micros → flag → its value on each decoder
+    slot, every row's future_<flag> (the calendar is the same for every user)."""
+    import pyarrow.parquet as pq
+
+    writer, pending, written = None, [], 0
+
+    def flush() -> None:
+        nonlocal writer, pending
+        if pending:
+            table = pa.concat_tables(pending)
+            writer = writer or pq.ParquetWriter(path, schema, compression="snappy")
+            writer.write_table(table, row_group_size=table.num_rows)
+            pending = []
+
+    for batch in build_rows(plan, batches):
+        pending.append(_table_rows(batch, schema, future))
+        written += batch.num_rows
+        if sum(table.nbytes for table in pending) >= ROW_GROUP_BYTES:
+            flush()
+    flush()
+    if writer is not None:
+        writer.close()
+    return written
+
+
+def _table_rows(batch: pa.RecordBatch, schema: pa.Schema, future: dict[int, dict[str, list[int]]]) -> pa.Table:
+    """`build_rows`' batch as the table's rows: as_of a timestamp, future_<flag> added, `schema`'s order."""
+    as_of = batch.column("as_of_micros")
+    cutoffs = np.array(sorted(future), dtype=np.int64)
+    columns = []
+    for field in schema:
+        if field.name == "as_of":
+            columns.append(as_of.cast(pa.timestamp("us", tz="UTC")))
+        elif field.name.startswith("future_"):
+            flag = field.name.removeprefix("future_")
+            values = np.array([future[micros][flag] for micros in cutoffs], dtype=np.int32)  # (cutoffs, slots)
+            rows = values[np.searchsorted(cutoffs, as_of.to_numpy())]
+            offsets = np.arange(0, rows.size + 1, values.shape[1], dtype=np.int32)
+            columns.append(pa.ListArray.from_arrays(pa.array(offsets), pa.array(rows.ravel())))
+        else:
+            columns.append(batch.column(field.name))
+    return pa.Table.from_arrays(columns, names=schema.names).cast(schema)
 
 
 def _rows(plan: TimeRowsPlan, batches: list[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:

@@ -26,7 +26,7 @@ from lumos.core.tables import TABLE_REF, TableRef, read_table, table_location
 from lumos.core.workspace import Workspace, is_uri
 from lumos.data.ingest import RejectCounts, count_rejects, enforce_reject_budget, read_checked_inputs
 from lumos.data.recipe import Cutoff, IngestRecipe, SplitSpec
-from lumos.data.sequences import EPOCH, build_sequences, time_rows_input
+from lumos.data.sequences import EPOCH, build_sequences, future_context, time_rows_input
 from lumos.data.sequences_version import ingest_lineage
 from lumos.data.time_rows import MICROS_PER_DAY, TimeRowsPlan
 from lumos.data.validation import valid_events
@@ -113,24 +113,9 @@ def inference_rows(spark, workspace: Workspace, data: TrainingData, as_of: datet
         raise
     rows = build_sequences(events, vocab, sources.users, sources.calendar, recipe, targets=False)
     tokens, plan = time_rows_input(events, vocab, sources.users, recipe, targets=False)
-    future = _future_context(sources.calendar, recipe, as_of)
+    future = future_context(sources.calendar, recipe, [as_of]).get(as_of, {})
     rejects = sources.rejects(counts).withColumn("as_of", F.lit(as_of))
     return InferenceFeatures(rows, tokens, plan, future, rejects, counts, inputs, cached=(checked,))
-
-
-def _future_context(calendar, recipe: IngestRecipe, as_of: datetime.date) -> dict[str, list[int]]:
-    """future_<flag> of every row at `as_of`: the flag on as_of + d for each decoder slot d, 0 where
-    the calendar has no such date (as `build_sequences` computes it per row)."""
-    from pyspark.sql import functions as F
-
-    if recipe.calendar is None or not recipe.calendar.flags:
-        return {}
-    slots = max(recipe.targets.horizons_days, default=1)
-    last = as_of + datetime.timedelta(days=slots - 1)
-    days = calendar.where((F.col("date") >= F.lit(as_of)) & (F.col("date") <= F.lit(last))).collect()
-    flags = {(row["date"] - as_of).days: row for row in days}
-    return {flag: [int(flags[slot][flag]) if slot in flags else 0 for slot in range(slots)]
-            for flag in recipe.calendar.flags}
 
 
 def _any_history(events, recipe: IngestRecipe, as_of: datetime.date) -> bool:

@@ -14,7 +14,9 @@ import random
 import pytest
 
 from lumos.core.config import from_dict
+from lumos.core.tables import content_hash
 from lumos.data.recipe import IngestRecipe
+from lumos.data.sequence_files import write_sequence_files
 from lumos.data.sequences import build_sequences, build_vocab
 
 DAY0 = datetime.datetime(2026, 3, 2, tzinfo=datetime.UTC)
@@ -48,7 +50,7 @@ def random_users(seed: int) -> list[tuple]:
             for user in [*range(30), 99]]
 
 
-def recipe(unit: str, horizons: list[int], min_history: int, max_len: int) -> IngestRecipe:
+def recipe(unit: str, horizons: list[int], min_history: int, max_len: int, calendar: bool = False) -> IngestRecipe:
     cutoffs = [DAY0.date() + datetime.timedelta(days=days) for days in (-1, 2, 5, 9, 13)]
     cutoffs.insert(0, datetime.date(1970, 1, 1))
     return from_dict(IngestRecipe, {
@@ -63,6 +65,7 @@ def recipe(unit: str, horizons: list[int], min_history: int, max_len: int) -> In
         "splits": {"mode": "time", "min_history": min_history,
                    "cutoffs": [{"split": "train" if i < 4 else "test", "as_of": day} for i, day in enumerate(cutoffs)]},
         "targets": {"next_item": True, "horizons_days": horizons, "act_event_types": ["purchase"] if horizons else []},
+        **({"calendar": {"path": "calendar.csv", "flags": ["holiday", "sale"]}} if calendar else {}),
     })  # fmt: skip
 
 
@@ -114,6 +117,32 @@ def test_arrow_rows_equal_spark_rows(spark, events, users, small_arrow_batches, 
     assert {row["user_country"] for row in arrow_rows.values()} > {1}  # known countries, and OOV
     for key, row in reference_rows.items():
         assert arrow_rows[key] == row, key  # every value exactly, floats included
+
+
+@pytest.mark.parametrize(("unit", "horizons", "calendar"), [("event", [1, 3], True), ("day", [], True), ("event", [2], False)])
+def test_rows_written_by_the_builders_equal_the_built_rows(spark, tmp_path, events, users, small_arrow_batches, unit,
+                                                           horizons, calendar):
+    """What ingest writes in a local workspace (Parquet files from the Python workers) against
+    `build_sequences`' rows: the same schema, rows, values and content hash."""
+    config = recipe(unit, horizons, 1, 5, calendar=calendar)
+    vocab = build_vocab(events, users, config)
+    days = spark.createDataFrame(
+        [(DAY0.date() + datetime.timedelta(days=days), days % 2, int(days % 3 == 0)) for days in range(-3, 12)],
+        "date date, holiday int, sale int") if calendar else None  # the last cutoff's slots run past its end
+    built = build_sequences(events, vocab, users, days, config)
+    files = write_sequence_files(events, vocab, users, days, config, str(tmp_path / "sequences"))
+
+    written = files.frame(spark)
+    assert files.schema == built.schema and written.dtypes == built.dtypes  # (a file read makes every column nullable)
+    assert files.files and all((tmp_path / "sequences" / file.name).stat().st_size == file.size for file in files.files)
+    written_rows, built_rows = _rows(written), _rows(built)
+    assert len(written_rows) == len(built_rows) > 60
+    assert written_rows == built_rows  # every value exactly, floats and future flags included
+    if calendar:
+        assert any(any(row["future_holiday"]) for row in written_rows.values())
+    assert content_hash(written) == content_hash(built)
+    files.discard()
+    assert not list((tmp_path / "sequences").iterdir())
 
 
 def _rows(frame) -> dict:
