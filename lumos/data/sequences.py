@@ -57,6 +57,7 @@ from __future__ import annotations
 
 import datetime
 import operator
+from dataclasses import replace
 from functools import partial, reduce
 
 from pyspark.sql import Column, DataFrame, Window
@@ -72,6 +73,7 @@ from lumos.data.time_rows import (  # the time units are declared once, where th
     MICROS_PER_MINUTE,
     TOKEN,
     TimeRowsPlan,
+    TokenIds,
     build_rows,
 )
 
@@ -302,7 +304,7 @@ def time_rows_input(events: DataFrame, vocab: DataFrame, users: DataFrame | None
     partitioned by user (validation's shuffle), so Spark shuffles only the users table for it;
     joining them to the built rows instead shuffled every row's history arrays again.
     """
-    plan = _time_rows_plan(recipe, targets)
+    plan = replace(_time_rows_plan(recipe, targets), token_ids=_token_ids(vocab, recipe))
     tokens = events.withColumn("funnel_rank", _funnel_rank(recipe)).withColumn("tie_key", _tie_key(recipe))
     act_types = list(recipe.targets.act_event_types)
     is_act = F.col("event_type").isin(act_types) if act_types else F.lit(True)
@@ -316,8 +318,6 @@ def time_rows_input(events: DataFrame, vocab: DataFrame, users: DataFrame | None
             tokens = tokens.withColumn("kind", F.lit(TOKEN)).unionByName(acts, allowMissingColumns=True)
     else:
         tokens = tokens.withColumn("is_act", is_act)
-    for feature, column in _event_vocab_features(recipe):
-        tokens = _with_vocab_ids(tokens, column, vocab, feature, into=f"id_{feature}")
     if recipe.users is not None:
         # A join, not a union of the users' rows into the run: Spark's join requirement is what
         # puts each user's static row beside their tokens (a union of two inputs partitioned by
@@ -326,12 +326,26 @@ def time_rows_input(events: DataFrame, vocab: DataFrame, users: DataFrame | None
     order = (["kind"] if "kind" in tokens.columns else []) + _token_order(recipe)
     in_order = tokens.repartition("user_id").sortWithinPartitions(
         "user_id", *[F.col(name).asc_nulls_first() for name in order])
-    inputs = ["user_id", F.unix_micros("ts").alias("ts"), *[f"id_{name}" for name in plan.id_features],
+    # The tokens go to the builder as they are; it maps them to their ids (TokenIds).
+    inputs = ["user_id", F.unix_micros("ts").alias("ts"),
+              *[F.col(column).alias(f"tok_{feature}") for feature, column in _event_vocab_features(recipe)],
               *plan.float_features, *plan.static_ids, *plan.static_floats]
     inputs += ["count"] if plan.day_counts else []
     inputs += ["is_act"] if with_acts else []
     inputs += ["kind"] if "kind" in tokens.columns else []
     return in_order.select(*inputs), plan
+
+
+def _token_ids(vocab: DataFrame, recipe: IngestRecipe) -> TokenIds:
+    """The event features' vocabularies, collected for the builder (a few MB for a million tokens)."""
+    features = [feature for feature, _ in _event_vocab_features(recipe)]
+    table = vocab.where(F.col("feature").isin(features)).select("feature", "token", "id").toArrow()
+    vocabularies = {feature: ([], []) for feature in features}
+    for feature, token, token_id in zip(*(table.column(name).to_pylist() for name in ("feature", "token", "id")),
+                                        strict=True):
+        vocabularies[feature][0].append(token)
+        vocabularies[feature][1].append(token_id)
+    return TokenIds(vocabularies)
 
 
 def _time_rows_plan(recipe: IngestRecipe, targets: bool) -> TimeRowsPlan:
@@ -523,14 +537,14 @@ def _within_reach(recipe: IngestRecipe) -> Column:
     return reduce(operator.or_, [(position >= cut - max_len) & (position <= cut) for cut in cuts])
 
 
-def _with_vocab_ids(frame: DataFrame, column: str, vocab: DataFrame, feature: str, into: str | None = None) -> DataFrame:
-    """Set `into` (default `feature`, which may be `column` itself) to the `feature` vocab id of
-    string `column`; null, rare and unknown tokens get OOV."""
+def _with_vocab_ids(frame: DataFrame, column: str, vocab: DataFrame, feature: str) -> DataFrame:
+    """Set `feature` (which may be `column` itself) to the `feature` vocab id of string `column`;
+    null, rare and unknown tokens get OOV."""
     ids = vocab.where(F.col("feature") == feature).select(
         F.col("token").alias("vocab_token"), F.col("id").alias("vocab_id")
     )
     joined = frame.join(ids, F.col(column) == F.col("vocab_token"), "left")
-    return joined.withColumn(into or feature, F.coalesce(F.col("vocab_id"), F.lit(OOV_ID))).drop("vocab_token", "vocab_id")
+    return joined.withColumn(feature, F.coalesce(F.col("vocab_id"), F.lit(OOV_ID))).drop("vocab_token", "vocab_id")
 
 
 def _static_features(users: DataFrame, vocab: DataFrame, recipe: IngestRecipe) -> DataFrame:

@@ -7,12 +7,13 @@ import random
 import numpy as np
 import pyarrow as pa
 
-from lumos.data.time_rows import MICROS_PER_DAY, TimeRowsPlan, _ordered_sums, build_rows
+from lumos.data.contract import OOV_ID
+from lumos.data.time_rows import MICROS_PER_DAY, TimeRowsPlan, TokenIds, _ordered_sums, build_rows
 
 PLAN = TimeRowsPlan(
     cutoffs=(("train", 3 * MICROS_PER_DAY), ("test", 6 * MICROS_PER_DAY)), max_len=3, min_history=1,
     id_features=("item",), float_features=("value",), day_counts=False, age_days=True, next_item=True,
-    horizons_days=(2,), targets=True,
+    horizons_days=(2,), targets=True, token_ids=TokenIds({"item": (["t2", "t3", "t4"], [2, 3, 4])}),
 )
 
 
@@ -23,7 +24,7 @@ def partition() -> pa.Table:
     return pa.table({
         "user_id": users,
         "ts": [day * MICROS_PER_DAY + 3_600_000_000 for day in days],
-        "id_item": [2 + index % 3 for index in range(len(users))],
+        "tok_item": [f"t{2 + index % 3}" for index in range(len(users))],
         "value": [None if index % 4 == 0 else 0.1 * index for index in range(len(users))],
         "is_act": [index % 2 == 0 for index in range(len(users))],
     })  # fmt: skip
@@ -63,3 +64,12 @@ def test_ordered_sums_add_first_to_last():
         for value in values[low[row]:high[row]]:
             total += value
         assert sums[row] == total  # the same bits: sums this far apart round differently in another order
+
+
+def test_token_ids_map_null_and_unknown_tokens_to_oov_across_chunks():
+    ids = TokenIds({"item": (["b", "a", "c"], [2, 3, 4]), "event_type": ([], [])})
+    tokens = pa.chunked_array([["a", None, "zz"], ["c", "a", "b", ""]])
+    assert ids.ids("item", tokens).tolist() == [3, OOV_ID, OOV_ID, 4, 3, 2, OOV_ID]
+    assert ids.ids("item", tokens).dtype == np.int32
+    assert ids.ids("event_type", tokens).tolist() == [OOV_ID] * 7  # an empty vocabulary
+    assert ids.ids("item", pa.chunked_array([], pa.string())).tolist() == []
