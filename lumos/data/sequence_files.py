@@ -95,7 +95,5 @@ def _write_partition(plan: TimeRowsPlan, folder: str, schema: pa.Schema, future:
     rows = write_rows(plan, path, schema, future, batches)
     if rows:
         stat = os.stat(path)
-        yield pa.RecordBatch.from_pydict({"name": [name], "size": [stat.st_size],
-                                          "modified_ms": [int(stat.st_mtime * 1000)], "rows": [rows]},
-                                         schema=pa.schema([("name", pa.string()), ("size", pa.int64()),
-                                                           ("modified_ms", pa.int64()), ("rows", pa.int64())]))
+        yield pa.RecordBatch.from_pydict({"name": [name], "size": [stat.st_size],  # WRITTEN's types
+                                          "modified_ms": [int(stat.st_mtime * 1000)], "rows": [rows]})

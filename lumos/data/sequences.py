@@ -146,6 +146,7 @@ def build_sequences(
     tokens: DataFrame | None = None,
     targets: bool = True,
     builder: str = "arrow",
+    time_rows: tuple[DataFrame, TimeRowsPlan] | None = None,
 ) -> DataFrame:
     """One row per (user, split, as_of): history arrays, static features, targets, future context.
 
@@ -160,12 +161,13 @@ def build_sequences(
 
     Time splits are built per partition in Arrow (`lumos.data.time_rows`, one shuffle; `tokens`
     is not read); `builder="spark"` builds them with the windows and joins below, as
-    leave-last-out always is (the tests hold the two to the same rows).
+    leave-last-out always is (the tests hold the two to the same rows). `time_rows` is
+    `time_rows_input(...)` when the caller has it already (making it collects the vocabulary).
     """
     if builder not in ("arrow", "spark"):
         raise ValueError(f"builder {builder!r}: choose arrow or spark")
     if recipe.splits.mode == "time" and builder == "arrow":
-        tokens, plan = time_rows_input(events, vocab, users, recipe, targets)
+        tokens, plan = time_rows or time_rows_input(events, vocab, users, recipe, targets)
         rows = tokens.mapInArrow(partial(build_rows, plan), plan.spark_schema())
         rows = rows.withColumn("as_of", F.timestamp_micros("as_of_micros")).drop("as_of_micros")
     else:

@@ -111,8 +111,9 @@ def inference_rows(spark, workspace: Workspace, data: TrainingData, as_of: datet
     except BaseException:
         checked.unpersist()
         raise
-    rows = build_sequences(events, vocab, sources.users, sources.calendar, recipe, targets=False)
     tokens, plan = time_rows_input(events, vocab, sources.users, recipe, targets=False)
+    rows = build_sequences(events, vocab, sources.users, sources.calendar, recipe, targets=False,
+                           time_rows=(tokens, plan))
     future = future_context(sources.calendar, recipe, [as_of]).get(as_of, {})
     rejects = sources.rejects(counts).withColumn("as_of", F.lit(as_of))
     return InferenceFeatures(rows, tokens, plan, future, rejects, counts, inputs, cached=(checked,))
