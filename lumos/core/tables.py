@@ -215,14 +215,26 @@ def parse_lineage(metadata: str | None) -> LineageRecord | None:
         return None
 
 
-def content_hash(frame) -> str:
-    """An order-independent hash of a DataFrame's rows: the sum (mod 2^64) of each row's xxhash64
-    over its columns in name order, with the row count. Equal rows in any order and partitioning
-    hash equal; computed by Spark in one aggregation, so it scales with the table."""
+def content_hash(frame, algorithm: str = "xxhash64-sum") -> str:
+    """An order-independent hash of a DataFrame's rows: by default the sum (mod 2^64) of each
+    row's xxhash64 over its columns in name order, with the row count; computed by Spark in one
+    aggregation, so it scales with the table. Equal rows in any order and partitioning hash
+    equal. `algorithm` "arrow-sum": `lumos.core.arrow_hash`'s, what the sequences writers record."""
     from pyspark.sql import functions as F
 
+    from lumos.core import arrow_hash
+
+    if algorithm == arrow_hash.ALGORITHM:
+        return arrow_hash.frame_arrow_hash(frame)
+    if algorithm != "xxhash64-sum":
+        raise ValueError(f"unknown content hash algorithm {algorithm!r}")
     total = frame.agg(F.sum(row_hash(frame)).alias("total"), F.count(F.lit(1)).alias("rows")).collect()[0]
     return content_hash_of(total["total"], total["rows"])
+
+
+def hash_algorithm(content_hash: str) -> str:
+    """The algorithm a `content_hash` string was made with (its first field)."""
+    return content_hash.split(":", 1)[0]
 
 
 def row_hash(frame):

@@ -113,8 +113,6 @@ def count_rejects(checked) -> RejectCounts:
 def run_ingest(spark, workspace: Workspace, recipe: IngestRecipe, recipe_dir: Path, report: Report = lambda _: None,
                rebuild: bool = False) -> IngestResult:
     """`rebuild`: write new versions even when an earlier ingest of the same work exists (reproduce)."""
-    from pyspark.sql import functions as F
-
     refs = {role: TableRef(recipe.dataset, role) for role in ("sequences", "vocab", "rejects")}
     report(f"reading {recipe.source.path}")
     sources = read_checked_inputs(spark, workspace, recipe, recipe_dir)
@@ -147,23 +145,16 @@ def run_ingest(spark, workspace: Workspace, recipe: IngestRecipe, recipe_dir: Pa
         step("building sequences")
         rows = _sequence_rows(spark, workspace, refs["sequences"], events, vocab, users, calendar, recipe, tokens)
         try:
-            # One pass over the rows: their count and tokens per split, and their content hash
-            # (what `lumos reproduce` compares a rebuild against), summed per split.
-            sequences = rows.frame
-            summary = sequences.groupBy("split").agg(
-                F.count(F.lit(1)).alias("rows"), F.sum("length").alias("tokens"),
-                F.sum(row_hash(sequences)).alias("hash"),
-            ).collect()
-            rows_by_split = {row["split"]: row["rows"] for row in sorted(summary, key=lambda r: r["split"])}
+            rows_by_split, tokens_by_split, content_hash = rows.summary()
             stats = {
                 "rows_read": rows_read,
                 "rows_rejected": sum(rejected.values()),
                 "rejected_by_rule": rejected,
                 "events": rows_read - counts.rejected,
                 "users": users_with_events,
-                "tokens": sum(row["tokens"] or 0 for row in summary),
+                "tokens": sum(tokens_by_split.values()),
                 "rows_by_split": rows_by_split,
-                "content_hash": content_hash_of(sum(row["hash"] for row in summary), sum(rows_by_split.values())),
+                "content_hash": content_hash,
             }
             step("writing tables")
             written = {"rejects": write_table(spark, workspace, refs["rejects"], sources.rejects(counts),
@@ -197,7 +188,7 @@ def _sequence_rows(spark, workspace: Workspace, ref: TableRef, events, vocab, us
     (`lumos.data.sequence_files`; Spark's writer was most of an ingest's write). Otherwise built by
     Spark and cached, then written by Spark's writer."""
     if recipe.splits.mode == "time" and workspace.is_local:
-        return _FileRows(spark, write_sequence_files(events, vocab, users, calendar, recipe,
+        return _FileRows(write_sequence_files(events, vocab, users, calendar, recipe,
                                                      table_location(workspace, ref)))
     return _CachedRows(build_sequences(events, vocab, users, calendar, recipe, tokens).persist())
 
@@ -208,6 +199,18 @@ class _CachedRows:
 
     frame: Any
 
+    def summary(self) -> tuple[dict[str, int], dict[str, int], str]:
+        """Rows and tokens per split, and the content hash (what `lumos reproduce` compares a
+        rebuild against): one pass over the rows, the hash summed per split."""
+        from pyspark.sql import functions as F
+
+        summary = sorted(self.frame.groupBy("split").agg(
+            F.count(F.lit(1)).alias("rows"), F.sum("length").alias("tokens"), F.sum(row_hash(self.frame)).alias("hash"),
+        ).collect(), key=lambda row: row["split"])
+        rows_by_split = {row["split"]: row["rows"] for row in summary}
+        return (rows_by_split, {row["split"]: row["tokens"] or 0 for row in summary},
+                content_hash_of(sum(row["hash"] for row in summary), sum(rows_by_split.values())))
+
     def write(self, spark, workspace: Workspace, ref: TableRef, lineage: LineageRecord) -> TableRef:
         return write_table(spark, workspace, ref, self.frame, lineage)
 
@@ -216,11 +219,17 @@ class _CachedRows:
 
 
 class _FileRows:
-    """Rows already written into the table's folder: counted and hashed by reading them back,
-    then committed as the new version (deleted instead if the ingest stops before that)."""
+    """Rows already written into the table's folder, counted and hashed by the writers (an
+    `arrow_hash` content hash): committed as the new version, or deleted if the ingest stops
+    before that."""
 
-    def __init__(self, spark, files: SequenceFiles) -> None:
-        self.files, self.frame, self.committed = files, files.frame(spark), False
+    def __init__(self, files: SequenceFiles) -> None:
+        self.files, self.committed = files, False
+
+    def summary(self) -> tuple[dict[str, int], dict[str, int], str]:
+        splits = self.files.splits
+        return ({name: split.rows for name, split in splits.items()},
+                {name: split.tokens for name, split in splits.items()}, self.files.content_hash)
 
     def write(self, spark, workspace: Workspace, ref: TableRef, lineage: LineageRecord) -> TableRef:
         version = commit_table_files(spark, workspace, ref, self.files.files, self.files.schema, lineage)

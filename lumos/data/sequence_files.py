@@ -20,12 +20,14 @@ from pathlib import Path
 
 import pyarrow as pa
 
+from lumos.core.arrow_hash import as_bigint, content_hash_of
 from lumos.core.delta_commit import WrittenFile
 from lumos.data.recipe import IngestRecipe
 from lumos.data.sequences import EPOCH, future_context, output_columns, time_rows_input
-from lumos.data.time_rows import MICROS_PER_DAY, TimeRowsPlan, write_rows
+from lumos.data.time_rows import MICROS_PER_DAY, SplitSummary, TimeRowsPlan, write_rows
 
-WRITTEN = "name string, size bigint, modified_ms bigint, rows bigint"
+WRITTEN = "name string, size bigint, modified_ms bigint, split string, rows bigint, tokens bigint, hash bigint"
+"""One row per file and split it holds: the file, and what it holds of the split."""
 
 
 @dataclass
@@ -36,9 +38,17 @@ class SequenceFiles:
     files: list[WrittenFile]
     schema: object
     """The Spark schema of the rows (`build_sequences`'), which the Delta commit records."""
+    splits: dict[str, SplitSummary]
+    """Split → its rows, tokens and content hash, summed over the files."""
+
+    @property
+    def content_hash(self) -> str:
+        """`arrow_hash.content_hash_of` the rows, as the writers hashed them."""
+        return content_hash_of(sum(split.hash for split in self.splits.values()),
+                               sum(split.rows for split in self.splits.values()))
 
     def frame(self, spark):
-        """The rows, read back from the files by Spark (for counts and the content hash)."""
+        """The rows, read back from the files by Spark."""
         if not self.files:
             return spark.createDataFrame([], self.schema)
         return spark.read.schema(self.schema).parquet(*[str(self.folder / file.name) for file in self.files])
@@ -62,9 +72,14 @@ def write_sequence_files(events, vocab, users, calendar, recipe: IngestRecipe, f
     local = Path(folder.removeprefix("file:"))
     local.mkdir(parents=True, exist_ok=True)
     write = partial(_write_partition, plan, str(local), to_arrow_schema(schema, timezone="UTC"), future)
-    written = sorted(tokens.mapInArrow(write, WRITTEN).collect(), key=lambda row: row["name"])
-    files = [WrittenFile(row["name"], row["size"], row["modified_ms"]) for row in written]
-    return SequenceFiles(local, files, schema)
+    written = tokens.mapInArrow(write, WRITTEN).collect()
+    files = sorted({WrittenFile(row["name"], row["size"], row["modified_ms"]) for row in written},
+                   key=lambda file: file.name)
+    splits = {}
+    for row in written:
+        part = SplitSummary(row["rows"], row["tokens"], row["hash"] % 2**64)
+        splits[row["split"]] = splits.get(row["split"], SplitSummary()).add(part)
+    return SequenceFiles(local, files, schema, dict(sorted(splits.items())))
 
 
 def sequences_schema(plan: TimeRowsPlan, recipe: IngestRecipe):
@@ -92,8 +107,11 @@ def _write_partition(plan: TimeRowsPlan, folder: str, schema: pa.Schema, future:
 
     name = f"part-{TaskContext.get().partitionId():05d}-{uuid.uuid4()}-c000.snappy.parquet"
     path = os.path.join(folder, name)
-    rows = write_rows(plan, path, schema, future, batches)
-    if rows:
+    splits = write_rows(plan, path, schema, future, batches)
+    if splits:
         stat = os.stat(path)
-        yield pa.RecordBatch.from_pydict({"name": [name], "size": [stat.st_size],  # WRITTEN's types
-                                          "modified_ms": [int(stat.st_mtime * 1000)], "rows": [rows]})
+        yield pa.RecordBatch.from_pydict({  # WRITTEN's types
+            "name": [name] * len(splits), "size": [stat.st_size] * len(splits),
+            "modified_ms": [int(stat.st_mtime * 1000)] * len(splits), "split": list(splits),
+            "rows": [part.rows for part in splits.values()], "tokens": [part.tokens for part in splits.values()],
+            "hash": [as_bigint(part.hash) for part in splits.values()]})

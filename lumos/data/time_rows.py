@@ -146,15 +146,29 @@ ROW_GROUP_BYTES = 64 << 20
 group: about Spark's 128 MB row groups once compressed (the loader shuffles by row group)."""
 
 
+@dataclass
+class SplitSummary:
+    """What a writer wrote of one split: what ingest records, without reading the rows back."""
+
+    rows: int = 0
+    tokens: int = 0
+    hash: int = 0
+    """The sum of the rows' `arrow_hash.row_hashes`, mod 2^64."""
+
+    def add(self, other: SplitSummary) -> SplitSummary:
+        return SplitSummary(self.rows + other.rows, self.tokens + other.tokens, (self.hash + other.hash) % 2**64)
+
+
 def write_rows(plan: TimeRowsPlan, path: str, schema: pa.Schema, future: dict[int, dict[str, list[int]]],
-               batches: Iterator[pa.RecordBatch]) -> int:
+               batches: Iterator[pa.RecordBatch]) -> dict[str, SplitSummary]:
     """Build one partition's rows (`build_rows`) and write them to a Parquet file at `path`, in
-    the columns and types of `schema` (the sequences table's: `as_of` a UTC timestamp); return the
-    rows written (no file when 0). `future`: as_of micros → flag → its value on each decoder
-    slot, every row's future_<flag> (the calendar is the same for every user)."""
+    the columns and types of `schema` (the sequences table's: `as_of` a UTC timestamp); return
+    each split's rows, tokens and content hash (no file when no rows). `future`: as_of micros →
+    flag → its value on each decoder slot, every row's future_<flag> (the calendar is the same for
+    every user)."""
     import pyarrow.parquet as pq
 
-    writer, pending, written = None, [], 0
+    writer, pending, summary = None, [], {}
 
     def flush() -> None:
         nonlocal writer, pending
@@ -165,14 +179,25 @@ def write_rows(plan: TimeRowsPlan, path: str, schema: pa.Schema, future: dict[in
             pending = []
 
     for batch in build_rows(plan, batches):
-        pending.append(_table_rows(batch, schema, future))
-        written += batch.num_rows
+        table = _table_rows(batch, schema, future)
+        for split, part in _summarise(table).items():  # hashed here, while the batch is in cache
+            summary[split] = summary.get(split, SplitSummary()).add(part)
+        pending.append(table)
         if sum(table.nbytes for table in pending) >= ROW_GROUP_BYTES:
             flush()
     flush()
     if writer is not None:
         writer.close()
-    return written
+    return summary
+
+
+def _summarise(table: pa.Table) -> dict[str, SplitSummary]:
+    from lumos.core.arrow_hash import row_hashes
+
+    hashes, lengths = row_hashes(table), table.column("length").to_numpy()
+    splits = table.column("split").to_numpy(zero_copy_only=False)
+    return {split: SplitSummary(int(rows.sum()), int(lengths[rows].sum()), int(hashes[rows].sum(dtype=np.uint64)))
+            for split in np.unique(splits) for rows in [splits == split]}
 
 
 def _table_rows(batch: pa.RecordBatch, schema: pa.Schema, future: dict[int, dict[str, list[int]]]) -> pa.Table:

@@ -32,7 +32,7 @@ from lumos.core.config import from_dict
 from lumos.core.errors import GateError, UsageError
 from lumos.core.lineage import LineageInput, LineageRecord, code_version
 from lumos.core.runs import DATA_TAG, download_checkpoint, training_run
-from lumos.core.tables import TableRef, content_hash, read_table
+from lumos.core.tables import TableRef, content_hash, hash_algorithm, read_table
 from lumos.core.tracking import tracking_client
 from lumos.core.workspace import Workspace
 from lumos.data.delta_log import latest_version
@@ -122,9 +122,11 @@ def reproduce(
     spark = workspace_spark(workspace)
     rebuilt = run_ingest(spark, workspace, pin_inputs(recipe, ingest.inputs), Path.cwd(), report, rebuild=True)
     rebuilt_ref = TableRef.parse(rebuilt.tables["sequences"])
-    recorded_hash = ingest.stats.get("content_hash") or content_hash(read_table(spark, workspace, recorded_ref))
-    comparisons = [Comparison("data content hash", recorded_hash, rebuilt.stats["content_hash"],
-                              recorded_hash == rebuilt.stats["content_hash"])]
+    rebuilt_hash, recorded_hash = rebuilt.stats["content_hash"], ingest.stats.get("content_hash")
+    if recorded_hash is None or hash_algorithm(recorded_hash) != hash_algorithm(rebuilt_hash):
+        # Like with like: ingests before the writers hashed their own rows recorded Spark's xxhash64 sum.
+        recorded_hash = content_hash(read_table(spark, workspace, recorded_ref), hash_algorithm(rebuilt_hash))
+    comparisons = [Comparison("data content hash", recorded_hash, rebuilt_hash, recorded_hash == rebuilt_hash)]
 
     world_size = int(lineage.stats.get("world_size", 1))
     recorded_on_cuda = bool(lineage.stats.get("cuda", False))

@@ -48,7 +48,7 @@ def test_the_run_reproduces_exactly_then_a_different_record_exits_3(project):
     assert code == 0, summary
     assert summary["matches"] and summary["mode"] == "exact"
     compared = {row["name"]: row for row in summary["comparisons"]}
-    assert compared["data content hash"]["recorded"].startswith("xxhash64-sum:")
+    assert compared["data content hash"]["recorded"].startswith("arrow-sum:")  # the writers' own hash
     assert compared["data content hash"]["recorded"] == compared["data content hash"]["reproduced"]
     assert compared["checkpoint weights (max |Δ|)"]["reproduced"] == 0.0
     assert {"train/retrieval", "eval/will_purchase_7d/auc_roc", "eval/segment_probe/accuracy"} <= set(compared)
