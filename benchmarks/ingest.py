@@ -158,6 +158,8 @@ def main() -> None:
     parser.add_argument("--sizes", type=int, nargs="+", default=[1_000_000, 2_000_000, 4_000_000])
     parser.add_argument("--events-per-user", type=int, default=100)
     parser.add_argument("--master", help="Spark master (default: the workspace default, local[*])")
+    parser.add_argument("--shuffle-partitions", type=int,
+                        help="[spark] shuffle_partitions for the session, floor and ingest alike (default: the workspace's, 8)")
     parser.add_argument("--profile", action="store_true", help="print where Lumos's time goes, per Spark job")
     parser.add_argument("--store-once", action="store_true",
                         help="also time today's sequences rows against a store-once layout (an experiment)")
@@ -168,9 +170,12 @@ def main() -> None:
         scratch = Path(scratch)
         workspace = open_workspace(_folder(scratch / "session"))
         conf = dict(workspace.settings.spark.conf)
+        spark_settings = workspace.settings.spark
+        if args.shuffle_partitions:
+            spark_settings = replace(spark_settings, shuffle_partitions=args.shuffle_partitions)
         if args.profile:
             conf |= {**EVENT_LOG_CONF, "spark.eventLog.dir": str(_folder(scratch / "events-log"))}
-        spark_settings = replace(workspace.settings.spark, conf=conf, master=args.master or workspace.settings.spark.master)
+        spark_settings = replace(spark_settings, conf=conf, master=args.master or spark_settings.master)
         workspace = replace(workspace, settings=replace(workspace.settings, spark=spark_settings))
         spark = workspace_spark(workspace)
         spark.range(1).count()  # the session and its JVM are up before any timing
@@ -188,7 +193,8 @@ def main() -> None:
                 print_profile(scratch / "events-log", tuple(result["spark_job_ids"]))
     report = {
         "benchmark": "ingest",
-        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "spark_master": master},
+        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "spark_master": master,
+                    "shuffle_partitions": args.shuffle_partitions or workspace.settings.spark.shuffle_partitions},
         "results": results,
     }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
