@@ -162,7 +162,8 @@ def run_ingest(spark, workspace: Workspace, recipe: IngestRecipe, recipe_dir: Pa
                                                                                    "rejected_by_rule": rejected}))}
             fault_point("after_rejects")  # test hooks: lumos.core.faults
             with crash_during_write("mid_vocab", table_location(workspace, refs["vocab"])):
-                written["vocab"] = write_table(spark, workspace, refs["vocab"], vocab,
+                # One file: the vocabulary is small, and its window left it in shuffle_partitions tasks.
+                written["vocab"] = write_table(spark, workspace, refs["vocab"], vocab.coalesce(1),
                                                LineageRecord(**lineage_base, stats={"rows": vocab_rows}))
             fault_point("before_sequences")
             # Sequences last: its lineage names the exact vocab and rejects versions of this run,
