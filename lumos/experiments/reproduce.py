@@ -122,10 +122,8 @@ def reproduce(
     spark = workspace_spark(workspace)
     rebuilt = run_ingest(spark, workspace, pin_inputs(recipe, ingest.inputs), Path.cwd(), report, rebuild=True)
     rebuilt_ref = TableRef.parse(rebuilt.tables["sequences"])
-    rebuilt_hash, recorded_hash = rebuilt.stats["content_hash"], ingest.stats.get("content_hash")
-    if recorded_hash is None or hash_algorithm(recorded_hash) != hash_algorithm(rebuilt_hash):
-        # Like with like: ingests before the writers hashed their own rows recorded Spark's xxhash64 sum.
-        recorded_hash = content_hash(read_table(spark, workspace, recorded_ref), hash_algorithm(rebuilt_hash))
+    rebuilt_hash = rebuilt.stats["content_hash"]
+    recorded_hash = recorded_content_hash(spark, workspace, recorded_ref, ingest.stats.get("content_hash"), rebuilt_hash)
     comparisons = [Comparison("data content hash", recorded_hash, rebuilt_hash, recorded_hash == rebuilt_hash)]
 
     world_size = int(lineage.stats.get("world_size", 1))
@@ -164,6 +162,18 @@ def reproduce(
         comparisons.append(Comparison("checkpoint weights (max |Δ|)", 0.0, difference, difference == 0.0))
     return ReproduceResult(run_id, new_run_id, lineage.code_version, current_code, str(recorded_ref), str(rebuilt_ref),
                            exact, tolerance, comparisons, warnings)
+
+
+def recorded_content_hash(spark, workspace: Workspace, recorded: TableRef, recorded_hash: str | None,
+                          rebuilt_hash: str) -> str:
+    """The recorded table's content hash in the rebuilt one's algorithm: the hash its ingest
+    recorded when that is the same algorithm, else computed over the table as stored (ingests
+    before the sequences writers hashed their own rows recorded Spark's xxhash64 sum; a recipe
+    built by Spark still does)."""
+    algorithm = hash_algorithm(rebuilt_hash)
+    if recorded_hash is not None and hash_algorithm(recorded_hash) == algorithm:
+        return recorded_hash
+    return content_hash(read_table(spark, workspace, recorded), algorithm)
 
 
 def check_inputs(inputs: list[LineageInput]) -> tuple[list[str], list[str]]:

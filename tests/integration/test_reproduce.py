@@ -73,3 +73,21 @@ def test_a_changed_input_exits_2_naming_it(project):
     result = lumos(project, "reproduce", (project / "run").read_text())
     assert result.exit_code == 2
     assert "calendar.csv" in result.stderr and "content changed" in result.stderr
+
+
+def test_a_hash_recorded_in_the_other_algorithm_is_recomputed_over_the_recorded_table(project, spark):
+    """An ingest recorded before the writers hashed their own rows holds Spark's xxhash64 sum:
+    reproduce then hashes the recorded table as stored, in the rebuild's algorithm."""
+    from lumos.core.tables import content_hash, read_table
+    from lumos.experiments.reproduce import recorded_content_hash
+
+    workspace = open_workspace(project)
+    recorded = TableRef.parse(tracking_client(workspace).get_run((project / "run").read_text()).data.tags["lumos.data"])
+    recorded_hash = ingest_lineage(workspace, recorded)[0].stats["content_hash"]
+    assert recorded_hash.startswith("arrow-sum:")
+    rows = read_table(spark, workspace, recorded)
+    old_style = content_hash(rows)  # xxhash64-sum
+    assert recorded_content_hash(spark, workspace, recorded, old_style, recorded_hash) == recorded_hash
+    assert recorded_content_hash(spark, workspace, recorded, None, recorded_hash) == recorded_hash
+    assert recorded_content_hash(spark, workspace, recorded, recorded_hash, old_style) == old_style
+    assert recorded_content_hash(spark, workspace, recorded, "arrow-sum:0:1", recorded_hash) == "arrow-sum:0:1"  # same algorithm: as recorded
