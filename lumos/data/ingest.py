@@ -136,7 +136,6 @@ def run_ingest(spark, workspace: Workspace, recipe: IngestRecipe, recipe_dir: Pa
         step("building vocabularies")
         vocab = build_vocab(events, users, recipe).persist()
         vocab_rows = vocab.count()
-        users_with_events = events.select("user_id").distinct().count()
         tokens = None
         if recipe.splits.mode == "leave_last_out":
             # Its cuts, act targets and histories all read each user's numbered tokens: kept once.
@@ -145,16 +144,16 @@ def run_ingest(spark, workspace: Workspace, recipe: IngestRecipe, recipe_dir: Pa
         step("building sequences")
         rows = _sequence_rows(spark, workspace, refs["sequences"], events, vocab, users, calendar, recipe, tokens)
         try:
-            rows_by_split, tokens_by_split, content_hash = rows.summary()
+            summary = rows.summary()
             stats = {
                 "rows_read": rows_read,
                 "rows_rejected": sum(rejected.values()),
                 "rejected_by_rule": rejected,
                 "events": rows_read - counts.rejected,
-                "users": users_with_events,
-                "tokens": sum(tokens_by_split.values()),
-                "rows_by_split": rows_by_split,
-                "content_hash": content_hash,
+                "users": summary.users,
+                "tokens": sum(summary.tokens_by_split.values()),
+                "rows_by_split": summary.rows_by_split,
+                "content_hash": summary.content_hash,
             }
             step("writing tables")
             written = {"rejects": write_table(spark, workspace, refs["rejects"], sources.rejects(counts),
@@ -191,7 +190,19 @@ def _sequence_rows(spark, workspace: Workspace, ref: TableRef, events, vocab, us
     if recipe.splits.mode == "time" and workspace.is_local:
         return _FileRows(write_sequence_files(events, vocab, users, calendar, recipe,
                                                      table_location(workspace, ref)))
-    return _CachedRows(build_sequences(events, vocab, users, calendar, recipe, tokens).persist())
+    return _CachedRows(build_sequences(events, vocab, users, calendar, recipe, tokens).persist(), events)
+
+
+@dataclass(frozen=True)
+class RowsSummary:
+    """What ingest records of the sequences rows it built."""
+
+    rows_by_split: dict[str, int]
+    tokens_by_split: dict[str, int]
+    content_hash: str
+    """What `lumos reproduce` compares a rebuild against."""
+    users: int
+    """Users with valid events."""
 
 
 @dataclass
@@ -199,18 +210,20 @@ class _CachedRows:
     """Rows Spark built and cached: counted and hashed from the cache, then written by Spark."""
 
     frame: Any
+    events: Any
+    """The valid events the rows were built from."""
 
-    def summary(self) -> tuple[dict[str, int], dict[str, int], str]:
-        """Rows and tokens per split, and the content hash (what `lumos reproduce` compares a
-        rebuild against): one pass over the rows, the hash summed per split."""
+    def summary(self) -> RowsSummary:
+        """One pass over the rows (the hash summed per split), and one over the events' users."""
         from pyspark.sql import functions as F
 
         summary = sorted(self.frame.groupBy("split").agg(
             F.count(F.lit(1)).alias("rows"), F.sum("length").alias("tokens"), F.sum(row_hash(self.frame)).alias("hash"),
         ).collect(), key=lambda row: row["split"])
         rows_by_split = {row["split"]: row["rows"] for row in summary}
-        return (rows_by_split, {row["split"]: row["tokens"] or 0 for row in summary},
-                content_hash_of(sum(row["hash"] for row in summary), sum(rows_by_split.values())))
+        return RowsSummary(rows_by_split, {row["split"]: row["tokens"] or 0 for row in summary},
+                           content_hash_of(sum(row["hash"] for row in summary), sum(rows_by_split.values())),
+                           self.events.select("user_id").distinct().count())
 
     def write(self, spark, workspace: Workspace, ref: TableRef, lineage: LineageRecord) -> TableRef:
         return write_table(spark, workspace, ref, self.frame, lineage)
@@ -227,10 +240,12 @@ class _FileRows:
     def __init__(self, files: SequenceFiles) -> None:
         self.files, self.committed = files, False
 
-    def summary(self) -> tuple[dict[str, int], dict[str, int], str]:
+    def summary(self) -> RowsSummary:
+        """As the writers counted and hashed what they wrote (and the users they read)."""
         splits = self.files.splits
-        return ({name: split.rows for name, split in splits.items()},
-                {name: split.tokens for name, split in splits.items()}, self.files.content_hash)
+        return RowsSummary({name: split.rows for name, split in splits.items()},
+                           {name: split.tokens for name, split in splits.items()}, self.files.content_hash,
+                           self.files.users)
 
     def write(self, spark, workspace: Workspace, ref: TableRef, lineage: LineageRecord) -> TableRef:
         version = commit_table_files(spark, workspace, ref, self.files.files, self.files.schema, lineage)

@@ -26,8 +26,10 @@ from lumos.data.recipe import IngestRecipe
 from lumos.data.sequences import EPOCH, future_context, output_columns, time_rows_input
 from lumos.data.time_rows import MICROS_PER_DAY, SplitSummary, TimeRowsPlan, write_rows
 
-WRITTEN = "name string, size bigint, modified_ms bigint, split string, rows bigint, tokens bigint, hash bigint"
-"""One row per file and split it holds: the file, and what it holds of the split."""
+WRITTEN = ("name string, size bigint, modified_ms bigint, split string, rows bigint, tokens bigint, hash bigint, "
+           "users bigint")
+"""One row per file and split it holds: the file, what it holds of the split, and on the first
+row the users its partition read (a partition that wrote no rows: one row of users only)."""
 
 
 @dataclass
@@ -40,6 +42,8 @@ class SequenceFiles:
     """The Spark schema of the rows (`build_sequences`'), which the Delta commit records."""
     splits: dict[str, SplitSummary]
     """Split → its rows, tokens and content hash, summed over the files."""
+    users: int
+    """Users the writers read tokens of: every user with valid events."""
 
     @property
     def content_hash(self) -> str:
@@ -73,13 +77,15 @@ def write_sequence_files(events, vocab, users, calendar, recipe: IngestRecipe, f
     local.mkdir(parents=True, exist_ok=True)
     write = partial(_write_partition, plan, str(local), to_arrow_schema(schema, timezone="UTC"), future)
     written = tokens.mapInArrow(write, WRITTEN).collect()
-    files = sorted({WrittenFile(row["name"], row["size"], row["modified_ms"]) for row in written},
+    files = sorted({WrittenFile(row["name"], row["size"], row["modified_ms"]) for row in written if row["name"]},
                    key=lambda file: file.name)
     splits = {}
     for row in written:
-        part = SplitSummary(row["rows"], row["tokens"], row["hash"] % 2**64)
-        splits[row["split"]] = splits.get(row["split"], SplitSummary()).add(part)
-    return SequenceFiles(local, files, schema, dict(sorted(splits.items())))
+        if row["split"] is not None:
+            part = SplitSummary(row["rows"], row["tokens"], row["hash"] % 2**64)
+            splits[row["split"]] = splits.get(row["split"], SplitSummary()).add(part)
+    users = sum(row["users"] for row in written)  # a user's tokens are all in one partition
+    return SequenceFiles(local, files, schema, dict(sorted(splits.items())), users)
 
 
 def sequences_schema(plan: TimeRowsPlan, recipe: IngestRecipe):
@@ -107,11 +113,42 @@ def _write_partition(plan: TimeRowsPlan, folder: str, schema: pa.Schema, future:
 
     name = f"part-{TaskContext.get().partitionId():05d}-{uuid.uuid4()}-c000.snappy.parquet"
     path = os.path.join(folder, name)
-    splits = write_rows(plan, path, schema, future, batches)
-    if splits:
-        stat = os.stat(path)
-        yield pa.RecordBatch.from_pydict({  # WRITTEN's types
-            "name": [name] * len(splits), "size": [stat.st_size] * len(splits),
-            "modified_ms": [int(stat.st_mtime * 1000)] * len(splits), "split": list(splits),
-            "rows": [part.rows for part in splits.values()], "tokens": [part.tokens for part in splits.values()],
-            "hash": [as_bigint(part.hash) for part in splits.values()]})
+    counted = _CountedUsers(batches)
+    splits = write_rows(plan, path, schema, future, counted)
+    if not splits:
+        if counted.users:
+            yield pa.RecordBatch.from_pydict({"name": [None], "size": [0], "modified_ms": [0], "split": [None],
+                                              "rows": [0], "tokens": [0], "hash": [0], "users": [counted.users]},
+                                             schema=_WRITTEN_ARROW)
+        return
+    stat = os.stat(path)
+    yield pa.RecordBatch.from_pydict({
+        "name": [name] * len(splits), "size": [stat.st_size] * len(splits),
+        "modified_ms": [int(stat.st_mtime * 1000)] * len(splits), "split": list(splits),
+        "rows": [part.rows for part in splits.values()], "tokens": [part.tokens for part in splits.values()],
+        "hash": [as_bigint(part.hash) for part in splits.values()],
+        "users": [counted.users] + [0] * (len(splits) - 1)}, schema=_WRITTEN_ARROW)
+
+
+_WRITTEN_ARROW = pa.schema([("name", pa.string()), ("size", pa.int64()), ("modified_ms", pa.int64()),
+                            ("split", pa.string()), ("rows", pa.int64()), ("tokens", pa.int64()),
+                            ("hash", pa.int64()), ("users", pa.int64())])
+
+
+class _CountedUsers:
+    """A partition's token batches (each user's tokens together), passed on while their users
+    are counted: the count ingest records, without a Spark job of its own over the events."""
+
+    def __init__(self, batches) -> None:
+        self.batches, self.users, self.last = batches, 0, None
+
+    def __iter__(self):
+        import pyarrow.compute as pc
+
+        for batch in self.batches:
+            if batch.num_rows:
+                ids = batch.column("user_id")
+                changes = pc.sum(pc.not_equal(ids.slice(1), ids.slice(0, len(ids) - 1))).as_py() or 0
+                self.users += 1 + changes - (ids[0].as_py() == self.last)
+                self.last = ids[-1].as_py()
+            yield batch

@@ -145,8 +145,23 @@ def test_rows_written_by_the_builders_equal_the_built_rows(spark, tmp_path, even
     assert {split: part.rows for split, part in files.splits.items()} == {
         row["split"]: row["count"] for row in built.groupBy("split").count().collect()}
     assert sum(part.tokens for part in files.splits.values()) == built.selectExpr("sum(length)").first()[0]
+    assert files.users == events.select("user_id").distinct().count()
     files.discard()
     assert not list((tmp_path / "sequences").iterdir())
+
+
+def test_users_without_rows_are_counted_and_write_no_file(spark, tmp_path, events, users, small_arrow_batches):
+    """Users whose every event follows the last cutoff have no rows: no file is written for them,
+    and they still count as users with events (what ingest records)."""
+    config = recipe("event", [1], 1, 5)
+    late = DAY0 + datetime.timedelta(days=30)
+    rows = [(f"late{user}", late + datetime.timedelta(minutes=minute), "view", "A", 1.0, "web", 1.0)
+            for user in range(7) for minute in range(user + 1)]
+    late_events = spark.createDataFrame(rows, SCHEMA).repartition("user_id")
+    files = write_sequence_files(late_events, build_vocab(events, users, config), users, None, config,
+                                 str(tmp_path / "sequences"))
+    assert files.files == [] and files.splits == {} and files.users == 7
+    assert files.content_hash == "arrow-sum:0000000000000000:0"
 
 
 def _rows(frame) -> dict:
