@@ -8,7 +8,7 @@ writer hashes what it writes, and Spark can compute the same figure over any fra
 
 Each row's hash is the sum, over its columns, of a mix of the column's name and value; the
 table's is the sum of the rows' mixed hashes (mod 2^64) with the row count. Equal rows give equal
-hashes in any order, partitioning or batching. A list's elements are mixed with their position,
+hashes in any order, partitioning or batching. A list's elements are weighted by their position,
 so reordering a history changes the hash. Values are hashed by their bits in the Arrow type
 Spark hands `mapInArrow` (timestamps as UTC microseconds), so the figure does not depend on how a
 file stored them (INT96 or INT64 timestamps).
@@ -77,11 +77,10 @@ def _column_hash(array: pa.Array, name: str, positions: _Positions) -> np.ndarra
         hashed = lists.lengths.astype(np.uint64) * _POSITION
         if elements.size:  # reduceat over the non-empty lists only: it reads an empty one as one element
             hashed[lists.nonempty] += np.add.reduceat(elements, lists.starts[lists.nonempty])
-    else:
-        hashed = _value_bits(array, name)
-    if array.null_count:
-        hashed = np.where(array.is_valid().to_numpy(zero_copy_only=False), hashed, _NULL)
-    return hashed
+        if array.null_count:  # a null list, not an empty one
+            hashed = np.where(array.is_valid().to_numpy(zero_copy_only=False), hashed, _NULL)
+        return hashed
+    return _value_bits(array, name)
 
 
 def _value_bits(array: pa.Array, name: str) -> np.ndarray:
