@@ -4,7 +4,8 @@
 files the builders write) would have to be read back by Spark to get it, which at 16M events cost
 about 8 s of a 55 s ingest. This hash is computed from the Arrow batches themselves, so the
 writer hashes what it writes, and Spark can compute the same figure over any frame
-(`frame_arrow_hash`, through `mapInArrow`) for a table written by Spark.
+(`frame_hash_sum`, through `mapInArrow`) for a table written by Spark. `tables.content_hash`
+formats both algorithms' figures.
 
 Each row's hash is the sum, over its columns, of a mix of the column's name and value; the
 table's is the sum of the rows' mixed hashes (mod 2^64) with the row count. Equal rows give equal
@@ -29,10 +30,6 @@ _NULL = np.uint64(0x9E3779B97F4A7C15)
 _POSITION = np.uint64(0xC2B2AE3D27D4EB4F)
 
 
-def content_hash_of(total: int, rows: int) -> str:
-    return f"{ALGORITHM}:{total % 2**64:016x}:{rows}"
-
-
 def table_hash(table: pa.Table | pa.RecordBatch) -> int:
     """The sum (mod 2^64, as a Python int) of the rows' hashes."""
     return int(row_hashes(table).sum(dtype=np.uint64))
@@ -55,10 +52,11 @@ def as_bigint(total: int) -> int:
     return total - 2**64 if total >= 2**63 else total
 
 
-def frame_arrow_hash(frame) -> str:
-    """`content_hash_of` a Spark DataFrame's rows, each partition hashed in Arrow by `table_hash`."""
+def frame_hash_sum(frame) -> tuple[int, int]:
+    """(the sum of the rows' hashes, the row count) of a Spark DataFrame, each partition hashed in
+    Arrow by `table_hash`."""
     partial = frame.mapInArrow(_partition_hash, "total bigint, rows bigint").collect()
-    return content_hash_of(sum(row["total"] for row in partial), sum(row["rows"] for row in partial))
+    return sum(row["total"] for row in partial), sum(row["rows"] for row in partial)
 
 
 def _partition_hash(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
@@ -96,11 +94,8 @@ def _value_bits(array: pa.Array, name: str) -> np.ndarray:
         bits = array.fill_null(False).to_numpy(zero_copy_only=False).astype(np.uint64)
     elif pa.types.is_timestamp(kind) or pa.types.is_date(kind) or pa.types.is_integer(kind) \
             or pa.types.is_floating(kind):
-        width = kind.bit_width
-        storage = array.view(pa.int64() if pa.types.is_timestamp(kind) else pa.from_numpy_dtype(f"u{width // 8}"))
-        bits = storage.to_numpy(zero_copy_only=False).view(f"u{width // 8}") if storage.null_count == 0 \
-            else storage.fill_null(0).to_numpy().view(f"u{width // 8}")
-        bits = bits.astype(np.uint64)
+        storage = array.view(pa.from_numpy_dtype(np.dtype(f"u{kind.bit_width // 8}")))
+        bits = (storage.fill_null(0) if storage.null_count else storage).to_numpy().astype(np.uint64)
     else:
         raise TypeError(f"column {name!r}: no Arrow content hash for type {kind}")
     if array.null_count:

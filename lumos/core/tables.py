@@ -215,7 +215,10 @@ def parse_lineage(metadata: str | None) -> LineageRecord | None:
         return None
 
 
-def content_hash(frame, algorithm: str = "xxhash64-sum") -> str:
+XXHASH64_SUM = "xxhash64-sum"
+
+
+def content_hash(frame, algorithm: str = XXHASH64_SUM) -> str:
     """An order-independent hash of a DataFrame's rows: by default the sum (mod 2^64) of each
     row's xxhash64 over its columns in name order, with the row count; computed by Spark in one
     aggregation, so it scales with the table. Equal rows in any order and partitioning hash
@@ -225,8 +228,8 @@ def content_hash(frame, algorithm: str = "xxhash64-sum") -> str:
     from lumos.core import arrow_hash
 
     if algorithm == arrow_hash.ALGORITHM:
-        return arrow_hash.frame_arrow_hash(frame)
-    if algorithm != "xxhash64-sum":
+        return content_hash_of(*arrow_hash.frame_hash_sum(frame), algorithm)
+    if algorithm != XXHASH64_SUM:
         raise ValueError(f"unknown content hash algorithm {algorithm!r}")
     total = frame.agg(F.sum(row_hash(frame)).alias("total"), F.count(F.lit(1)).alias("rows")).collect()[0]
     return content_hash_of(total["total"], total["rows"])
@@ -244,6 +247,7 @@ def row_hash(frame):
     return F.xxhash64(*[frame[name] for name in sorted(frame.columns)]).cast("decimal(38,0)")  # a decimal sum cannot overflow
 
 
-def content_hash_of(total, rows: int) -> str:
-    """`content_hash` from the sum of `row_hash` over the rows (None for no rows) and their count."""
-    return f"xxhash64-sum:{int(total or 0) % 2**64:016x}:{rows}"
+def content_hash_of(total, rows: int, algorithm: str = XXHASH64_SUM) -> str:
+    """`content_hash` from the sum of the rows' hashes (None for no rows), their count and the
+    algorithm that hashed them (`row_hash`'s by default)."""
+    return f"{algorithm}:{int(total or 0) % 2**64:016x}:{rows}"

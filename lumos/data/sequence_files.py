@@ -19,9 +19,12 @@ from functools import partial
 from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
-from lumos.core.arrow_hash import as_bigint, content_hash_of
+from lumos.core import arrow_hash
+from lumos.core.arrow_hash import as_bigint
 from lumos.core.delta_commit import WrittenFile
+from lumos.core.tables import content_hash_of
 from lumos.data.recipe import IngestRecipe
 from lumos.data.sequences import EPOCH, future_context, output_columns, time_rows_input
 from lumos.data.time_rows import MICROS_PER_DAY, SplitSummary, TimeRowsPlan, write_rows
@@ -47,15 +50,9 @@ class SequenceFiles:
 
     @property
     def content_hash(self) -> str:
-        """`arrow_hash.content_hash_of` the rows, as the writers hashed them."""
+        """The rows' `arrow_hash` content hash, as the writers hashed them."""
         return content_hash_of(sum(split.hash for split in self.splits.values()),
-                               sum(split.rows for split in self.splits.values()))
-
-    def frame(self, spark):
-        """The rows, read back from the files by Spark."""
-        if not self.files:
-            return spark.createDataFrame([], self.schema)
-        return spark.read.schema(self.schema).parquet(*[str(self.folder / file.name) for file in self.files])
+                               sum(split.rows for split in self.splits.values()), arrow_hash.ALGORITHM)
 
     def discard(self) -> None:
         """Delete the files (when the ingest fails before committing them)."""
@@ -143,8 +140,6 @@ class _CountedUsers:
         self.batches, self.users, self.last = batches, 0, None
 
     def __iter__(self):
-        import pyarrow.compute as pc
-
         for batch in self.batches:
             if batch.num_rows:
                 ids = batch.column("user_id")

@@ -24,6 +24,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from lumos.core.arrow_hash import row_hashes
 from lumos.data.contract import OOV_ID, TIME_FEATURES
 
 MICROS_PER_MINUTE = 60 * 1_000_000
@@ -192,8 +193,6 @@ def write_rows(plan: TimeRowsPlan, path: str, schema: pa.Schema, future: dict[in
 
 
 def _summarise(table: pa.Table) -> dict[str, SplitSummary]:
-    from lumos.core.arrow_hash import row_hashes
-
     hashes, lengths = row_hashes(table), table.column("length").to_numpy()
     splits = table.column("split").to_numpy(zero_copy_only=False)
     return {split: SplitSummary(int(rows.sum()), int(lengths[rows].sum()), int(hashes[rows].sum(dtype=np.uint64)))

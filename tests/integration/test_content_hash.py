@@ -10,7 +10,7 @@ import pyarrow as pa
 import pytest
 
 from lumos.core import arrow_hash
-from lumos.core.tables import content_hash
+from lumos.core.tables import content_hash, content_hash_of
 
 ROWS = [("u1", "train", [3, 4, 5], 1.5), ("u2", "test", [2], None), ("u3", "train", [], 0.0)]
 SCHEMA = "user_id string, split string, item array<int>, value double"
@@ -47,7 +47,7 @@ def test_arrow_hash_of_batches_equals_sparks_of_the_frame(spark):
                       "item": pa.array([row[2] for row in rows], pa.list_(pa.int32())),
                       "value": pa.array([row[3] for row in rows], pa.float64())})
     by_batches = sum(arrow_hash.table_hash(batch) for batch in table.to_batches(max_chunksize=7))
-    expected = arrow_hash.content_hash_of(by_batches, len(rows))
+    expected = content_hash_of(by_batches, len(rows), arrow_hash.ALGORITHM)
     assert content_hash(spark.createDataFrame(rows, schema).repartition(4), "arrow-sum") == expected
     naive = table.set_column(1, "as_of", table.column("as_of").cast(pa.timestamp("us")))
     assert arrow_hash.table_hash(naive) == arrow_hash.table_hash(table)
