@@ -12,10 +12,12 @@ downward.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
-
-import torch
+from typing import TYPE_CHECKING
 
 from lumos.data.recipe import TokenSpec
+
+if TYPE_CHECKING:  # only annotations name torch: ingest's Spark workers import this module, torch costs 1.4 s
+    import torch
 
 # Time features the ingest writes for every token, with their fixed vocabulary sizes.
 TIME_FEATURES = {"hour": 24, "weekday": 7, "gap_bucket": 16}
