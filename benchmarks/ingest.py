@@ -1,16 +1,25 @@
 """Ingest throughput against a hand-written PySpark floor, at growing sizes, on local[*] or a master.
 
-    python benchmarks/ingest.py [--sizes 1000000 2000000 4000000] [--events-per-user 100]
-                                [--master spark://127.0.0.1:7077] [--profile] [--store-once] [--out FILE]
+    python benchmarks/ingest.py [--sizes 1000000 2000000 4000000] [--events-per-user 100] [--rounds 1]
+                                [--processes] [--master spark://127.0.0.1:7077] [--profile] [--store-once]
+                                [--out FILE]
 
 Each size gets fresh synthetic data (`lumos data synth` with --events N and N/100 users: the
-issue's 2M events of 20,000 users) and a fresh workspace. Two jobs run on the same session, one
-after the other, each timed alone:
+issue's 2M events of 20,000 users). Two jobs are timed, one after the other, each alone, and
+alternated `--rounds` times (floor, Lumos, floor, Lumos, ...; every Lumos run in a fresh
+workspace), so that the ratio of each pair is taken on the machine as it was then:
 
-- floor: the plainest PySpark job that does the core of ingest: read the events, drop exact
-  duplicates, and write each user's time-sorted events to Parquet;
+- floor: the plainest PySpark job that does the core of ingest (`benchmarks/ingest_floor.py`):
+  read the events, drop exact duplicates, and write each user's time-sorted events to Parquet;
 - lumos: `run_ingest` with the quickstart recipe (validation with reasons, vocabularies, 11 time
   cutoffs of sequences with targets and calendar context, three Delta commits with lineage).
+
+By default both run in one Spark session, started before any timing, so both figures leave out
+its start-up; at the first size both jobs run once untimed first (a session's first run of a job
+pays the JIT's warm-up). With `--processes` each is instead a whole command in a new process, as
+the issue measured them by hand and as cron runs them: `python benchmarks/ingest_floor.py` (its
+own plain session) against `lumos ingest`, Spark's start and a cold JVM included in both (one
+untimed run of each first, so that neither reads its jars from disk).
 
 - with `--store-once`, an experiment on the table's layout, not what Lumos writes: from the same
   checked events, vocabulary and token order (computed and cached once, untimed), two writes to
@@ -21,11 +30,9 @@ after the other, each timed alone:
   age_days). Their difference, taken from Lumos's time, projects what the layout change would
   bring against the floor.
 
-The Spark session is started once before any timing, so both figures leave its start-up out,
-and at the first size both jobs run once untimed first (a session's first run of a job pays the
-JIT's warm-up).
-`--profile` turns on Spark's event log and prints, per Lumos job, its duration, its stages, the
-rows it scanned from the source files and the bytes it shuffled: where the time goes.
+`--profile` turns on Spark's event log and prints, per Lumos job of the last round, its
+duration, its stages, the rows it scanned from the source files and the bytes it shuffled: where
+the time goes.
 """
 
 from __future__ import annotations
@@ -34,11 +41,15 @@ import argparse
 import json
 import os
 import platform
+import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from dataclasses import replace
 from pathlib import Path
 
+from ingest_floor import floor_job
 from spark_profile import EVENT_LOG_CONF, last_job_id, print_profile
 
 from lumos.core.config import load_config
@@ -52,12 +63,6 @@ from lumos.data.validation import valid_events
 from lumos.quickstart import RECIPES
 
 RECIPE = RECIPES / "ingest.toml"
-
-
-def floor_job(spark, events_dir: Path, out: Path) -> None:
-    """Read, drop duplicates, write each user's events sorted by time: what any ingest must do."""
-    events = spark.read.parquet(str(events_dir)).dropDuplicates()
-    events.repartition("user_id").sortWithinPartitions("user_id", "ts").write.mode("overwrite").parquet(str(out))
 
 
 def store_once_experiment(spark, workspace, recipe: IngestRecipe, out: Path) -> dict:
@@ -102,50 +107,102 @@ def store_once_experiment(spark, workspace, recipe: IngestRecipe, out: Path) -> 
     return result
 
 
-def measure(spark, events: int, events_per_user: int, scratch: Path, store_once: bool = False,
-            warm_up: bool = False) -> dict:
+def synthesize(events: int, events_per_user: int, scratch: Path) -> tuple[Path, SyntheticSpec]:
     data_dir = scratch / f"data-{events}"
     spec = SyntheticSpec(users=max(events // events_per_user, 1), events=events, seed=0)
     generate_quickstart(data_dir, spec)
+    return data_dir, spec
 
-    recipe = load_config(IngestRecipe, RECIPE, [f"source.path={data_dir / 'events'}",
-                                                  f"users.path={data_dir / 'users.parquet'}",
-                                                  f"calendar.path={data_dir / 'calendar.csv'}"])
+
+def recipe_overrides(data_dir: Path) -> list[str]:
+    return [f"source.path={data_dir / 'events'}", f"users.path={data_dir / 'users.parquet'}",
+            f"calendar.path={data_dir / 'calendar.csv'}"]
+
+
+def measure(spark, events: int, events_per_user: int, scratch: Path, rounds: int = 1, store_once: bool = False,
+            warm_up: bool = False) -> dict:
+    """Floor and Lumos in this process's session, alternated `rounds` times."""
+    data_dir, spec = synthesize(events, events_per_user, scratch)
+    recipe = load_config(IngestRecipe, RECIPE, recipe_overrides(data_dir))
+    events_dir, floor_out = str(data_dir / "events"), str(scratch / f"floor-{events}")
     if warm_up:
         # Untimed: a session's first run of a job pays the JIT's warm-up and a cold page cache
         # (the floor at 1M took 10.8 s first, 2.8 s after). Both jobs are warmed, so that
         # neither is compared cold against the other warm; the ingest in a workspace of its own,
         # since a second ingest of the same work writes nothing.
-        floor_job(spark, data_dir / "events", scratch / f"floor-{events}")
+        floor_job(spark, events_dir, floor_out)
         run_ingest(spark, open_workspace(_folder(scratch / f"ws-{events}-warm-up")), recipe, RECIPE.parent)
-    started = time.perf_counter()
-    floor_job(spark, data_dir / "events", scratch / f"floor-{events}")
-    floor_seconds = time.perf_counter() - started
+    floor_seconds, ingest_seconds = [], []
+    for round_number in range(rounds):
+        started = time.perf_counter()
+        floor_job(spark, events_dir, floor_out)
+        floor_seconds.append(time.perf_counter() - started)
 
-    workspace = open_workspace(_folder(scratch / f"ws-{events}"))
-    jobs_before = last_job_id(spark)
-    started = time.perf_counter()
-    result = run_ingest(spark, workspace, recipe, RECIPE.parent)
-    seconds = time.perf_counter() - started
+        workspace = open_workspace(_folder(scratch / f"ws-{events}-{round_number}"))
+        jobs_before = last_job_id(spark)
+        started = time.perf_counter()
+        result = run_ingest(spark, workspace, recipe, RECIPE.parent)
+        ingest_seconds.append(time.perf_counter() - started)
     measured = {
         "events": events,
         "users": spec.users,
-        "floor_seconds": round(floor_seconds, 2),
-        "ingest_seconds": round(seconds, 2),
-        "ratio_to_floor": round(seconds / floor_seconds, 2),
-        "events_per_second": round(events / seconds),
-        "floor_events_per_second": round(events / floor_seconds),
+        **_paired(floor_seconds, ingest_seconds, events),
         "spark_jobs": last_job_id(spark) - jobs_before,
-        "spark_job_ids": [jobs_before + 1, last_job_id(spark)],  # the timed ingest's, for --profile
+        "spark_job_ids": [jobs_before + 1, last_job_id(spark)],  # the last ingest's, for --profile
         "sequence_rows": sum(result.stats["rows_by_split"].values()),
         "tokens": result.stats["tokens"],
     }
     if store_once:
         experiment = store_once_experiment(spark, workspace, recipe, scratch / f"layouts-{events}")
-        projected = seconds - experiment["rows_write_seconds"] + experiment["store_once_write_seconds"]
+        projected = statistics.median(ingest_seconds) - experiment["rows_write_seconds"] \
+            + experiment["store_once_write_seconds"]
         measured |= {**experiment, "store_once_projected_seconds": round(projected, 2),
-                     "store_once_projected_ratio_to_floor": round(projected / floor_seconds, 2)}
+                     "store_once_projected_ratio_to_floor": round(projected / statistics.median(floor_seconds), 2)}
     return measured
+
+
+def measure_processes(events: int, events_per_user: int, scratch: Path, rounds: int, shuffle_partitions: int,
+                      master: str) -> dict:
+    """Floor and Lumos as whole commands, each in a new process, alternated `rounds` times after
+    one untimed run of each."""
+    data_dir, spec = synthesize(events, events_per_user, scratch)
+    floor = [sys.executable, str(Path(__file__).with_name("ingest_floor.py")), str(data_dir / "events"),
+             str(scratch / f"floor-{events}"), "--master", master, "--shuffle-partitions", str(shuffle_partitions)]
+    sets = [item for override in recipe_overrides(data_dir) for item in ("--set", override)]
+
+    def lumos(workspace: Path) -> list[str]:
+        _folder(workspace)  # a fresh workspace: a second ingest of the same work writes nothing
+        (workspace / "lumos.toml").write_text(f'[spark]\nmaster = "{master}"\nshuffle_partitions = {shuffle_partitions}\n')
+        return [sys.executable, "-m", "lumos", "--workspace", str(workspace), "ingest", "--recipe", str(RECIPE), *sets]
+
+    def timed(command: list[str]) -> float:
+        started = time.perf_counter()
+        subprocess.run(command, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        return time.perf_counter() - started
+
+    timed(floor)
+    timed(lumos(scratch / f"ws-{events}-warm-up"))
+    floor_seconds, ingest_seconds = [], []
+    for round_number in range(rounds):
+        floor_seconds.append(timed(floor))
+        ingest_seconds.append(timed(lumos(scratch / f"ws-{events}-{round_number}")))
+    return {"events": events, "users": spec.users, **_paired(floor_seconds, ingest_seconds, events)}
+
+
+def _paired(floor_seconds: list[float], ingest_seconds: list[float], events: int) -> dict:
+    """Medians of each job's rounds, and the ratio of each round's pair (min, median, max)."""
+    floor, ingest = statistics.median(floor_seconds), statistics.median(ingest_seconds)
+    ratios = [lumos / plain for plain, lumos in zip(floor_seconds, ingest_seconds, strict=True)]
+    return {
+        "floor_seconds": round(floor, 2),
+        "ingest_seconds": round(ingest, 2),
+        "ratio_to_floor": round(statistics.median(ratios), 2),
+        "ratio_min_max": [round(min(ratios), 2), round(max(ratios), 2)],
+        "rounds": {"floor_seconds": [round(x, 2) for x in floor_seconds],
+                   "ingest_seconds": [round(x, 2) for x in ingest_seconds]},
+        "events_per_second": round(events / ingest),
+        "floor_events_per_second": round(events / floor),
+    }
 
 
 def _folder(folder: Path) -> Path:
@@ -160,41 +217,56 @@ def main() -> None:
     parser.add_argument("--master", help="Spark master (default: the workspace default, local[*])")
     parser.add_argument("--shuffle-partitions", type=int,
                         help="[spark] shuffle_partitions for the session, floor and ingest alike (default: the workspace's, 8)")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="times each pair runs, alternated; the ratio is reported per pair (min, median, max)")
+    parser.add_argument("--processes", action="store_true",
+                        help="time whole commands in new processes (Spark start and a cold JVM included), "
+                             "as the issue measured by hand")
     parser.add_argument("--profile", action="store_true", help="print where Lumos's time goes, per Spark job")
     parser.add_argument("--store-once", action="store_true",
                         help="also time today's sequences rows against a store-once layout (an experiment)")
     parser.add_argument("--out", default=str(Path(__file__).resolve().parent / "results" / "ingest.json"))
     args = parser.parse_args()
+    if args.processes and (args.profile or args.store_once):
+        parser.error("--profile and --store-once need the one-session mode; leave out --processes")
 
     with tempfile.TemporaryDirectory(prefix="lumos-bench-") as scratch:
         scratch = Path(scratch)
         workspace = open_workspace(_folder(scratch / "session"))
-        conf = dict(workspace.settings.spark.conf)
         spark_settings = workspace.settings.spark
         if args.shuffle_partitions:
             spark_settings = replace(spark_settings, shuffle_partitions=args.shuffle_partitions)
-        if args.profile:
-            conf |= {**EVENT_LOG_CONF, "spark.eventLog.dir": str(_folder(scratch / "events-log"))}
-        spark_settings = replace(spark_settings, conf=conf, master=args.master or spark_settings.master)
-        workspace = replace(workspace, settings=replace(workspace.settings, spark=spark_settings))
-        spark = workspace_spark(workspace)
-        spark.range(1).count()  # the session and its JVM are up before any timing
-        results = []
-        for events in args.sizes:
-            result = measure(spark, events, args.events_per_user, scratch, args.store_once,
-                             warm_up=events == args.sizes[0])
-            print(json.dumps(result), flush=True)
-            results.append(result)
-        master = spark.sparkContext.master
-        spark.stop()
-        if args.profile:
-            for result in results:
-                print(f"profile of the timed ingest of {result['events']:,} events")
-                print_profile(scratch / "events-log", tuple(result["spark_job_ids"]))
+        spark_settings = replace(spark_settings, master=args.master or spark_settings.master)
+        if args.processes:
+            results = []
+            for events in args.sizes:
+                results.append(measure_processes(events, args.events_per_user, scratch, args.rounds,
+                                                 spark_settings.shuffle_partitions, spark_settings.master))
+                print(json.dumps(results[-1]), flush=True)
+            master = spark_settings.master
+        else:
+            if args.profile:
+                conf = {**spark_settings.conf, **EVENT_LOG_CONF, "spark.eventLog.dir": str(_folder(scratch / "events-log"))}
+                spark_settings = replace(spark_settings, conf=conf)
+            workspace = replace(workspace, settings=replace(workspace.settings, spark=spark_settings))
+            spark = workspace_spark(workspace)
+            spark.range(1).count()  # the session and its JVM are up before any timing
+            results = []
+            for events in args.sizes:
+                results.append(measure(spark, events, args.events_per_user, scratch, args.rounds, args.store_once,
+                                       warm_up=events == args.sizes[0]))
+                print(json.dumps(results[-1]), flush=True)
+            master = spark.sparkContext.master
+            spark.stop()
+            if args.profile:
+                for result in results:
+                    print(f"profile of the last timed ingest of {result['events']:,} events")
+                    print_profile(scratch / "events-log", tuple(result["spark_job_ids"]))
     report = {
         "benchmark": "ingest",
+        "mode": "processes" if args.processes else "one session",
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "spark_master": master,
-                    "shuffle_partitions": args.shuffle_partitions or workspace.settings.spark.shuffle_partitions},
+                    "shuffle_partitions": spark_settings.shuffle_partitions},
         "results": results,
     }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
