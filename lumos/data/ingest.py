@@ -30,7 +30,14 @@ from lumos.core.tables import (
 from lumos.core.workspace import Workspace
 from lumos.data.recipe import IngestRecipe
 from lumos.data.sequence_files import SequenceFiles, write_sequence_files
-from lumos.data.sequences import build_sequences, build_vocab, sequence_tokens
+from lumos.data.sequences import (
+    build_sequences,
+    number_tokens,
+    sequence_tokens,
+    token_counts,
+    token_pairs,
+    vocab_frame,
+)
 from lumos.data.sources import read_source
 from lumos.data.validation import (
     check_columns,
@@ -110,6 +117,28 @@ def count_rejects(checked) -> RejectCounts:
     return RejectCounts(sum(counts.values()), by_rule)
 
 
+RULES = "_rule"
+"""The feature name under which `count_rejects_and_tokens` counts rows per rule (None: valid)."""
+
+
+def count_rejects_and_tokens(checked, users, recipe: IngestRecipe):
+    """`count_rejects`, and the vocabulary's token counts over the valid events (and the users
+    rows: `sequences.token_counts`), in one pass over the checked events: one Spark job where
+    counting them apart scanned the cached events twice. Returns the counts and an Arrow table
+    of (feature, token, count) for `sequences.number_tokens`."""
+    import pyarrow.compute as pc
+    from pyspark.sql import functions as F
+
+    rule = F.struct(F.lit(RULES).alias("feature"), F.col("_rule").alias("token"))
+    pairs = checked.select(F.inline(F.array(rule, *token_pairs(recipe, counted=F.col("_rule").isNull()))))
+    counts = token_counts(pairs, users, recipe, kept_feature=RULES).toArrow()
+    is_rule = pc.equal(counts.column("feature"), RULES)
+    rules = counts.filter(is_rule)
+    by_rule = dict(zip(rules.column("token").to_pylist(), rules.column("count").to_pylist(), strict=True))
+    rejected = dict(sorted((rule, count) for rule, count in by_rule.items() if rule is not None))
+    return RejectCounts(sum(by_rule.values()), rejected), counts.filter(pc.invert(is_rule))
+
+
 def run_ingest(spark, workspace: Workspace, recipe: IngestRecipe, recipe_dir: Path, report: Report = lambda _: None,
                rebuild: bool = False) -> IngestResult:
     """`rebuild`: write new versions even when an earlier ingest of the same work exists (reproduce)."""
@@ -128,14 +157,14 @@ def run_ingest(spark, workspace: Workspace, recipe: IngestRecipe, recipe_dir: Pa
     step("validating rows")
     checked = sources.checked.persist()
     try:
-        counts = count_rejects(checked)
+        counts, tokens_counted = count_rejects_and_tokens(checked, users, recipe)
         enforce_reject_budget(checked, counts, recipe)
         rows_read, rejected = counts.rows_read, counts.by_rule
 
         events = valid_events(checked)
         step("building vocabularies")
-        vocab = build_vocab(events, users, recipe).persist()
-        vocab_rows = vocab.count()
+        vocab_table = number_tokens(tokens_counted)
+        vocab, vocab_rows = vocab_frame(spark, vocab_table), vocab_table.num_rows
         tokens = None
         if recipe.splits.mode == "leave_last_out":
             # Its cuts, act targets and histories all read each user's numbered tokens: kept once.
@@ -161,7 +190,7 @@ def run_ingest(spark, workspace: Workspace, recipe: IngestRecipe, recipe_dir: Pa
                                                                                    "rejected_by_rule": rejected}))}
             fault_point("after_rejects")  # test hooks: lumos.core.faults
             with crash_during_write("mid_vocab", table_location(workspace, refs["vocab"])):
-                # One file: the vocabulary is small, and its window left it in shuffle_partitions tasks.
+                # One file: the vocabulary is small (and a local frame is sliced into a task per core).
                 written["vocab"] = write_table(spark, workspace, refs["vocab"], vocab.coalesce(1),
                                                LineageRecord(**lineage_base, stats={"rows": vocab_rows}))
             fault_point("before_sequences")
@@ -174,7 +203,6 @@ def run_ingest(spark, workspace: Workspace, recipe: IngestRecipe, recipe_dir: Pa
             rows.release()
             if tokens is not None:
                 tokens.unpersist()
-            vocab.unpersist()
     finally:
         checked.unpersist()
         step(None)

@@ -60,6 +60,8 @@ import operator
 from dataclasses import replace
 from functools import partial, reduce
 
+import numpy as np
+import pyarrow as pa
 from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 
@@ -89,22 +91,57 @@ LEAVE_LAST_OUT_SPLITS = ("test", "valid", "train")
 # Vocabulary
 
 
+VOCAB_SCHEMA = "feature string, token string, id int, count bigint"
+
+
 def build_vocab(events: DataFrame, users: DataFrame | None, recipe: IngestRecipe) -> DataFrame:
     """One row per kept token: `feature` string, `token` string, `id` int (2, 3, …), `count` long."""
-    entries = _feature_tokens(events, _event_vocab_features(recipe))
+    pairs = events.select(F.inline(F.array(*token_pairs(recipe))))
+    return vocab_frame(events.sparkSession, number_tokens(token_counts(pairs, users, recipe).toArrow()))
+
+
+def token_pairs(recipe: IngestRecipe, counted: Column | None = None) -> list[Column]:
+    """A (feature, token) struct per event feature with a vocabulary: `F.inline(F.array(...))` of
+    them turns each events row into its tokens. Rows where `counted` is false give null tokens,
+    which no vocabulary counts."""
+    return [F.struct(F.lit(feature).alias("feature"),
+                     (F.col(column) if counted is None else F.when(counted, F.col(column))).alias("token"))
+            for feature, column in _event_vocab_features(recipe)]
+
+
+def token_counts(pairs: DataFrame, users: DataFrame | None, recipe: IngestRecipe, kept_feature: str | None = None
+                 ) -> DataFrame:
+    """(feature, token, count) of the tokens in `pairs` (event tokens, from `token_pairs`) and of
+    the users rows' features, kept when counted at least vocab.min_count times. Event features
+    are counted over the events given, user features over users rows. Every count of
+    `kept_feature` is kept, a null token's too (ingest counts its rules in the same pass)."""
     user_features = _user_vocab_features(recipe)
     if user_features:
-        entries = entries.unionByName(_feature_tokens(_require(users, "users"), user_features))
-    # Event features are counted over all valid events, user features over users rows.
-    counts = (
-        entries.where(F.col("token").isNotNull())
-        .groupBy("feature", "token")
-        .agg(F.count(F.lit(1)).alias("count"))
-        .where(F.col("count") >= recipe.vocab.min_count)
-    )
-    by_frequency = Window.partitionBy("feature").orderBy(F.col("count").desc(), F.col("token").asc())
-    token_id = (F.row_number().over(by_frequency) + (FIRST_TOKEN_ID - 1)).cast("int")
-    return counts.select("feature", "token", token_id.alias("id"), "count")
+        pairs = pairs.unionByName(_feature_tokens(_require(users, "users"), user_features))
+    kept = F.col("token").isNotNull() & (F.col("count") >= recipe.vocab.min_count)
+    if kept_feature is not None:
+        kept = kept | (F.col("feature") == kept_feature)
+    return pairs.groupBy("feature", "token").agg(F.count(F.lit(1)).alias("count")).where(kept)
+
+
+def number_tokens(counts: pa.Table) -> pa.Table:
+    """The vocabulary from its kept (feature, token, count) rows: per feature, ids from
+    FIRST_TOKEN_ID by count (descending), then token (ascending, by UTF-8 bytes, as Spark orders
+    strings). Numbered here rather than by a Spark window: the counts are on the driver already,
+    and the builders need the ids there (a window, a cache and a count were three Spark jobs)."""
+    ordered = counts.select(["feature", "token", "count"]).sort_by(
+        [("feature", "ascending"), ("count", "descending"), ("token", "ascending")])
+    features = ordered.column("feature").to_numpy(zero_copy_only=False)
+    starts = np.flatnonzero(np.r_[True, features[1:] != features[:-1]]) if len(features) else np.zeros(0, np.int64)
+    first_of_feature = np.repeat(starts, np.diff(np.r_[starts, len(features)]))
+    ids = (np.arange(len(features)) - first_of_feature + FIRST_TOKEN_ID).astype(np.int32)
+    return pa.table({"feature": ordered.column("feature"), "token": ordered.column("token"), "id": ids,
+                     "count": ordered.column("count").cast(pa.int64())})
+
+
+def vocab_frame(spark, vocab: pa.Table) -> DataFrame:
+    """A vocabulary built on the driver (`number_tokens`) as a DataFrame."""
+    return spark.createDataFrame(vocab, schema=VOCAB_SCHEMA)
 
 
 def _event_vocab_features(recipe: IngestRecipe) -> list[tuple[str, str]]:

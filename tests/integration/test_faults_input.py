@@ -21,8 +21,9 @@ from lumos.core.config import from_dict
 from lumos.core.errors import UsageError
 from lumos.core.faults import FAULT_POINT
 from lumos.core.workspace import open_workspace
-from lumos.data.ingest import count_rejects, run_ingest
+from lumos.data.ingest import count_rejects, count_rejects_and_tokens, run_ingest
 from lumos.data.recipe import IngestRecipe, SourceSpec
+from lumos.data.sequences import build_vocab
 from lumos.data.sources import read_source
 from lumos.data.validation import check_events, rejected_rows, valid_events
 
@@ -418,3 +419,24 @@ def test_an_ingest_killed_at_any_point_leaves_no_sequences_without_vocab_and_rer
     assert summary["reused"] is False and summary["tables"] == {
         "sequences": "shop.sequences@0", "vocab": "shop.vocab@1", "rejects": "shop.rejects@3"}
     assert_every_sequences_version_has_its_vocab(spark, tmp_path)
+
+
+def test_rules_and_tokens_counted_in_one_pass_as_counted_apart(spark, tmp_path):
+    """Ingest counts its rejects per rule and the vocabulary's tokens in one pass: the same figures
+    as count_rejects and build_vocab over the valid events, rejected rows' tokens left out."""
+    lines = ["u1,2026-06-01 10:00:00,view,a,1.0,2.0", "u1,2026-06-01 10:00:00,view,a,1.0,2.0",  # a duplicate
+             "u2,2026-06-01 11:00:00,view,b,NaN,2.0", "u3,2026-06-01 12:00:00,cancel,c,1.0,2.0",
+             ",2026-06-01 13:00:00,view,d,1.0,2.0", "u4,2026-06-01 14:00:00,purchase,a,2.0,1.0"]
+    (tmp_path / "events.csv").write_text(HEADER + "\n".join(lines) + "\n")
+    raw, _ = read_source(spark, open_workspace(tmp_path), "events.csv", "auto", tmp_path, "source.path")
+    checked = check_events(raw, shop_recipe())
+
+    counts, tokens = count_rejects_and_tokens(checked, None, shop_recipe())
+
+    assert counts == count_rejects(checked)
+    assert counts.rejected == 4
+    apart = {(row["feature"], row["token"]): row["count"] for row in build_vocab(valid_events(checked), None, shop_recipe()).collect()}
+    together = dict(zip(zip(tokens.column("feature").to_pylist(), tokens.column("token").to_pylist(), strict=True),
+                        tokens.column("count").to_pylist(), strict=True))
+    assert together == apart
+    assert ("item", "c") not in together and ("item", "d") not in together

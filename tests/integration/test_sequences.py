@@ -379,3 +379,27 @@ def test_the_id_order_of_ties_cannot_be_learned(spark):
     assert len(test_rows) == 400
     after = sum(token[row.next_item] > token[row.item[-1]] for row in test_rows) / len(test_rows)
     assert 0.4 < after < 0.6, after
+
+
+def test_vocab_numbered_on_the_driver_as_a_spark_window_numbers_it(spark):
+    """number_tokens against the Spark window it replaced: count descending, then token in Spark's
+    string order (UTF-8 bytes), on ties, case, accents, CJK and an emoji."""
+    import random
+
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F
+
+    from lumos.data.sequences import number_tokens
+
+    tokens = ["a", "B", "b", "é", "e", "Z", "日本", "😀", "ab", "a b", "10", "9", "ä"]
+    rng = random.Random(0)
+    rows = [(feature, token, rng.choice([1, 2, 2, 3])) for feature in ("item", "cat_x") for token in tokens]
+    counts = spark.createDataFrame(rows, "feature string, token string, count bigint")
+    by_frequency = Window.partitionBy("feature").orderBy(F.col("count").desc(), F.col("token").asc())
+    windowed = {(row["feature"], row["token"]): row["id"]
+                for row in counts.select("feature", "token", (F.row_number().over(by_frequency) + 1).alias("id")).collect()}
+
+    numbered = number_tokens(counts.toArrow())
+    assert numbered.schema.field("id").type == "int32"
+    assert dict(zip(zip(numbered.column("feature").to_pylist(), numbered.column("token").to_pylist(), strict=True),
+                    numbered.column("id").to_pylist(), strict=True)) == windowed
