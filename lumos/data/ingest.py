@@ -25,6 +25,7 @@ from lumos.core.tables import (
     table_exists,
     table_history,
     table_location,
+    write_arrow_table,
     write_table,
 )
 from lumos.core.workspace import Workspace
@@ -185,14 +186,22 @@ def run_ingest(spark, workspace: Workspace, recipe: IngestRecipe, recipe_dir: Pa
                 "content_hash": summary.content_hash,
             }
             step("writing tables")
-            written = {"rejects": write_table(spark, workspace, refs["rejects"], sources.rejects(counts),
-                                              LineageRecord(**lineage_base, stats={"rows": stats["rows_rejected"],
-                                                                                   "rejected_by_rule": rejected}))}
+            rejects = sources.rejects(counts)
+            rejects_lineage = LineageRecord(**lineage_base, stats={"rows": stats["rows_rejected"],
+                                                                   "rejected_by_rule": rejected})
+            vocab_lineage = LineageRecord(**lineage_base, stats={"rows": vocab_rows})
+            if workspace.is_local and not counts.rejected:  # an empty version: no file, no Spark job
+                written = {"rejects": commit_table_files(spark, workspace, refs["rejects"], [], rejects.schema,
+                                                         rejects_lineage)}
+            else:
+                written = {"rejects": write_table(spark, workspace, refs["rejects"], rejects, rejects_lineage)}
             fault_point("after_rejects")  # test hooks: lumos.core.faults
             with crash_during_write("mid_vocab", table_location(workspace, refs["vocab"])):
-                # One file: the vocabulary is small (and a local frame is sliced into a task per core).
-                written["vocab"] = write_table(spark, workspace, refs["vocab"], vocab.coalesce(1),
-                                               LineageRecord(**lineage_base, stats={"rows": vocab_rows}))
+                if workspace.is_local:  # on the driver already: one file, no Spark job
+                    written["vocab"] = write_arrow_table(spark, workspace, refs["vocab"], vocab_table, vocab.schema,
+                                                         vocab_lineage)
+                else:
+                    written["vocab"] = write_table(spark, workspace, refs["vocab"], vocab.coalesce(1), vocab_lineage)
             fault_point("before_sequences")
             # Sequences last: its lineage names the exact vocab and rejects versions of this run,
             # and its presence marks the ingest as complete (the idempotency check reads it).
