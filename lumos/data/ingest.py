@@ -94,6 +94,12 @@ class RejectCounts:
     def rejected(self) -> int:
         return sum(self.by_rule.values())
 
+    @classmethod
+    def of(cls, rows_by_rule: dict[str | None, int]) -> RejectCounts:
+        """From the rows per rule, None's being the valid rows."""
+        return cls(sum(rows_by_rule.values()),
+                   dict(sorted((rule, count) for rule, count in rows_by_rule.items() if rule is not None)))
+
     def lineage_stats(self) -> dict[str, Any]:
         return {"rows_read": self.rows_read, "rows_rejected": self.rejected, "rejected_by_rule": self.by_rule}
 
@@ -113,9 +119,7 @@ def read_checked_inputs(spark, workspace: Workspace, recipe: IngestRecipe, base_
 
 def count_rejects(checked) -> RejectCounts:
     """Rows read and rows rejected per rule, in one pass over the checked events."""
-    counts = {row["_rule"]: row["count"] for row in checked.groupBy("_rule").count().collect()}
-    by_rule = dict(sorted((rule, count) for rule, count in counts.items() if rule is not None))
-    return RejectCounts(sum(counts.values()), by_rule)
+    return RejectCounts.of({row["_rule"]: row["count"] for row in checked.groupBy("_rule").count().collect()})
 
 
 RULES = "_rule"
@@ -136,8 +140,7 @@ def count_rejects_and_tokens(checked, users, recipe: IngestRecipe):
     is_rule = pc.equal(counts.column("feature"), RULES)
     rules = counts.filter(is_rule)
     by_rule = dict(zip(rules.column("token").to_pylist(), rules.column("count").to_pylist(), strict=True))
-    rejected = dict(sorted((rule, count) for rule, count in by_rule.items() if rule is not None))
-    return RejectCounts(sum(by_rule.values()), rejected), counts.filter(pc.invert(is_rule))
+    return RejectCounts.of(by_rule), counts.filter(pc.invert(is_rule))
 
 
 def run_ingest(spark, workspace: Workspace, recipe: IngestRecipe, recipe_dir: Path, report: Report = lambda _: None,

@@ -104,9 +104,7 @@ def token_pairs(recipe: IngestRecipe, counted: Column | None = None) -> list[Col
     """A (feature, token) struct per event feature with a vocabulary: `F.inline(F.array(...))` of
     them turns each events row into its tokens. Rows where `counted` is false give null tokens,
     which no vocabulary counts."""
-    return [F.struct(F.lit(feature).alias("feature"),
-                     (F.col(column) if counted is None else F.when(counted, F.col(column))).alias("token"))
-            for feature, column in _event_vocab_features(recipe)]
+    return _pairs(_event_vocab_features(recipe), counted)
 
 
 def token_counts(pairs: DataFrame, users: DataFrame | None, recipe: IngestRecipe, kept_feature: str | None = None
@@ -132,7 +130,7 @@ def number_tokens(counts: pa.Table) -> pa.Table:
     ordered = counts.select(["feature", "token", "count"]).sort_by(
         [("feature", "ascending"), ("count", "descending"), ("token", "ascending")])
     features = ordered.column("feature").to_numpy(zero_copy_only=False)
-    starts = np.flatnonzero(np.r_[True, features[1:] != features[:-1]]) if len(features) else np.zeros(0, np.int64)
+    starts = np.flatnonzero(np.r_[True, features[1:] != features[:-1]])  # [0] when empty: no ids either
     first_of_feature = np.repeat(starts, np.diff(np.r_[starts, len(features)]))
     ids = (np.arange(len(features)) - first_of_feature + FIRST_TOKEN_ID).astype(np.int32)
     return pa.table({"feature": ordered.column("feature"), "token": ordered.column("token"), "id": ids,
@@ -160,8 +158,14 @@ def _user_vocab_features(recipe: IngestRecipe) -> list[tuple[str, str]]:
 
 def _feature_tokens(frame: DataFrame, features: list[tuple[str, str]]) -> DataFrame:
     """(feature, token) pairs of every row, read in one pass over `frame`."""
-    pairs = [F.struct(F.lit(feature).alias("feature"), F.col(column).alias("token")) for feature, column in features]
-    return frame.select(F.inline(F.array(*pairs)))
+    return frame.select(F.inline(F.array(*_pairs(features))))
+
+
+def _pairs(features: list[tuple[str, str]], counted: Column | None = None) -> list[Column]:
+    """A (feature, token) struct per (feature, column); null tokens where `counted` is false."""
+    return [F.struct(F.lit(feature).alias("feature"),
+                     (F.col(column) if counted is None else F.when(counted, F.col(column))).alias("token"))
+            for feature, column in features]
 
 
 def _require(frame: DataFrame | None, name: str) -> DataFrame:
