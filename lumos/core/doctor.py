@@ -62,7 +62,7 @@ def check_java(workspace: Workspace) -> Check:
 
 
 def check_spark(workspace: Workspace) -> Check:
-    from lumos.core.spark import delta_maven_coordinates, get_spark
+    from lumos.core.spark import delta_maven_coordinates, get_spark, jar_memory
 
     log_file = Path(tempfile.mkdtemp(prefix="lumos-doctor-")) / "spark.log"
     spark = get_spark(workspace.settings.spark, log_file=log_file)
@@ -71,8 +71,11 @@ def check_spark(workspace: Workspace) -> Check:
         rows = spark.read.format("delta").load(folder + "/probe").count()
     if rows != 3:
         return Check("spark+delta", False, True, f"wrote 3 rows to a Delta table but read back {rows}")
-    package = workspace.settings.spark.delta_jars_dir or workspace.settings.spark.delta_package or delta_maven_coordinates()
-    return Check("spark+delta", True, True, f"Spark {spark.version}, {workspace.settings.spark.master}, Delta from {package}")
+    settings = workspace.settings.spark
+    package = settings.delta_jars_dir or settings.delta_package or delta_maven_coordinates()
+    if not settings.delta_jars_dir and not spark.sparkContext.getConf().contains("spark.jars.packages"):
+        package += f", the jars Ivy resolved at an earlier start (listed in {jar_memory(package)})"
+    return Check("spark+delta", True, True, f"Spark {spark.version}, {settings.master}, Delta from {package}")
 
 
 def check_mlflow(workspace: Workspace) -> Check:

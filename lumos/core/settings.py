@@ -34,7 +34,8 @@ class SparkSettings:
     machines."""
     delta_package: str | None = None
     """Maven coordinates of Delta Lake for Spark's package mechanism; unset means the artifact that
-    matches the installed pyspark and delta-spark (e.g. io.delta:delta-spark_4.2_2.13:4.4.0)."""
+    matches the installed pyspark and delta-spark (e.g. io.delta:delta-spark_4.2_2.13:4.4.0). A local
+    session resolves it through Ivy once, then names the jars it resolved (~/.cache/lumos/delta-jars)."""
     delta_jars_dir: str | None = None
     """A folder of Delta jars to use instead of resolving delta_package (air-gapped clusters)."""
     ui: bool = False

@@ -6,6 +6,7 @@ import pytest
 
 from lumos.core.errors import UsageError
 from lumos.core.lineage import LineageInput, LineageRecord
+from lumos.core.spark import delta_maven_coordinates, remembered_delta_jars
 from lumos.core.tables import (
     TableRef,
     read_table,
@@ -83,3 +84,11 @@ def test_the_delta_log_reader_reports_the_history_spark_reports(spark, workspace
         describe_table(workspace, ref.at(7))
     with pytest.raises(UsageError, match="no table demo.absent"):
         logged_history(workspace, TableRef.parse("demo.absent"))
+
+
+def test_the_session_names_the_delta_jars_remembered_for_the_next_start(spark):
+    # Whether this session resolved them through Ivy or named them from an earlier start, the next
+    # local start names the same jars.
+    jars = spark.sparkContext.getConf().get("spark.jars").split(",")
+    assert any("delta-spark" in jar for jar in jars)
+    assert remembered_delta_jars(delta_maven_coordinates()) == jars
