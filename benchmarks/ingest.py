@@ -53,7 +53,7 @@ from ingest_floor import floor_job
 from spark_profile import EVENT_LOG_CONF, last_job_id, print_profile
 
 from lumos.core.config import load_config
-from lumos.core.spark import workspace_spark
+from lumos.core.spark import driver_memory, workspace_spark
 from lumos.core.workspace import open_workspace
 from lumos.data.ingest import count_rejects, read_checked_inputs, run_ingest
 from lumos.data.recipe import IngestRecipe
@@ -162,12 +162,13 @@ def measure(spark, events: int, events_per_user: int, scratch: Path, rounds: int
 
 
 def measure_processes(events: int, events_per_user: int, scratch: Path, rounds: int, shuffle_partitions: int,
-                      master: str) -> dict:
+                      master: str, driver_memory: str) -> dict:
     """Floor and Lumos as whole commands, each in a new process, alternated `rounds` times after
-    one untimed run of each."""
+    one untimed run of each; the floor's driver gets the memory Lumos's gets."""
     data_dir, spec = synthesize(events, events_per_user, scratch)
     floor = [sys.executable, str(Path(__file__).with_name("ingest_floor.py")), str(data_dir / "events"),
-             str(scratch / f"floor-{events}"), "--master", master, "--shuffle-partitions", str(shuffle_partitions)]
+             str(scratch / f"floor-{events}"), "--master", master, "--shuffle-partitions", str(shuffle_partitions),
+             "--driver-memory", driver_memory]
     sets = [item for override in recipe_overrides(data_dir) for item in ("--set", override)]
 
     def lumos(workspace: Path) -> list[str]:
@@ -241,7 +242,8 @@ def main() -> None:
             results = []
             for events in args.sizes:
                 results.append(measure_processes(events, args.events_per_user, scratch, args.rounds,
-                                                 spark_settings.shuffle_partitions, spark_settings.master))
+                                                 spark_settings.shuffle_partitions, spark_settings.master,
+                                                 driver_memory(spark_settings.driver_memory)))
                 print(json.dumps(results[-1]), flush=True)
             master = spark_settings.master
         else:

@@ -6,6 +6,7 @@ Spark session, a SQLite MLflow store inside `.lumos/`, and gcc for the CPU compi
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 from lumos.core.config import require_valid
@@ -27,11 +28,11 @@ class SparkSettings:
     shuffle_partitions: int = 8
     """spark.sql.shuffle.partitions; raise it with the data (at 40M events in a 4 GB driver, 8 spilled
     each task's sort to disk and 32 did not) and on a cluster."""
-    driver_memory: str = "4g"
-    """spark.driver.memory for sessions Lumos starts itself. On local[*] every task runs in this JVM,
-    so it bounds the check's cache and the sorts beside it: a million-user `lumos infer` checked its
-    events 15-20 s faster with 8g (benchmarks/infer.py, README). 4g stays the default, to fit small
-    machines."""
+    driver_memory: str = "auto"
+    """spark.driver.memory for sessions Lumos starts itself, e.g. "4g"; "auto" is a third of this
+    machine's memory (or of its container's limit), between 1g and 8g. On local[*] every task runs
+    in this JVM, so it bounds the check's cache and the sorts beside it: a million-user `lumos infer`
+    checked its events 15-20 s faster with 8g than 4g (benchmarks/infer.py, README)."""
     delta_package: str | None = None
     """Maven coordinates of Delta Lake for Spark's package mechanism; unset means the artifact that
     matches the installed pyspark and delta-spark (e.g. io.delta:delta-spark_4.2_2.13:4.4.0). A local
@@ -49,6 +50,8 @@ class SparkSettings:
         problems = []
         if self.shuffle_partitions < 1:
             problems.append(("shuffle_partitions", "must be at least 1"))
+        if self.driver_memory != "auto" and not re.fullmatch(r"[1-9][0-9]*[kmgt]?", self.driver_memory.lower()):
+            problems.append(("driver_memory", f"{self.driver_memory!r} is not a JVM size; use e.g. \"4g\", \"512m\" or \"auto\""))
         if self.log_level.upper() not in {"ALL", "DEBUG", "ERROR", "FATAL", "INFO", "OFF", "TRACE", "WARN"}:
             problems.append(("log_level", f"unknown log level {self.log_level!r}; use ERROR, WARN or INFO"))
         require_valid(problems)

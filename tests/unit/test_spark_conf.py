@@ -1,4 +1,5 @@
-"""Where a session's Delta jars come from: Ivy at the first local start, the jars it resolved after."""
+"""What a session Lumos starts is given: Delta's jars (through Ivy at the first local start, the jars it
+resolved after) and the driver's memory."""
 
 from __future__ import annotations
 
@@ -6,8 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from lumos.core.settings import SparkSettings
-from lumos.core.spark import remember_delta_jars, remembered_delta_jars, spark_conf
+from lumos.core.config import from_dict
+from lumos.core.errors import ConfigError
+from lumos.core.settings import LumosSettings, SparkSettings
+from lumos.core.spark import remember_delta_jars, remembered_delta_jars, spark_conf, usable_memory_bytes
 
 COORDINATES = "io.delta:delta-spark_4.2_2.13:4.4.0"
 
@@ -60,3 +63,16 @@ def test_a_resolution_without_delta_is_not_remembered(tmp_path, monkeypatch):
     (tmp_path / "other.jar").write_bytes(b"PK")
     remember_delta_jars(COORDINATES, f"file://{tmp_path / 'other.jar'}")
     assert remembered_delta_jars(COORDINATES) is None
+
+
+def test_auto_driver_memory_is_a_third_of_the_machine_within_bounds():
+    third = usable_memory_bytes() // 3 // 2**20
+    assert spark_conf(SparkSettings())["spark.driver.memory"] == f"{min(max(third, 1024), 8192)}m"
+    assert spark_conf(SparkSettings(driver_memory="2g"))["spark.driver.memory"] == "2g"
+
+
+@pytest.mark.parametrize("value", ["4gb", "0g", "-1g", "lots", ""])
+def test_a_driver_memory_that_is_no_jvm_size_is_named(value):
+    with pytest.raises(ConfigError) as caught:
+        from_dict(LumosSettings, {"spark": {"driver_memory": value}})
+    assert [problem.key for problem in caught.value.problems] == ["spark.driver_memory"]
