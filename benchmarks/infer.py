@@ -264,6 +264,7 @@ def main() -> None:
     report = {"benchmark": "infer", "machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
                                                 "torch": torch.__version__},
               "spark_master": args.master or "local[*]", "spark_conf": args.spark_conf,
+              "driver_memory": workspace_spark(workspace).conf.get("spark.driver.memory"),
               "compile_seqs": args.compile_seqs if "compiled" in args.engines else None,
               "model_alone_threads": args.model_alone_threads,
               "as_of": AS_OF.isoformat(), "results": results}

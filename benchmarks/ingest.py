@@ -268,7 +268,8 @@ def main() -> None:
         "benchmark": "ingest",
         "mode": "processes" if args.processes else "one session",
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "spark_master": master,
-                    "shuffle_partitions": spark_settings.shuffle_partitions},
+                    "shuffle_partitions": spark_settings.shuffle_partitions,
+                    "driver_memory": driver_memory(spark_settings.driver_memory)},
         "results": results,
     }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
