@@ -6,7 +6,7 @@ and of the model alone, at two user counts, on local[*]; and what 100M users a d
                                [--master spark://127.0.0.1:7077] [--out benchmarks/results/infer.json]
                                [--arrow-batch-sizes 2000 10000 40000] [--shuffle-partitions 2 8 32]
                                [--rounds 2] [--warmup] [--profile] [--threads 2 --spark-conf spark.task.cpus=2]
-                               [--model-alone-threads 1]
+                               [--model-alone-threads 1] [--dirty 0 0.02]
 
 A quickstart-sized model (lumos/quickstart/train.toml's model, a few training steps: throughput
 does not depend on how well it learned) is trained and promoted once on a small synthetic world.
@@ -26,6 +26,11 @@ build the feature rows and score them) run `lumos infer` end to end once per com
 world, set on the running session before each run; the model-alone rate is measured once, at
 the session's batch size. `--rounds N` times every setting N times, every other round in reverse
 order, and prints the medians; `--warmup` runs one untimed infer per world first.
+
+`--dirty 0 0.02`: each world is also scored with what a real log holds beside its events added,
+0.02 of its rows (`add_dirt`): half exact duplicates of random events, half bad rows of five
+kinds. Its valid events are the clean world's, so the model-alone rate is the same; the end to
+end time shows what finding, counting and writing the rejects costs.
 """
 
 from __future__ import annotations
@@ -42,7 +47,10 @@ import tempfile
 import time
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
 import torch
 from spark_profile import EVENT_LOG_CONF, last_job_id, print_profile
 
@@ -144,9 +152,38 @@ def model_only(workspace, users_source: Path, engines: list[str], max_users: int
     return rates
 
 
-def _timed_infer(workspace, source: Path, users: int, engine: str, threads: int = 1):
+def add_dirt(clean: Path, dirty: Path, fraction: float, seed: int) -> int:
+    """A copy of the events folder `clean` at `dirty` (hard links) with `fraction` of its rows
+    added as one more Parquet file per file: half exact duplicates of random rows, half copies of
+    random rows made bad in turn (a blank user id, a NaN value, a negative value, an unknown event
+    type, no timestamp). Returns the rows added: every one a reject of a recipe rule."""
+    rng = np.random.default_rng(seed)
+    dirty.mkdir(parents=True)
+    added = 0
+    for path in sorted(clean.glob("*.parquet")):
+        (dirty / path.name).hardlink_to(path)
+        table = pq.read_table(path)
+        count = int(table.num_rows * fraction / 2)
+        copies = table.take(rng.choice(table.num_rows, count, replace=False))
+        bad = table.take(rng.choice(table.num_rows, count, replace=False))
+        kind = np.arange(count) % 5
+        columns = {
+            "user_id": pc.if_else(pa.array(kind == 0), pa.scalar(" "), bad["user_id"]),
+            "value": pc.if_else(pa.array(kind == 1), pa.scalar(float("nan")),
+                                pc.if_else(pa.array(kind == 2), pa.scalar(-5.0), bad["value"])),
+            "event_type": pc.if_else(pa.array(kind == 3), pa.scalar("shared"), bad["event_type"]),
+            "ts": pc.if_else(pa.array(kind == 4), pa.scalar(None, bad.schema.field("ts").type), bad["ts"]),
+        }
+        for name, column in columns.items():
+            bad = bad.set_column(bad.schema.get_field_index(name), name, column)
+        pq.write_table(pa.concat_tables([copies, bad.cast(table.schema)]), dirty / f"dirt-{path.name}")
+        added += 2 * count
+    return added
+
+
+def _timed_infer(workspace, events: Path, users: int, engine: str, threads: int = 1):
     """Seconds and summary of one `lumos infer` of a world's events."""
-    options = InferOptions(as_of=AS_OF, source=str(source / "events"), output=f"bench.predictions_{users}_{engine}",
+    options = InferOptions(as_of=AS_OF, source=str(events), output=f"bench.predictions_{users}_{engine}",
                            engine=engine, torch_threads=threads)
     started = time.perf_counter()
     summary = infer(workspace, "bench@production", options)
@@ -157,9 +194,10 @@ def _print_medians(results: list[dict]) -> None:
     """Median end-to-end users/s per engine and setting over the rounds."""
     by_setting: dict[tuple, list[float]] = {}
     for r in results:
-        by_setting.setdefault((r["engine"], r["arrow_batch"], r["shuffle_partitions"]), []).append(r["end_to_end_users_per_s"])
-    for (engine, arrow_batch, partitions), rates in by_setting.items():
-        print(f"  median of {len(rates)}: {engine:>8}, arrow batch {arrow_batch:>6,}, {partitions:>3} partitions: "
+        by_setting.setdefault((r["dirty"], r["engine"], r["arrow_batch"], r["shuffle_partitions"]), []).append(
+            r["end_to_end_users_per_s"])
+    for (dirt, engine, arrow_batch, partitions), rates in by_setting.items():
+        print(f"  median of {len(rates)}: dirty {dirt}, {engine:>8}, arrow batch {arrow_batch:>6,}, {partitions:>3} partitions: "
               f"{statistics.median(rates):>8,.0f} users/s (runs: {', '.join(f'{rate:,.0f}' for rate in rates)})")
 
 
@@ -206,6 +244,9 @@ def main() -> None:
     parser.add_argument("--model-alone-threads", type=int,
                         help="the model-alone rate on this many threads (default: every core); 1 is what each "
                              "Spark task gives the model")
+    parser.add_argument("--dirty", type=float, nargs="+", default=[0.0], metavar="FRACTION",
+                        help="score each world with this fraction of its rows added as duplicates and bad rows "
+                             "(add_dirt; default 0: the clean world only)")
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "infer.json")
     args = parser.parse_args()
     if any("=" not in setting for setting in args.spark_conf):
@@ -227,21 +268,27 @@ def main() -> None:
         generate_quickstart(source, SyntheticSpec(users=users, events=users * args.events_per_user, seed=users))
         alone = model_only(workspace, source / "events", args.engines, args.model_only_max_users,
                            args.model_alone_threads)
-        combinations = list(itertools.product(args.engines, args.arrow_batch_sizes or [None],
+        events = {dirt: source / "events" if dirt == 0 else source / f"events-dirty-{dirt}" for dirt in args.dirty}
+        for dirt, folder_with_dirt in events.items():
+            if dirt > 0:
+                added = add_dirt(source / "events", folder_with_dirt, dirt, seed=users)
+                print(f"{users:>7,} users: {added:,} duplicates and bad rows added for --dirty {dirt}", flush=True)
+        combinations = list(itertools.product(args.dirty, args.engines, args.arrow_batch_sizes or [None],
                                               args.shuffle_partitions or [None]))
         if args.warmup:
-            seconds, _ = _timed_infer(workspace, source, users, args.engines[0], args.threads)
+            seconds, _ = _timed_infer(workspace, events[args.dirty[0]], users, args.engines[0], args.threads)
             print(f"{users:>7,} users: warm-up run, not counted ({seconds:.1f} s)", flush=True)
         for round_number in range(args.rounds):
             # Every other round in reverse, so that no setting always runs first (the JVM and the
             # page cache warm up over a session's first runs).
-            for engine, arrow_batch, partitions in combinations[::-1] if round_number % 2 else combinations:
+            for dirt, engine, arrow_batch, partitions in combinations[::-1] if round_number % 2 else combinations:
                 tuning = _tune(workspace, arrow_batch, partitions)
                 jobs_before = last_job_id(workspace_spark(workspace))
-                end_to_end, summary = _timed_infer(workspace, source, users, engine, args.threads)
+                end_to_end, summary = _timed_infer(workspace, events[dirt], users, engine, args.threads)
                 jobs = (jobs_before + 1, last_job_id(workspace_spark(workspace)))
                 result = {
-                    "users": users, "events": users * args.events_per_user, "engine": engine, **tuning,
+                    "users": users, "events": users * args.events_per_user, "dirty": dirt,
+                    "rows_rejected": summary.rows_rejected, "engine": engine, **tuning,
                     "threads_per_task": args.threads,
                     "round": round_number, "rows_written": summary.rows,
                     "end_to_end_seconds": round(end_to_end, 2),
@@ -253,7 +300,7 @@ def main() -> None:
                 result["machine_hours_for_100M_users"] = round(hours, 1)
                 result["core_hours_for_100M_users"] = round(hours * cores, 1)
                 results.append(result)
-                print(f"{users:>7,} users, {engine:>8}, arrow batch {tuning['arrow_batch']:>6,}, "
+                print(f"{users:>7,} users{f' (dirty {dirt})' if dirt else ''}, {engine:>8}, arrow batch {tuning['arrow_batch']:>6,}, "
                       f"{tuning['shuffle_partitions']:>3} partitions: end to end {result['end_to_end_users_per_s']:>8,.0f} users/s "
                       f"({end_to_end:.1f} s), model only {alone[engine]['users_per_s']:>8,.0f} users/s; "
                       f"100M users/day ≈ {hours:.1f} h on this {cores}-core machine", flush=True)

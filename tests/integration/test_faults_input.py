@@ -167,14 +167,34 @@ def test_only_exact_copies_of_a_valid_row_are_duplicates(spark, tmp_path):
     assert sorted(json.loads(row)["user"] for row in rejected["duplicate"]) == ["u1", "u1", "u3"]
 
 
-def test_a_duplicate_is_quoted_as_its_own_raw_row(spark, tmp_path):
+# 100 bytes hold the two copies' hashes (16 bytes each) but not Spark's estimate of them, which
+# it scales from the 202 cached events: only the counted copies make the join a broadcast.
+@pytest.mark.parametrize("broadcast_budget", ["100", "-1"], ids=["copies-broadcast", "copies-shuffled"])
+def test_a_duplicate_is_quoted_as_its_own_raw_row(spark, tmp_path, broadcast_budget):
     """Copies are found after the shuffle by user, which carries only a hash of each raw row; the
-    rejects table still quotes the copy's whole raw row, columns the recipe does not map included."""
+    rejects table still quotes the copy's whole raw row, columns the recipe does not map included,
+    whether the copies' hashes are broadcast to the raw rows (when they fit Spark's budget) or not."""
     lines = ["u1,2026-06-01 10:00:00,view,a,,1.0,first", "u1,2026-06-01 10:00:00,view,a,,1.0,second",
              "u1,2026-06-01 10:00:00,view,a,,1.0,second", "u2,2026-06-01 10:00:00,view,a,,1.0,first"]
-    accepted, rejected = check_file(spark, tmp_path, "events.csv", HEADER.replace("\n", ",note\n") + "\n".join(lines) + "\n",
-                                    shop_recipe())
-    assert sorted(row["user_id"] for row in accepted) == ["u1", "u2"]
+    lines += [f"f{index},2026-06-01 10:00:00,view,a,,1.0,filler" for index in range(200)]
+    (tmp_path / "events.csv").write_text(HEADER.replace("\n", ",note\n") + "\n".join(lines) + "\n")
+    raw, _ = read_source(spark, open_workspace(tmp_path), "events.csv", "auto", tmp_path, "source.path")
+    checked = check_events(raw, shop_recipe()).persist()  # as ingest and infer keep it
+    before = spark.conf.get("spark.sql.autoBroadcastJoinThreshold")
+    spark.conf.set("spark.sql.autoBroadcastJoinThreshold", broadcast_budget)
+    try:
+        frame = rejected_rows(checked, raw, count_rejects(checked).by_rule)
+        plan = frame._jdf.queryExecution().executedPlan().toString()
+        rejected: dict[str, list[str]] = {}
+        for row in frame.collect():
+            rejected.setdefault(row["rule"], []).append(row["row"])
+    finally:
+        spark.conf.set("spark.sql.autoBroadcastJoinThreshold", before)
+        checked.unpersist()
+    assert ("LeftSemi, BuildRight" in plan) == (broadcast_budget != "-1")
+    accepted = [row.asDict() for row in valid_events(check_events(raw, shop_recipe())).collect()]
+    assert sorted(row["user_id"] for row in accepted if not row["user_id"].startswith("f")) == ["u1", "u2"]
+    assert len(accepted) == 202
     quoted = [json.loads(row) for row in rejected["duplicate"]]
     assert set(rejected) == {"duplicate"} and len(quoted) == 2
     # The kept copy is the one whose raw row hashes lowest: two of the three raw rows are quoted.
