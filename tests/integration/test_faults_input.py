@@ -39,16 +39,27 @@ def shop_recipe(**cleaning) -> IngestRecipe:
     })
 
 
-def check_file(spark, folder: Path, name: str, text: str, recipe: IngestRecipe):
-    """(accepted rows as dicts, {rule: [raw row]}) for `text` written to folder/name and read as an ingest reads it."""
+def read_file(spark, folder: Path, name: str, text: str):
+    """`text` written to folder/name and read as an ingest reads it."""
     (folder / name).write_text(text)
     raw, _ = read_source(spark, open_workspace(folder), name, "auto", folder, "source.path")
+    return raw
+
+
+def rejects_by_rule(rejected) -> dict[str, list[str]]:
+    """{rule: [raw row]} of a `rejected_rows` frame."""
+    by_rule: dict[str, list[str]] = {}
+    for row in rejected.collect():
+        by_rule.setdefault(row["rule"], []).append(row["row"])
+    return by_rule
+
+
+def check_file(spark, folder: Path, name: str, text: str, recipe: IngestRecipe):
+    """(accepted rows as dicts, {rule: [raw row]}) for `text` written to folder/name and read as an ingest reads it."""
+    raw = read_file(spark, folder, name, text)
     checked = check_events(raw, recipe)
     accepted = [row.asDict() for row in valid_events(checked).collect()]
-    rejected: dict[str, list[str]] = {}
-    for row in rejected_rows(checked, raw, count_rejects(checked).by_rule).collect():
-        rejected.setdefault(row["rule"], []).append(row["row"])
-    return accepted, rejected
+    return accepted, rejects_by_rule(rejected_rows(checked, raw, count_rejects(checked).by_rule))
 
 
 HEADER = "user,time,kind,item,amount,price\n"
@@ -177,22 +188,19 @@ def test_a_duplicate_is_quoted_as_its_own_raw_row(spark, tmp_path, broadcast_bud
     lines = ["u1,2026-06-01 10:00:00,view,a,,1.0,first", "u1,2026-06-01 10:00:00,view,a,,1.0,second",
              "u1,2026-06-01 10:00:00,view,a,,1.0,second", "u2,2026-06-01 10:00:00,view,a,,1.0,first"]
     lines += [f"f{index},2026-06-01 10:00:00,view,a,,1.0,filler" for index in range(200)]
-    (tmp_path / "events.csv").write_text(HEADER.replace("\n", ",note\n") + "\n".join(lines) + "\n")
-    raw, _ = read_source(spark, open_workspace(tmp_path), "events.csv", "auto", tmp_path, "source.path")
+    raw = read_file(spark, tmp_path, "events.csv", HEADER.replace("\n", ",note\n") + "\n".join(lines) + "\n")
     checked = check_events(raw, shop_recipe()).persist()  # as ingest and infer keep it
     before = spark.conf.get("spark.sql.autoBroadcastJoinThreshold")
     spark.conf.set("spark.sql.autoBroadcastJoinThreshold", broadcast_budget)
     try:
         frame = rejected_rows(checked, raw, count_rejects(checked).by_rule)
         plan = frame._jdf.queryExecution().executedPlan().toString()
-        rejected: dict[str, list[str]] = {}
-        for row in frame.collect():
-            rejected.setdefault(row["rule"], []).append(row["row"])
+        rejected = rejects_by_rule(frame)
+        accepted = [row.asDict() for row in valid_events(checked).collect()]
     finally:
         spark.conf.set("spark.sql.autoBroadcastJoinThreshold", before)
         checked.unpersist()
     assert ("LeftSemi, BuildRight" in plan) == (broadcast_budget != "-1")
-    accepted = [row.asDict() for row in valid_events(check_events(raw, shop_recipe())).collect()]
     assert sorted(row["user_id"] for row in accepted if not row["user_id"].startswith("f")) == ["u1", "u2"]
     assert len(accepted) == 202
     quoted = [json.loads(row) for row in rejected["duplicate"]]
@@ -447,8 +455,7 @@ def test_rules_and_tokens_counted_in_one_pass_as_counted_apart(spark, tmp_path):
     lines = ["u1,2026-06-01 10:00:00,view,a,1.0,2.0", "u1,2026-06-01 10:00:00,view,a,1.0,2.0",  # a duplicate
              "u2,2026-06-01 11:00:00,view,b,NaN,2.0", "u3,2026-06-01 12:00:00,cancel,c,1.0,2.0",
              ",2026-06-01 13:00:00,view,d,1.0,2.0", "u4,2026-06-01 14:00:00,purchase,a,2.0,1.0"]
-    (tmp_path / "events.csv").write_text(HEADER + "\n".join(lines) + "\n")
-    raw, _ = read_source(spark, open_workspace(tmp_path), "events.csv", "auto", tmp_path, "source.path")
+    raw = read_file(spark, tmp_path, "events.csv", HEADER + "\n".join(lines) + "\n")
     checked = check_events(raw, shop_recipe())
 
     counts, tokens = count_rejects_and_tokens(checked, None, shop_recipe())
