@@ -58,12 +58,12 @@ import fma_peak
 import numpy as np
 import torch
 
-from lumos.compile.cache import KernelCache
 from lumos.compile.engine import SEARCH_BUDGET_S, compile_model, median_ms, verify
-from lumos.compile.export_frontend import compile_module, verify_module
-from lumos.compile.frontend import _Forward, batch_tensors, input_names
-from lumos.compile.ir import Graph, Op
+from lumos.compile.frontend.export import compile_module, verify_module
+from lumos.compile.frontend.lumos_model import _Forward, batch_tensors, input_names
+from lumos.compile.ir.graph import Graph, Op
 from lumos.compile.program import Options, compile_graph, load_program
+from lumos.compile.runtime.kernel_cache import KernelCache
 from lumos.core.config import load_config
 from lumos.data.contract import FeatureSpec
 from lumos.quickstart import RECIPES
@@ -213,8 +213,8 @@ def bench_model(name: str, model: LumosModel, batch_size: int, repeats: int, ind
 
 def _kernel_profile(result, batch, repeats: int = 5) -> list[dict]:
     """Median ms per kernel of the compiled forward (the driver's timed variant), slowest first."""
-    from lumos.compile.frontend import batch_tensors as tensors_of
-    from lumos.compile.search import kernel_flops
+    from lumos.compile.frontend.lumos_model import batch_tensors as tensors_of
+    from lumos.compile.search.climb import kernel_flops
 
     compiled, kernels = result.compiled, result.compilation.kernels
     named = {name: t.float().numpy() for name, t in tensors_of(batch, compiled.features).items()
@@ -233,8 +233,8 @@ def bench_attention(seq: int, batch: int, heads: int, head_dim: int, repeats: in
     import subprocess
     import sys
 
-    from lumos.compile.hl_ops import Tensor, attention, mark_output
-    from lumos.compile.ir import Graph
+    from lumos.compile.ir.graph import Graph
+    from lumos.compile.ir.hl_ops import Tensor, attention, mark_output
 
     print(f"== attention: batch {batch}, {heads} heads, sequence {seq}, head size {head_dim}", flush=True)
     generator = torch.Generator().manual_seed(0)

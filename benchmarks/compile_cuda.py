@@ -18,14 +18,14 @@ import time
 import torch
 import torch.nn.functional as F
 
-from lumos.compile.cache import KernelCache
 from lumos.compile.cuda_engine import compile_cuda_model, verify_gpu
 from lumos.compile.cuda_program import CudaOptions, compile_cuda_graph
-from lumos.compile.cuda_runtime import GpuProgram, gpu_arch
-from lumos.compile.frontend import _Forward, batch_tensors, input_names
-from lumos.compile.hl_ops import Tensor, attention, mark_output
-from lumos.compile.ir import Graph
-from lumos.compile.render_c import tensor_names
+from lumos.compile.frontend.lumos_model import _Forward, batch_tensors, input_names
+from lumos.compile.ir.graph import Graph
+from lumos.compile.ir.hl_ops import Tensor, attention, mark_output
+from lumos.compile.render.c import tensor_names
+from lumos.compile.runtime.cuda import GpuProgram, gpu_arch
+from lumos.compile.runtime.kernel_cache import KernelCache
 from lumos.train.memory import synthetic_batch
 from lumos.train.model import LumosModel
 

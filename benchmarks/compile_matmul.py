@@ -22,10 +22,10 @@ from pathlib import Path
 import torch
 from compile import QUICKSTART_FEATURES, SASREC_CONFIG, SASREC_FEATURES
 
-from lumos.compile.cache import KernelCache
 from lumos.compile.engine import SEARCH_BUDGET_S, compile_model
 from lumos.compile.program import Options
-from lumos.compile.search import Candidate, Group, kernel_flops
+from lumos.compile.runtime.kernel_cache import KernelCache
+from lumos.compile.search.climb import Candidate, Group, kernel_flops
 from lumos.core.config import load_config
 from lumos.quickstart import RECIPES
 from lumos.train.config import TrainConfig

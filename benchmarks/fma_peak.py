@@ -20,8 +20,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from lumos.compile.cache import BuildError, KernelCache
 from lumos.compile.program import Options
+from lumos.compile.runtime.kernel_cache import BuildError, KernelCache
 
 ROOT = Path(__file__).resolve().parent.parent
 CHAINS = 12

@@ -26,7 +26,7 @@ def _ms(value: float | None) -> str:
 
 def _search_line(summary) -> str:
     if summary.target == "cuda":
-        return "not on CUDA yet (each kernel's frame is chosen from its shape, render_cuda.py)"
+        return "not on CUDA yet (each kernel's frame is chosen from its shape, render/cuda.py)"
     if not summary.search:
         return "off (--no-search)"
     searched = sum(not group["cached"] for group in summary.search)

@@ -1,27 +1,33 @@
-"""The tensor compiler: the Lumos model's forward as primitive ops, fused into native kernels.
+"""The tensor compiler: a model's forward as primitive ops, fused into native kernels.
 
-The modules follow the pipeline: `ir` (ops, views, graph) → `hl_ops` (high-level ops written in
-primitives) → `frontend` (torch.export → IR) → `interpret` (numpy reference) → `layout` →
-`schedule` (fusion into kernels) → `plan` (buffers by liveness) → `kernel_ir` + `lower` (each
-kernel as loops and statements) → `kernel_passes` (layouts decided on the IR) → `render_c` /
-`render_cuda` (printed, sharing `render_cstyle`) → `cache` (built libraries and PTX on disk;
-`nvrtc` builds CUDA) → `runtime` / `cuda_runtime` (one call per program) → `program` /
-`cuda_program` (the pass lists) → `engine` (compile, verify, store and load plans: the API of
-`lumos compile` and inference; `verify`, `plan_store`, `compiled_model` and `cuda_engine` hold its parts).
+The folders follow the pipeline:
 
-Any other module: `export_frontend.compile_module(module, example_inputs)`, or
-`torch.compile(module, backend="lumos")` (`torch_backend`, found by torch through the
+    frontend/  PyTorch → IR (the Lumos model; any nn.Module; torch.compile's backend)
+    ir/        primitive ops, views, graphs; high-level ops in primitives; the numpy reference
+    egraph/    egglog rules and extraction: algebra, views, attention, fusion, schedules
+    schedule/  layouts, merged linear layers, kernels (what is stored), buffers (the arena)
+    search/    the measured hill-climb over schedules and fusions, its cost model and cache
+    kernel/    the kernel IR, lowering into it, and its IR-to-IR passes
+    render/    printers: C (CPU) and CUDA, sharing one C-style printer
+    runtime/   the kernel cache (gcc, NVRTC) and the native calls (ctypes; pycuda or cuda.bindings)
+
+and the driver beside them: `program` / `cuda_program` (the pass lists), `engine` (compile, verify,
+store and load plans: the API of `lumos compile` and inference; `verify`, `plan_store`,
+`compiled_model` and `cuda_engine` hold its parts).
+
+Any other module: `frontend.export.compile_module(module, example_inputs)`, or
+`torch.compile(module, backend="lumos")` (`frontend.torch_backend`, found by torch through the
 `torch_dynamo_backends` entry point, so importing this package stays cheap).
 """
 
 __all__ = ["CompiledModule", "UnsupportedOp", "compile_module", "lumos_backend", "make_backend"]
 
 _EXPORTS = {
-    "CompiledModule": "lumos.compile.export_frontend",
-    "compile_module": "lumos.compile.export_frontend",
-    "UnsupportedOp": "lumos.compile.frontend",
-    "lumos_backend": "lumos.compile.torch_backend",
-    "make_backend": "lumos.compile.torch_backend",
+    "CompiledModule": "lumos.compile.frontend.export",
+    "compile_module": "lumos.compile.frontend.export",
+    "UnsupportedOp": "lumos.compile.frontend.lumos_model",
+    "lumos_backend": "lumos.compile.frontend.torch_backend",
+    "make_backend": "lumos.compile.frontend.torch_backend",
 }
 
 

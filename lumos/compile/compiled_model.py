@@ -7,8 +7,8 @@ import warnings
 import numpy as np
 import torch
 
-from lumos.compile.frontend import batch_tensors
-from lumos.compile.runtime import NativeProgram
+from lumos.compile.frontend.lumos_model import batch_tensors
+from lumos.compile.runtime.native import NativeProgram
 from lumos.data.contract import Batch, FeatureSpec
 from lumos.train.model import LumosModel, ModelOutput
 

@@ -4,7 +4,7 @@ Without a GPU it goes as far as it can — trace, fuse, render every kernel and 
 NVRTC (into the kernel cache, for sm_80 unless [compile] says otherwise) — and then stops with
 NoGpuError (exit 1: a runtime failure, not bad input; the same command succeeds where a GPU is,
 and no plan is stored, since only a GPU can verify one). On a GPU: the kernels are built for its
-architecture, run by cuda_runtime.py, checked against the PyTorch model on the same GPU in fp32
+architecture, run by runtime/cuda.py, checked against the PyTorch model on the same GPU in fp32
 (1e-4), timed with CUDA events, and the plan (kernels.cu, plan.json) is stored as the artifacts
 compile/cuda of the training run.
 """
@@ -21,14 +21,14 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from lumos.compile.cache import KernelCache
 from lumos.compile.cuda_program import DEFAULT_ARCH, CudaCompilation, CudaOptions, compile_cuda_graph
-from lumos.compile.cuda_runtime import GpuProgram, gpu_arch
-from lumos.compile.frontend import batch_tensors, lower_model, output_names
-from lumos.compile.layout import TRANSPOSED
-from lumos.compile.nvrtc import FLAGS, nvrtc_version
+from lumos.compile.frontend.lumos_model import batch_tensors, lower_model, output_names
 from lumos.compile.plan_store import artifact_dir, model_fingerprint, model_tensors
-from lumos.compile.render_c import tensor_names
+from lumos.compile.render.c import tensor_names
+from lumos.compile.runtime.cuda import GpuProgram, gpu_arch
+from lumos.compile.runtime.kernel_cache import KernelCache
+from lumos.compile.runtime.nvrtc import FLAGS, nvrtc_version
+from lumos.compile.schedule.layout import TRANSPOSED
 from lumos.compile.verify import ATOL, RTOL, VerificationError
 from lumos.core.errors import LumosError
 from lumos.core.workspace import Workspace

@@ -5,7 +5,7 @@
 
 The same fusion and buffer plan as the C target (program.py); no schedule search yet (kernels
 are timed only on a GPU, which the search would need). None of it needs a GPU: the result is
-PTX that `cuda_runtime.py` loads where one exists.
+PTX that `runtime/cuda.py` loads where one exists.
 """
 
 from __future__ import annotations
@@ -13,15 +13,15 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from lumos.compile.cache import Build, KernelCache
 from lumos.compile.egraph.attention import find_attention, fuse_attention
 from lumos.compile.egraph.rewrite import RewriteReport, rewrite_graph
-from lumos.compile.ir import LEAF, Graph, Node
-from lumos.compile.layout import transpose_activations, transpose_weights
-from lumos.compile.plan import BufferPlan, plan_buffers
+from lumos.compile.ir.graph import LEAF, Graph, Node
 from lumos.compile.program import run_passes
-from lumos.compile.render_cuda import CudaProgram, render_program
-from lumos.compile.schedule import Kernel, schedule
+from lumos.compile.render.cuda import CudaProgram, render_program
+from lumos.compile.runtime.kernel_cache import Build, KernelCache
+from lumos.compile.schedule.buffers import BufferPlan, plan_buffers
+from lumos.compile.schedule.kernels import Kernel, schedule
+from lumos.compile.schedule.layout import transpose_activations, transpose_weights
 
 DEFAULT_ARCH = "sm_80"
 """Architecture to build for when no GPU says which (Ampere; PTX for it JIT-compiles on newer GPUs)."""

@@ -12,9 +12,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from lumos.compile.cache import KernelCache
 from lumos.compile.compiled_model import SEQUENCE_INPUTS, CompiledModel  # noqa: F401 (re-exported)
-from lumos.compile.frontend import batch_tensors, lower_model
+from lumos.compile.frontend.lumos_model import batch_tensors, lower_model
 from lumos.compile.plan_store import (  # noqa: F401 (re-exported)
     PLAN_FILE,
     PLAN_FORMAT,
@@ -29,6 +28,7 @@ from lumos.compile.plan_store import (  # noqa: F401 (re-exported)
     write_plan,
 )
 from lumos.compile.program import Compilation, Options, compile_graph, load_program
+from lumos.compile.runtime.kernel_cache import KernelCache
 from lumos.compile.verify import ATOL, RTOL, VerificationError, median_ms, time_forward, verify  # noqa: F401 (re-exported)
 from lumos.core.errors import UsageError
 from lumos.core.workspace import Workspace
@@ -112,7 +112,7 @@ class CompileSummary:
     egraph: dict | None = None
     """The e-graph pass (egraph/rewrite.py): e-nodes, e-classes, saturation time, rules fired, ops before and after."""
     cost_model: dict | None = None
-    """How the cost model ranked the candidates against their measured times (cost_model.py)."""
+    """How the cost model ranked the candidates against their measured times (search/cost_model.py)."""
     fusion: dict | None = None
     """The fusion choices the e-graph offered, each tried as a whole call, and which were kept (search.py)."""
 

@@ -23,13 +23,13 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from lumos.compile.cache import KernelCache
 from lumos.compile.compiled_model import CompiledModel, PlansByLength
-from lumos.compile.horizontal import weight_value
-from lumos.compile.ir import LITERAL_PREFIX
+from lumos.compile.ir.graph import LITERAL_PREFIX
 from lumos.compile.program import Compilation
-from lumos.compile.render_c import tensor_names
-from lumos.compile.runtime import NativeProgram
+from lumos.compile.render.c import tensor_names
+from lumos.compile.runtime.kernel_cache import KernelCache
+from lumos.compile.runtime.native import NativeProgram
+from lumos.compile.schedule.horizontal import weight_value
 from lumos.core.errors import LumosError
 from lumos.core.settings import CompileSettings
 from lumos.core.workspace import Workspace

@@ -17,17 +17,17 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from lumos.compile.cache import Build, KernelCache
 from lumos.compile.egraph.rewrite import RewriteReport, rewrite_graph
-from lumos.compile.horizontal import fuse_linear_layers
-from lumos.compile.ir import LEAF, Graph, Node, check_graph
-from lumos.compile.layout import transpose_activations, transpose_weights
-from lumos.compile.plan import BufferPlan, plan_buffers
-from lumos.compile.render_c import render_library, tensor_names
-from lumos.compile.runtime import NativeProgram
-from lumos.compile.schedule import Kernel, KernelSchedule, schedule
-from lumos.compile.search import SearchResult, search_schedules
-from lumos.compile.search_cache import SearchCache
+from lumos.compile.ir.graph import LEAF, Graph, Node, check_graph
+from lumos.compile.render.c import render_library, tensor_names
+from lumos.compile.runtime.kernel_cache import Build, KernelCache
+from lumos.compile.runtime.native import NativeProgram
+from lumos.compile.schedule.buffers import BufferPlan, plan_buffers
+from lumos.compile.schedule.horizontal import fuse_linear_layers
+from lumos.compile.schedule.kernels import Kernel, KernelSchedule, schedule
+from lumos.compile.schedule.layout import transpose_activations, transpose_weights
+from lumos.compile.search.cache import SearchCache
+from lumos.compile.search.climb import SearchResult, search_schedules
 
 
 @dataclass(frozen=True)
@@ -41,7 +41,7 @@ class Options:
     rewrite: bool = True
     """Run the e-graph pass (False: compile the graph as traced, to measure what the rules remove)."""
     fuse_linear_layers: bool = True
-    """One matmul for linear layers that read the same input (horizontal.py; False: measure what it gains)."""
+    """One matmul for linear layers that read the same input (schedule/horizontal.py; False: measure what it gains)."""
     symbolic_batch: bool = True
     """Trace twice to make the batch dim symbolic (ir.mark_batch): no padding of small batches."""
     transpose_weights: bool = True
@@ -52,7 +52,7 @@ class Options:
     """Seconds to search kernel schedules by measurement (search.py); 0: the renderer's heuristic.
     The first round (the heuristic, measured) always runs; cached results cost no search."""
     search_cache: bool = True
-    """Reuse and store search results under the kernel cache (search_cache.py)."""
+    """Reuse and store search results under the kernel cache (search/cache.py)."""
     search_seed: int = 0
     register_blocks: bool = True
     """Let the search try the register-blocked matmul micro-kernel (False: measure what it gains;

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from lumos.compile.frontend import output_names
+from lumos.compile.frontend.lumos_model import output_names
 from lumos.core.errors import LumosError
 from lumos.train.memory import synthetic_batch
 from lumos.train.model import LumosModel

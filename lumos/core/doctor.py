@@ -126,7 +126,7 @@ def check_cuda_compiler(workspace: Workspace) -> Check:
     nvcc = find_nvcc(workspace)
     note = f"; nvcc at {nvcc} (not needed)" if nvcc else ""
     try:
-        from cuda.bindings import nvrtc  # what lumos.compile.nvrtc builds with (core cannot import compile)
+        from cuda.bindings import nvrtc  # what lumos.compile.runtime.nvrtc builds with (core cannot import compile)
 
         _, major, minor = nvrtc.nvrtcVersion()
         found = f"{major}.{minor}"

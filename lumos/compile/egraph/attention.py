@@ -23,7 +23,7 @@ from egglog import EGraph, String, f64, i64, ruleset, vars_
 from egglog.deconstruct import get_callable_args, get_callable_fn, get_literal_value
 
 from lumos.compile.egraph.terms import BINARY, REDUCE, UNARY, Term, named
-from lumos.compile.ir import Graph, Node, Op, contiguous_strides
+from lumos.compile.ir.graph import Graph, Node, Op, contiguous_strides
 
 DEPTH = 10
 """How many producers above a candidate sum go into its e-graph."""
@@ -199,7 +199,7 @@ def fuse_attention(graph: Graph, materialized: set[Node], matches: list[Attentio
     into each row), the fused kernel writes that copy directly: one pass over the output fewer.
     With `stage_keys`, a stored copy that only transposes the keys for the scores is inlined too
     (AttentionMatch.keys_copy), where a (batch, head)'s keys fit STAGED_KEYS."""
-    from lumos.compile.schedule import build_kernels
+    from lumos.compile.schedule.kernels import build_kernels
 
     uses = graph.consumers()
     outputs = set(graph.outputs.values())

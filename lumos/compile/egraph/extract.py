@@ -25,8 +25,8 @@ from dataclasses import dataclass, field
 from egglog import EGraph, i64
 
 from lumos.compile.egraph.terms import BINARY, REDUCE, UNARY, Encoding, original, to_terms
-from lumos.compile.ir import REDUCE as REDUCE_OPS
-from lumos.compile.ir import Graph, Node, Op, View, contiguous_strides
+from lumos.compile.ir.graph import REDUCE as REDUCE_OPS
+from lumos.compile.ir.graph import Graph, Node, Op, View, contiguous_strides
 
 _NAMES = {f"Term.{op.name.lower()}": op for table in (UNARY, BINARY, REDUCE) for op in table} | {"Term.gather": Op.GATHER}
 """egglog's name of each op's term (terms.py names them after the ops)."""

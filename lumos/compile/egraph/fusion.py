@@ -18,7 +18,7 @@ from egglog import EGraph, i64, ruleset, vars_
 
 from lumos.compile.egraph.extract import ENode, Serialized, build_graph, choose, default_cost, encode, serialize
 from lumos.compile.egraph.terms import Encoding, Term, named
-from lumos.compile.ir import Graph, Node
+from lumos.compile.ir.graph import Graph, Node
 
 (x,) = vars_("x", Term)
 v, axis = vars_("v axis", i64)

@@ -17,7 +17,7 @@ from egglog import EGraph
 from lumos.compile.egraph.algebra import algebra_rules
 from lumos.compile.egraph.extract import ENode, build_graph, choose, default_cost, encode, replace_graph, serialize
 from lumos.compile.egraph.views import view_rules
-from lumos.compile.ir import LEAF, Graph, Node
+from lumos.compile.ir.graph import LEAF, Graph, Node
 
 ITERATIONS = 8
 """Rounds per ruleset and pass; two passes (algebra, then views, twice) reach a fixpoint on the

@@ -30,9 +30,9 @@ import re
 
 from egglog import EGraph, Expr, i64, i64Like, relation, rule, ruleset, union, vars_
 
-from lumos.compile.cache import host_cpu
-from lumos.compile.ir import UNARY
-from lumos.compile.schedule import Kernel, KernelSchedule
+from lumos.compile.ir.graph import UNARY
+from lumos.compile.runtime.kernel_cache import host_cpu
+from lumos.compile.schedule.kernels import Kernel, KernelSchedule
 
 TILES = (8, 16, 32, 64)
 UNROLL = 4

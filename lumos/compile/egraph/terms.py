@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 from egglog import Expr, String, StringLike, f64, f64Like, i64, i64Like, relation, rule, union
 
-from lumos.compile.ir import Graph, Node, Op, View, contiguous_strides
+from lumos.compile.ir.graph import Graph, Node, Op, View, contiguous_strides
 
 
 class Term(Expr):

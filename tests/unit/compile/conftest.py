@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lumos.compile.cache import KernelCache
+from lumos.compile.runtime.kernel_cache import KernelCache
 
 
 @pytest.fixture(scope="session")

@@ -8,15 +8,15 @@ import re
 import numpy as np
 import pytest
 
-from lumos.compile import render_c
 from lumos.compile.egraph.schedule import schedule_candidates
-from lumos.compile.hl_ops import Tensor, attention, mark_output
-from lumos.compile.interpret import interpret
-from lumos.compile.ir import Graph
+from lumos.compile.ir.graph import Graph
+from lumos.compile.ir.hl_ops import Tensor, attention, mark_output
+from lumos.compile.ir.interpret import interpret
 from lumos.compile.program import Options, compile_graph, load_program
-from lumos.compile.render_c import render_library, tensor_names
-from lumos.compile.runtime import NativeProgram
-from lumos.compile.schedule import KernelSchedule
+from lumos.compile.render import c as render_c
+from lumos.compile.render.c import render_library, tensor_names
+from lumos.compile.runtime.native import NativeProgram
+from lumos.compile.schedule.kernels import KernelSchedule
 
 
 def block_layer(batch: int, rows: int, width: int, hidden: int) -> tuple[Graph, dict[str, np.ndarray]]:

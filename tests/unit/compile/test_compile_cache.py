@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from lumos.compile.cache import ENTRY, LIBRARY, UNIT_BREAK, KernelCache, host_cpu, translation_units
+from lumos.compile.runtime.kernel_cache import ENTRY, LIBRARY, UNIT_BREAK, KernelCache, host_cpu, translation_units
 
 SOURCE = "float lumos_answer(void) { return 42.0f; }\n"
 FLAGS = ("-O1",)
@@ -100,7 +100,7 @@ def test_units_compiled_at_once_link_into_one_library_that_exports_only_the_driv
 
 
 def test_a_unit_that_does_not_compile_is_a_build_error_and_leaves_no_entry(tmp_path):
-    from lumos.compile.cache import BuildError
+    from lumos.compile.runtime.kernel_cache import BuildError
 
     broken = UNITS_SOURCE.replace("return 3.0f;", "return 3.0f +;")
     cache = KernelCache(tmp_path, "cpu", jobs=3)

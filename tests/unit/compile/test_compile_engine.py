@@ -9,7 +9,6 @@ import numpy as np
 import pytest
 import torch
 
-from lumos.compile.cache import ENTRY, KernelCache
 from lumos.compile.engine import (
     PLAN_FILE,
     VerificationError,
@@ -18,6 +17,7 @@ from lumos.compile.engine import (
     verify,
     write_plan,
 )
+from lumos.compile.runtime.kernel_cache import ENTRY, KernelCache
 from lumos.core.settings import CompileSettings
 from lumos.data.contract import FeatureSpec
 from lumos.train.memory import synthetic_batch

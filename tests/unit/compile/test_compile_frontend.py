@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch import nn
 
-from lumos.compile.frontend import UnsupportedOp, lower_program
+from lumos.compile.frontend.lumos_model import UnsupportedOp, lower_program
 
 
 class Cumulative(nn.Module):

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from lumos.compile.frontend import batch_tensors, lower_model, output_names
-from lumos.compile.interpret import interpret
+from lumos.compile.frontend.lumos_model import batch_tensors, lower_model, output_names
+from lumos.compile.ir.interpret import interpret
 from lumos.compile.program import compile_graph, load_program
 from lumos.data.contract import FeatureSpec
 from lumos.train.memory import synthetic_batch

@@ -11,9 +11,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from lumos.compile.hl_ops import Tensor, attention, cat, mark_output
-from lumos.compile.interpret import interpret
-from lumos.compile.ir import LEAF, Graph, Op, check_graph
+from lumos.compile.ir.graph import LEAF, Graph, Op, check_graph
+from lumos.compile.ir.hl_ops import Tensor, attention, cat, mark_output
+from lumos.compile.ir.interpret import interpret
 from lumos.compile.program import compile_graph, load_program
 
 rng = np.random.default_rng(0)
@@ -140,7 +140,7 @@ def test_every_primitive_op_is_covered(graph):
 def test_products_are_summed_without_their_product_array_and_agree(case):
     """The interpreter sums a matrix product (a MUL read only by a SUM) by einsum over each
     operand's own axes; it must give what the MUL-then-SUM primitives give."""
-    from lumos.compile.interpret import read_view, run_node, summed_products
+    from lumos.compile.ir.interpret import read_view, run_node, summed_products
 
     graph = Graph()
     t = {name: Tensor.input(graph, name, value.shape) for name, value in INPUTS.items()}

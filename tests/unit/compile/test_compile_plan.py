@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from lumos.compile.hl_ops import Tensor, mark_output
-from lumos.compile.ir import Graph
-from lumos.compile.plan import plan_buffers
+from lumos.compile.ir.graph import Graph
+from lumos.compile.ir.hl_ops import Tensor, mark_output
 from lumos.compile.program import Options, compile_graph, load_program
-from lumos.compile.schedule import schedule
+from lumos.compile.schedule.buffers import plan_buffers
+from lumos.compile.schedule.kernels import schedule
 
 
 def mlp_stack(layers: int = 4) -> tuple[Graph, dict[str, np.ndarray]]:
@@ -53,7 +53,7 @@ def test_shared_and_unshared_plans_compute_the_same(kernel_cache):
 
 
 def test_kernels_skip_a_barrier_only_when_independent():
-    from lumos.compile.render_c import barriers
+    from lumos.compile.render.c import barriers
 
     graph = Graph()
     x = Tensor.input(graph, "x", (5, 8))

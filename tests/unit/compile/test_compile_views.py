@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from lumos.compile.hl_ops import Tensor
-from lumos.compile.interpret import read_view
-from lumos.compile.ir import Graph, IRError, Op, View, check_graph, mark_batch
+from lumos.compile.ir.graph import Graph, IRError, Op, View, check_graph, mark_batch
+from lumos.compile.ir.hl_ops import Tensor
+from lumos.compile.ir.interpret import read_view
 
 SOURCE = np.arange(3 * 17 * 5, dtype=np.float32).reshape(3, 17, 5)
 

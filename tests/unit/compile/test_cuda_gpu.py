@@ -10,13 +10,13 @@ import torch
 import torch.nn.functional as F
 from test_compile_ops import CASES, INPUTS, T
 
-from lumos.compile.cache import KernelCache
 from lumos.compile.cuda_engine import compile_cuda_model, gpu_outputs, time_gpu, verify_gpu
 from lumos.compile.cuda_program import CudaOptions, compile_cuda_graph
-from lumos.compile.cuda_runtime import GpuProgram, gpu_arch
-from lumos.compile.hl_ops import Tensor, attention, mark_output
-from lumos.compile.ir import Graph
-from lumos.compile.render_c import tensor_names
+from lumos.compile.ir.graph import Graph
+from lumos.compile.ir.hl_ops import Tensor, attention, mark_output
+from lumos.compile.render.c import tensor_names
+from lumos.compile.runtime.cuda import GpuProgram, gpu_arch
+from lumos.compile.runtime.kernel_cache import KernelCache
 from lumos.data.contract import FeatureSpec
 from lumos.train.memory import synthetic_batch
 from lumos.train.model import LumosModel, ModelConfig

@@ -12,14 +12,14 @@ from lumos.compile.egraph.fusion import fusion_rules
 from lumos.compile.egraph.rewrite import saturate
 from lumos.compile.egraph.schedule import schedule_candidates
 from lumos.compile.egraph.views import view_rules
-from lumos.compile.hl_ops import Tensor, attention, mark_output
-from lumos.compile.interpret import interpret
-from lumos.compile.ir import LEAF, Graph
-from lumos.compile.plan import plan_buffers
+from lumos.compile.ir.graph import LEAF, Graph
+from lumos.compile.ir.hl_ops import Tensor, attention, mark_output
+from lumos.compile.ir.interpret import interpret
 from lumos.compile.program import Options, compile_graph, load_program
-from lumos.compile.render_c import render_library, tensor_names
-from lumos.compile.runtime import NativeProgram
-from lumos.compile.schedule import KernelSchedule, schedule
+from lumos.compile.render.c import render_library, tensor_names
+from lumos.compile.runtime.native import NativeProgram
+from lumos.compile.schedule.buffers import plan_buffers
+from lumos.compile.schedule.kernels import KernelSchedule, schedule
 
 
 def rewritten(graph: Graph, *rulesets, stores=None):
@@ -212,7 +212,7 @@ def run_fused(graph: Graph, inputs, kernel_cache, kernels, materialized, plan, s
 
 def test_a_fused_attention_counts_each_of_its_two_products_once(kernel_cache):
     """q·kᵀ and p·v: 2·T·T·D flops each per (batch, head), however many nodes use the scores."""
-    from lumos.compile.cost_model import kernel_flops
+    from lumos.compile.search.cost_model import kernel_flops
 
     graph, _ = attention_graph(17, D=8, keys_transposed=True)
     (fused,) = [kernel for kernel in fused_kernels(graph, kernel_cache)[0] if kernel.attention is not None]
@@ -276,7 +276,7 @@ def test_the_search_times_the_keys_staged_against_their_transposed_copies_and_ke
 
 
 def test_key_blocks_are_distinct_candidates_of_a_fused_attention(kernel_cache):
-    from lumos.compile.search import make_groups
+    from lumos.compile.search.climb import make_groups
 
     (group,) = make_groups(*fused_kernels(attention_graph(70)[0], kernel_cache), seed=0)
     assert {candidate.schedule.tile for candidate in group.candidates} >= {0, 8, 16, 64}
@@ -316,7 +316,7 @@ def test_query_blocks_are_exact_when_they_do_not_divide_the_queries(kernel_cache
 
 
 def test_query_blocks_are_candidates_of_a_fused_attention(kernel_cache):
-    from lumos.compile.search import make_groups
+    from lumos.compile.search.climb import make_groups
 
     (group,) = make_groups(*fused_kernels(attention_graph(17)[0], kernel_cache), seed=0)
     # 8 queries is the default at head size 8 (16 accumulators / 1 vector, at most 8): the same C
@@ -326,7 +326,7 @@ def test_query_blocks_are_candidates_of_a_fused_attention(kernel_cache):
 
 def test_16_float_vectors_are_candidates_of_a_fused_attention_on_avx512_hosts(kernel_cache):
     from lumos.compile.egraph.schedule import has_avx512
-    from lumos.compile.search import make_groups
+    from lumos.compile.search.climb import make_groups
 
     def lanes(D: int) -> set[int]:
         (group,) = make_groups(*fused_kernels(attention_graph(17, D=D)[0], kernel_cache), seed=0)
@@ -341,7 +341,7 @@ def test_the_softmax_exponent_is_exp2_to_two_ulp_where_it_is_used(kernel_cache):
     to 2^-126, 0 below 2^-127 (and at -inf, and at the masks' -1e30 · log2 e), NaN for NaN."""
     import ctypes
 
-    from lumos.compile.render_c import HEADER
+    from lumos.compile.render.c import HEADER
 
     source = HEADER + ("void exps(const float* x, float* y, int n) {\n"
                        "  for (int i = 0; i < n; i++) y[i] = lumos_exp2f_nonpositive(x[i]);\n}\n")
@@ -365,7 +365,7 @@ def test_the_vector_softmax_steps_match_the_scalar_ones_and_the_last_keys_read_n
     import ctypes
     import mmap
 
-    from lumos.compile.render_c import HEADER
+    from lumos.compile.render.c import HEADER
 
     n = lanes
     source = HEADER + f"""
@@ -410,10 +410,10 @@ def test_a_score_epilogue_runs_on_the_tiles_vectors_only_when_every_lane_is_a_pl
     """Scale and a mask read along the keys: vector code (the mask one load per 8 keys). A max
     (a clamp) or a select has no vector spelling here, and a read that moves by more than one
     along the keys is no single load: those keep the per-score pass (None)."""
-    from lumos.compile.ir import Op, View
-    from lumos.compile.kernel_ir import Affine, Binary, Let, Load, Num, Reduce, Ref, Var
-    from lumos.compile.kernel_passes import ScoreDot
-    from lumos.compile.render_c import _vector_epilogue
+    from lumos.compile.ir.graph import Op, View
+    from lumos.compile.kernel.ir import Affine, Binary, Let, Load, Num, Reduce, Ref, Var
+    from lumos.compile.kernel.passes import ScoreDot
+    from lumos.compile.render.c import _vector_epilogue
 
     def mask(stride: int) -> Load:
         view = View((4, 17), (17 * stride, stride))

@@ -12,10 +12,10 @@ import pytest
 import torch
 from torch import nn
 
-from lumos.compile.export_frontend import compile_module, export_module, math_path, verify_module
-from lumos.compile.frontend import UnsupportedOp, lower_program
-from lumos.compile.interpret import interpret
-from lumos.compile.torch_backend import make_backend
+from lumos.compile.frontend.export import compile_module, export_module, math_path, verify_module
+from lumos.compile.frontend.lumos_model import UnsupportedOp, lower_program
+from lumos.compile.frontend.torch_backend import make_backend
+from lumos.compile.ir.interpret import interpret
 
 ROOT = Path(__file__).resolve().parents[3]
 B, T, C = 3, 7, 8  # awkward sizes; two heads of 4

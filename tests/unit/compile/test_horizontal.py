@@ -5,11 +5,11 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from lumos.compile.hl_ops import Tensor, mark_output
-from lumos.compile.horizontal import _column_range_view, fuse_linear_layers, weight_value
-from lumos.compile.interpret import interpret, read_view
-from lumos.compile.ir import Graph, Op, View, check_graph
+from lumos.compile.ir.graph import Graph, Op, View, check_graph
+from lumos.compile.ir.hl_ops import Tensor, mark_output
+from lumos.compile.ir.interpret import interpret, read_view
 from lumos.compile.program import Options, compile_graph, load_program
+from lumos.compile.schedule.horizontal import _column_range_view, fuse_linear_layers, weight_value
 
 RNG = np.random.default_rng(0)
 ROWS, LENGTH, WIDTH, HEADS = 3, 5, 8, 2

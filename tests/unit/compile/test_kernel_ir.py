@@ -6,13 +6,13 @@ from __future__ import annotations
 
 from test_blocked_matmul import block_layer
 
-from lumos.compile.hl_ops import Tensor, cat, mark_output
-from lumos.compile.ir import Graph
-from lumos.compile.kernel_ir import Compare, Let, Load, Reduce, Var
-from lumos.compile.kernel_passes import match_matmul, row_wise
-from lumos.compile.layout import transpose_weights
-from lumos.compile.lower import lower_kernel
-from lumos.compile.schedule import schedule
+from lumos.compile.ir.graph import Graph
+from lumos.compile.ir.hl_ops import Tensor, cat, mark_output
+from lumos.compile.kernel.ir import Compare, Let, Load, Reduce, Var
+from lumos.compile.kernel.lower import lower_kernel
+from lumos.compile.kernel.passes import match_matmul, row_wise
+from lumos.compile.schedule.kernels import schedule
+from lumos.compile.schedule.layout import transpose_weights
 
 
 def lowered(graph: Graph):
@@ -59,9 +59,9 @@ def test_a_padding_condition_of_an_outer_loop_versions_the_element_loop():
 def test_2_to_a_power_that_cannot_be_positive_takes_the_cheaper_exponent():
     """erf's exp(-x²) in an exact GELU: a square times a negative number is never positive; a
     plain product or difference may be, and keeps the general lumos_exp2f."""
-    from lumos.compile.ir import Op
-    from lumos.compile.kernel_ir import Binary, Num, Ref, Unary
-    from lumos.compile.render_cstyle import expr
+    from lumos.compile.ir.graph import Op
+    from lumos.compile.kernel.ir import Binary, Num, Ref, Unary
+    from lumos.compile.render.cstyle import expr
 
     x, y = Ref("x"), Ref("y")
     square = Binary(Op.MUL, x, x)

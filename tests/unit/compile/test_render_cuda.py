@@ -9,13 +9,13 @@ from urllib.parse import unquote
 import pytest
 import torch
 
-from lumos.compile.cache import KernelCache
 from lumos.compile.cuda_program import CudaOptions, compile_cuda_graph
-from lumos.compile.frontend import lower_model
-from lumos.compile.kernel_ir import Affine, Load, Masked, Reduce, RowOf
-from lumos.compile.lower import lower_kernel
-from lumos.compile.nvrtc import FLAGS, CudaBuildError, compile_cuda, nvrtc_version
-from lumos.compile.render_cuda import HEADER, Launch
+from lumos.compile.frontend.lumos_model import lower_model
+from lumos.compile.kernel.ir import Affine, Load, Masked, Reduce, RowOf
+from lumos.compile.kernel.lower import lower_kernel
+from lumos.compile.render.cuda import HEADER, Launch
+from lumos.compile.runtime.kernel_cache import KernelCache
+from lumos.compile.runtime.nvrtc import FLAGS, CudaBuildError, compile_cuda, nvrtc_version
 from lumos.data.contract import FeatureSpec
 from lumos.train.model import LumosModel, ModelConfig
 
@@ -165,8 +165,8 @@ def test_every_op_case_compiles_with_nvrtc(tmp_path):
     non-contiguous views), which test_cuda_gpu.py runs on a GPU, builds for both architectures."""
     from test_compile_ops import CASES, INPUTS
 
-    from lumos.compile.hl_ops import Tensor, mark_output
-    from lumos.compile.ir import Graph
+    from lumos.compile.ir.graph import Graph
+    from lumos.compile.ir.hl_ops import Tensor, mark_output
 
     graph = Graph()
     tensors = {name: Tensor.input(graph, name, value.shape) for name, value in INPUTS.items()}
@@ -179,8 +179,8 @@ def test_every_op_case_compiles_with_nvrtc(tmp_path):
 
 
 def test_long_attention_is_one_kernel_without_a_score_matrix(tmp_path):
-    from lumos.compile.hl_ops import Tensor, attention, mark_output
-    from lumos.compile.ir import Graph
+    from lumos.compile.ir.graph import Graph
+    from lumos.compile.ir.hl_ops import Tensor, attention, mark_output
 
     batch, heads, seq, width = 4, 2, 2048, 32
     graph = Graph()
@@ -193,8 +193,8 @@ def test_long_attention_is_one_kernel_without_a_score_matrix(tmp_path):
 
 
 def test_long_reductions_take_a_block_each_and_short_ones_a_warp(tmp_path):
-    from lumos.compile.hl_ops import Tensor, mark_output
-    from lumos.compile.ir import Graph
+    from lumos.compile.ir.graph import Graph
+    from lumos.compile.ir.hl_ops import Tensor, mark_output
 
     graph = Graph()
     x = Tensor.input(graph, "x", (3, 5000))

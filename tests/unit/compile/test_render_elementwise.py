@@ -7,9 +7,9 @@ import re
 
 import numpy as np
 
-from lumos.compile.hl_ops import Tensor, mark_output
-from lumos.compile.interpret import interpret
-from lumos.compile.ir import Graph
+from lumos.compile.ir.graph import Graph
+from lumos.compile.ir.hl_ops import Tensor, mark_output
+from lumos.compile.ir.interpret import interpret
 from lumos.compile.program import compile_graph, load_program
 
 

@@ -6,14 +6,14 @@ import numpy as np
 import pytest
 import torch
 
-from lumos.compile import render_c
 from lumos.compile.engine import compile_model, verify
-from lumos.compile.hl_ops import Tensor, mark_output
-from lumos.compile.interpret import interpret
-from lumos.compile.ir import Graph
+from lumos.compile.ir.graph import Graph
+from lumos.compile.ir.hl_ops import Tensor, mark_output
+from lumos.compile.ir.interpret import interpret
 from lumos.compile.program import Options, compile_graph, load_program
-from lumos.compile.schedule import KernelSchedule
-from lumos.compile.search_cache import SearchCache
+from lumos.compile.render import c as render_c
+from lumos.compile.schedule.kernels import KernelSchedule
+from lumos.compile.search.cache import SearchCache
 from lumos.data.contract import FeatureSpec
 from lumos.train.model import LumosModel, ModelConfig
 
@@ -80,7 +80,7 @@ def test_the_hill_climb_times_every_candidate_once_baseline_first_and_reports_th
 
 
 def test_the_climb_steps_from_the_best_candidate_to_its_cheapest_predicted_neighbour(kernel_cache):
-    from lumos.compile.search import MUTATION_PENALTY, make_groups, mutations
+    from lumos.compile.search.climb import MUTATION_PENALTY, make_groups, mutations
 
     graph, _ = mlp_stack(1)
     compilation = compile_graph(graph, kernel_cache)
@@ -100,7 +100,7 @@ def test_the_climb_steps_from_the_best_candidate_to_its_cheapest_predicted_neigh
 
 
 def test_the_cost_model_ranks_a_blocked_matmul_above_dot_products(kernel_cache):
-    from lumos.compile.cost_model import machine_rates, predict_ms, spearman
+    from lumos.compile.search.cost_model import machine_rates, predict_ms, spearman
 
     graph, _ = mlp_stack(1)
     compilation = compile_graph(graph, kernel_cache)
@@ -115,7 +115,7 @@ def test_the_cost_model_ranks_a_blocked_matmul_above_dot_products(kernel_cache):
 
 
 def test_the_fusion_climb_times_extracted_programs_and_keeps_only_faster_ones(kernel_cache):
-    from lumos.compile.search import FUSION_MARGIN
+    from lumos.compile.search.climb import FUSION_MARGIN
 
     compilation, inputs = searched(kernel_cache, budget=40, layers=2)
     fusion = compilation.search.fusion
@@ -159,7 +159,7 @@ def test_the_search_cache_is_reused(kernel_cache):
 def test_a_phase_out_of_time_hands_its_groups_on_and_nothing_is_stored_half_searched(kernel_cache):
     """The attention choice searches the unfused program, then the fused one: a kernel both share
     must go on being searched in the second phase, not be cached with its baseline alone."""
-    from lumos.compile.search import Bench, _search_groups, make_groups
+    from lumos.compile.search.climb import Bench, _search_groups, make_groups
 
     options = Options()
     store = SearchCache(kernel_cache, options.cc, options.cflags)
@@ -193,8 +193,8 @@ def test_searched_model_matches_torch(kernel_cache):
 @pytest.mark.parametrize("schedule", [KernelSchedule(interchange=True, tile=8), KernelSchedule(interchange=False, unroll=4),
                                       KernelSchedule(collapse=1, simd=True)])
 def test_every_schedule_knob_computes_the_same(kernel_cache, schedule):
-    from lumos.compile.render_c import render_library, tensor_names
-    from lumos.compile.runtime import NativeProgram
+    from lumos.compile.render.c import render_library, tensor_names
+    from lumos.compile.runtime.native import NativeProgram
 
     graph, inputs = mlp_stack(1)
     compilation = compile_graph(graph, kernel_cache)

@@ -22,8 +22,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from lumos.compile.plan import ALIGN
-from lumos.compile.render_cuda import Launch
+from lumos.compile.render.cuda import Launch
+from lumos.compile.schedule.buffers import ALIGN
 from lumos.core.errors import LumosError
 
 

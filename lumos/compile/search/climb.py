@@ -9,7 +9,7 @@ fastest one that computes what the interpreter computes.
 
 The rounds are a mutation hill-climb over the per-kernel choices (as in Luminal): each round every
 group still searching mutates its best choice so far into the untried candidate that scores
-best, where the score is the cost model's prediction (cost_model.py) raised by how many schedule
+best, where the score is the cost model's prediction (search/cost_model.py) raised by how many schedule
 knobs the mutation changes; what is measured faster becomes the new best. Kernel times are taken
 one by one, so each kernel's mutation is kept or dropped on its own, and one build (one gcc call)
 times a mutation of every group. Candidates that render to C already timed are skipped (source
@@ -34,15 +34,15 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from lumos.compile.cache import BuildError, KernelCache
-from lumos.compile.cost_model import kernel_flops, machine_rates, predict_ms, ranking_report  # noqa: F401 (kernel_flops: benchmarks)
-from lumos.compile.interpret import product_sum, read_view, run_node, summed_products
-from lumos.compile.ir import LEAF, REDUCE, Graph, Node, Op, View
-from lumos.compile.plan import FLOAT_BYTES, plan_buffers
-from lumos.compile.render_c import canonical_kernel_source, render_library, tensor_names
-from lumos.compile.runtime import NativeProgram
-from lumos.compile.schedule import Kernel, KernelSchedule, build_kernels
-from lumos.compile.search_cache import SearchCache, SearchEntry
+from lumos.compile.ir.graph import LEAF, REDUCE, Graph, Node, Op, View
+from lumos.compile.ir.interpret import product_sum, read_view, run_node, summed_products
+from lumos.compile.render.c import canonical_kernel_source, render_library, tensor_names
+from lumos.compile.runtime.kernel_cache import BuildError, KernelCache
+from lumos.compile.runtime.native import NativeProgram
+from lumos.compile.schedule.buffers import FLOAT_BYTES, plan_buffers
+from lumos.compile.schedule.kernels import Kernel, KernelSchedule, build_kernels
+from lumos.compile.search.cache import SearchCache, SearchEntry
+from lumos.compile.search.cost_model import kernel_flops, machine_rates, predict_ms, ranking_report  # noqa: F401 (kernel_flops: benchmarks)
 
 VERIFY_ROWS = 3
 """Rows of a symbolic batch that candidates are checked on (an awkward size; the interpreter is slow)."""
@@ -157,7 +157,7 @@ class Candidate:
     verified: bool = False
     rejected: str = ""
     predicted_ms: float = 0.0
-    """The cost model's estimate (cost_model.py): orders the search, never chooses."""
+    """The cost model's estimate (search/cost_model.py): orders the search, never chooses."""
 
 
 def mutations(a: KernelSchedule, b: KernelSchedule) -> int:

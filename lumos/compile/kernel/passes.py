@@ -15,8 +15,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields, is_dataclass, replace
 
-from lumos.compile.ir import Op, View
-from lumos.compile.kernel_ir import (
+from lumos.compile.ir.graph import Op, View
+from lumos.compile.kernel.ir import (
     NEVER,
     Affine,
     AttentionIR,

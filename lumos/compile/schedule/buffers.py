@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from lumos.compile.ir import LEAF, Graph, Node
-from lumos.compile.schedule import Kernel
+from lumos.compile.ir.graph import LEAF, Graph, Node
+from lumos.compile.schedule.kernels import Kernel
 
 ALIGN = 64  # bytes: one cache line, and enough for any vector load
 FLOAT_BYTES = 4

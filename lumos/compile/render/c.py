@@ -1,8 +1,8 @@
 """The C renderer: one function per kernel, and a driver that runs them all in one native call.
 
-Kernels are printed from the kernel IR (kernel_ir.py; expressions and statements as
+Kernels are printed from the kernel IR (kernel/ir.py; expressions and statements as
 render_cstyle.py prints them for C and CUDA alike) in one of four layouts, decided on the IR's
-structure (kernel_passes.py) and the kernel's schedule: plain (OpenMP shares out the outer
+structure (kernel/passes.py) and the kernel's schedule: plain (OpenMP shares out the outer
 output loops, the innermost runs the body per element, vectorized or versioned on an invariant
 padding guard), row-wise (the reduction loop outside the last output loop), the register-blocked
 matmul, and the fused online-softmax attention. The driver opens one OpenMP parallel region and
@@ -14,9 +14,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from lumos.compile.cache import UNIT_BREAK
-from lumos.compile.ir import Graph, Node, Op
-from lumos.compile.kernel_ir import (
+from lumos.compile.ir.graph import Graph, Node, Op
+from lumos.compile.kernel.ir import (
     AttentionIR,
     Binary,
     Compare,
@@ -32,7 +31,8 @@ from lumos.compile.kernel_ir import (
     expr_vars,
     stmt_vars,
 )
-from lumos.compile.kernel_passes import (
+from lumos.compile.kernel.lower import lower_attention, lower_kernel
+from lumos.compile.kernel.passes import (
     STAGED,
     Matmul,
     ScoreDot,
@@ -43,10 +43,10 @@ from lumos.compile.kernel_passes import (
     stage_keys,
     stride_along,
 )
-from lumos.compile.lower import lower_attention, lower_kernel
-from lumos.compile.plan import BufferPlan
-from lumos.compile.render_cstyle import C, block_lines, expr, initial, literal, update
-from lumos.compile.schedule import Kernel, KernelSchedule
+from lumos.compile.render.cstyle import C, block_lines, expr, initial, literal, update
+from lumos.compile.runtime.kernel_cache import UNIT_BREAK
+from lumos.compile.schedule.buffers import BufferPlan
+from lumos.compile.schedule.kernels import Kernel, KernelSchedule
 
 HEADER = """\
 #include <math.h>
@@ -652,7 +652,7 @@ def _vector_epilogue(scores: ScoreDot, score: Expr, vw: int = VECTOR, first: str
 
 
 # ---------------------------------------------------------------------------------------------
-# The row-wise layouts, printed from the kernel IR (kernel_passes.py decides them)
+# The row-wise layouts, printed from the kernel IR (kernel/passes.py decides them)
 
 
 def _lines(stmts) -> list[str]:

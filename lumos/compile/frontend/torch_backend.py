@@ -6,7 +6,7 @@
 
 Dynamo hands the backend each graph it captured (torch-level ops, the module's parameters as extra
 inputs) with example inputs. The backend binds the parameters back as weights, exports the graph
-to aten and compiles it with `compile_module` (export_frontend.py), verified against the graph on
+to aten and compiles it with `compile_module` (frontend/export.py), verified against the graph on
 the example inputs. An op the compiler cannot lower raises `UnsupportedOp` naming it and its
 source line: there is no silent fallback to eager (dynamo reports it as a backend failure, unless
 the caller has set `torch._dynamo.config.suppress_errors`).
@@ -27,10 +27,10 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import nn
 
-from lumos.compile.cache import KernelCache
-from lumos.compile.export_frontend import CompiledModule, compile_module
-from lumos.compile.frontend import UnsupportedOp
+from lumos.compile.frontend.export import CompiledModule, compile_module
+from lumos.compile.frontend.lumos_model import UnsupportedOp
 from lumos.compile.program import Options
+from lumos.compile.runtime.kernel_cache import KernelCache
 
 
 class _GraphWithWeights(nn.Module):

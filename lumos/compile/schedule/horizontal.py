@@ -18,8 +18,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from lumos.compile.ir import LITERAL_PREFIX, Graph, Node, Op, View
-from lumos.compile.layout import TRANSPOSED, row_column_steps
+from lumos.compile.ir.graph import LITERAL_PREFIX, Graph, Node, Op, View
+from lumos.compile.schedule.layout import TRANSPOSED, row_column_steps
 
 JOINED = "|"
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from lumos.compile.plan import ALIGN
+from lumos.compile.schedule.buffers import ALIGN
 
 
 class NativeProgram:

@@ -196,7 +196,7 @@ class KernelCache:
 
     def cuda_key(self, source: str, arch: str, flags: tuple[str, ...]) -> str:
         """A CUDA build's key: the source, NVRTC's version, the GPU architecture and the flags."""
-        from lumos.compile.nvrtc import nvrtc_version
+        from lumos.compile.runtime.nvrtc import nvrtc_version
 
         material = json.dumps({"source": source, "nvrtc": nvrtc_version(), "arch": arch, "flags": list(flags),
                                "target": self.target}, sort_keys=True)
@@ -204,7 +204,7 @@ class KernelCache:
 
     def build_cuda(self, source: str, arch: str, flags: tuple[str, ...] | None = None) -> Build:
         """PTX for `arch` built by NVRTC (nvrtc.py), through the cache: `Build.library` is the .ptx file."""
-        from lumos.compile.nvrtc import FLAGS, compile_cuda, nvrtc_version
+        from lumos.compile.runtime.nvrtc import FLAGS, compile_cuda, nvrtc_version
 
         flags = FLAGS if flags is None else flags
         started = time.perf_counter()

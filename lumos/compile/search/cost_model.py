@@ -20,9 +20,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from lumos.compile.ir import LEAF, Op, prod
-from lumos.compile.plan import FLOAT_BYTES
-from lumos.compile.schedule import Kernel, KernelSchedule
+from lumos.compile.ir.graph import LEAF, Op, prod
+from lumos.compile.schedule.buffers import FLOAT_BYTES
+from lumos.compile.schedule.kernels import Kernel, KernelSchedule
 
 
 @dataclass(frozen=True)

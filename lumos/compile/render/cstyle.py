@@ -2,7 +2,7 @@
 
 Expressions and statements print the same in C and CUDA C; a `Dialect` holds the few things
 that differ (the restrict qualifier, loop pragmas). Each renderer adds its own kernel frame: the
-C one OpenMP loops, the CUDA one thread indices (render_c.py, render_cuda.py).
+C one OpenMP loops, the CUDA one thread indices (render/c.py, render/cuda.py).
 """
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from lumos.compile.ir import Op
-from lumos.compile.kernel_ir import (
+from lumos.compile.ir.graph import Op
+from lumos.compile.kernel.ir import (
     Binary,
     Cond,
     Expr,

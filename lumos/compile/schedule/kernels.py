@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from lumos.compile.ir import ELEMENTWISE, LEAF, REDUCE, Graph, Node, Op
+from lumos.compile.ir.graph import ELEMENTWISE, LEAF, REDUCE, Graph, Node, Op
 
 CHEAP_OPS = 4
 """An elementwise subtree of at most this many ops (no reduction) is recomputed rather than stored."""

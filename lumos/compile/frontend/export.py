@@ -34,12 +34,12 @@ import torch
 from torch import nn
 from torch.utils import _pytree as pytree
 
-from lumos.compile.cache import KernelCache
 from lumos.compile.engine import ATOL, RTOL, VerificationError
-from lumos.compile.frontend import UnsupportedOp, lower_program
-from lumos.compile.ir import Graph, mark_batch
+from lumos.compile.frontend.lumos_model import UnsupportedOp, lower_program
+from lumos.compile.ir.graph import Graph, mark_batch
 from lumos.compile.program import Compilation, Options, compile_graph, load_program
-from lumos.compile.runtime import NativeProgram
+from lumos.compile.runtime.kernel_cache import KernelCache
+from lumos.compile.runtime.native import NativeProgram
 from lumos.core.errors import UsageError
 
 EXACT_IDS = 2 ** 24

@@ -14,7 +14,7 @@ one cheap pass over k and turns the scores into row-wise, vectorized passes.
 
 from __future__ import annotations
 
-from lumos.compile.ir import LEAF, LITERAL_PREFIX, Graph, Node, Op, View, contiguous_strides
+from lumos.compile.ir.graph import LEAF, LITERAL_PREFIX, Graph, Node, Op, View, contiguous_strides
 
 TRANSPOSED = "#T"
 

@@ -3,7 +3,7 @@
 A node's output is one contiguous float32 tensor of `node.shape`. Every operand is a `View` of its
 source's output (shape, strides, offset, padding mask), so permute, reshape, expand, slice and pad
 create no nodes. The op set is small on purpose (after Luminal): every high-level op is written
-once in these primitives (hl_ops.py), and later passes (fusion, e-graph rewrites) only have to
+once in these primitives (ir/hl_ops.py), and later passes (fusion, e-graph rewrites) only have to
 understand these.
 
 One dtype: float32. Ids (embedding lookups) and masks (0/1) are float32 too; ids stay exact up to

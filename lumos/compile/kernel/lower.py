@@ -1,4 +1,4 @@
-"""Lowering: a scheduled kernel (schedule.py) → the kernel IR (kernel_ir.py).
+"""Lowering: a scheduled kernel (schedule.py) → the kernel IR (kernel/ir.py).
 
 Each inlined producer becomes a sub-expression that reads its own operands at indices mapped
 through the views; a value used more than once is computed once per block into a local; an
@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import math
 
-from lumos.compile.ir import Node, Op, View, contiguous_strides, prod
-from lumos.compile.kernel_ir import (
+from lumos.compile.ir.graph import Node, Op, View, contiguous_strides, prod
+from lumos.compile.kernel.ir import (
     NEVER,
     Affine,
     AttentionIR,
@@ -37,8 +37,8 @@ from lumos.compile.kernel_ir import (
     Var,
     conjoin,
 )
-from lumos.compile.kernel_passes import annotate_loops
-from lumos.compile.schedule import Kernel, KernelSchedule, is_buffer
+from lumos.compile.kernel.passes import annotate_loops
+from lumos.compile.schedule.kernels import Kernel, KernelSchedule, is_buffer
 
 UNROLLED_REDUCTION = 4
 """Reductions this short are written out as one expression rather than a loop."""

@@ -2,7 +2,7 @@
 
 torch.export traces `LumosModel.forward` (eval mode, so dropout is the identity) at one concrete
 (batch, sequence) shape into aten ops; each aten op has one lowering below, written with the
-high-level ops of hl_ops.py. An aten op without a lowering stops the compile with a message naming
+high-level ops of ir/hl_ops.py. An aten op without a lowering stops the compile with a message naming
 the op and the model code it came from.
 """
 
@@ -18,8 +18,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from lumos.compile.hl_ops import MASKED, Tensor, attention, cat, mark_output
-from lumos.compile.ir import LITERAL_PREFIX, Graph, check_graph, mark_batch
+from lumos.compile.ir.graph import LITERAL_PREFIX, Graph, check_graph, mark_batch
+from lumos.compile.ir.hl_ops import MASKED, Tensor, attention, cat, mark_output
 from lumos.core.errors import LumosError
 from lumos.data.contract import Batch, FeatureSpec
 from lumos.train.memory import synthetic_batch
@@ -211,7 +211,7 @@ def _identity(lower: _Lowering, x, *args, **kwargs):
     return x
 
 
-# -- general modules (export_frontend.py): comparisons, 0/1 logic, constants, core-aten composites
+# -- general modules (frontend/export.py): comparisons, 0/1 logic, constants, core-aten composites
 
 
 def _finite(value: float) -> float:
@@ -379,7 +379,7 @@ LOWERINGS: dict[str, Callable] = {
     "aten.clone.default": _identity,
     "aten.alias.default": _identity,
     "aten.detach.default": _identity,
-    # general modules (export_frontend.py)
+    # general modules (frontend/export.py)
     "aten.eq.Scalar": lambda lower, a, b: _equal(a, b),
     "aten.eq.Tensor": lambda lower, a, b: _equal(a, b),
     "aten.ne.Scalar": lambda lower, a, b: 1.0 - _equal(a, b),
@@ -528,7 +528,7 @@ def _lower_call(graph: Graph, fx_node: torch.fx.Node, env: dict) -> object:
     if lowering is None:
         hint = f"; {FAST_PATH_HINT}" if target in FAST_PATH_OPS else ""
         raise UnsupportedOp(
-            f"the compiler cannot lower {lower.where()}; supported ops are listed in lumos/compile/frontend.py (LOWERINGS)"
+            f"the compiler cannot lower {lower.where()}; supported ops are listed in lumos/compile/frontend/lumos_model.py (LOWERINGS)"
             + hint
         )
     args = torch.fx.node.map_aggregate(fx_node.args, lambda a: env[a] if isinstance(a, torch.fx.Node) else a)

@@ -11,8 +11,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from lumos.compile.interpret import read_view, run_node
-from lumos.compile.ir import LITERAL_PREFIX, Graph, Node, Op, View, prod
+from lumos.compile.ir.graph import LITERAL_PREFIX, Graph, Node, Op, View, prod
+from lumos.compile.ir.interpret import read_view, run_node
 
 LOG2_E = 1.0 / math.log(2.0)
 LN_2 = math.log(2.0)

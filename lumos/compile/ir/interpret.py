@@ -12,7 +12,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from lumos.compile.ir import Graph, Node, Op, View
+from lumos.compile.ir.graph import Graph, Node, Op, View
 
 UNARY_NUMPY = {
     Op.EXP2: np.exp2,

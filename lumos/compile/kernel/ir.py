@@ -17,8 +17,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from lumos.compile.ir import Node, Op, View
-from lumos.compile.schedule import KernelSchedule
+from lumos.compile.ir.graph import Node, Op, View
+from lumos.compile.schedule.kernels import KernelSchedule
 
 # ---------------------------------------------------------------------------------------------
 # Indices (integers)
@@ -78,7 +78,7 @@ class RowOf:
     """The table's row count: what a bounds check compares against."""
 
     def __str__(self) -> str:
-        from lumos.compile.render_cstyle import expr  # C syntax, which every renderer shares
+        from lumos.compile.render.cstyle import expr  # C syntax, which every renderer shares
 
         return f"(int){expr(self.value)}"
 

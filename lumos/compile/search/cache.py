@@ -18,8 +18,8 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from lumos.compile.cache import KernelCache, compiler_version
-from lumos.compile.schedule import KernelSchedule
+from lumos.compile.runtime.kernel_cache import KernelCache, compiler_version
+from lumos.compile.schedule.kernels import KernelSchedule
 
 FORMAT = 2
 """2: the register-blocked matmul joined the candidates; choices made without it are not reused."""

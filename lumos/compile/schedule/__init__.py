@@ -1,0 +1,3 @@
+"""From a rewritten graph to kernels and buffers: transposed layouts for row-wise reads (`layout`),
+linear layers over one input merged into one matmul (`horizontal`), which nodes are stored and the
+kernels that compute them (`kernels`), and the arena the buffers share by liveness (`buffers`)."""
