@@ -127,12 +127,7 @@ def show_leaderboard(
     header = ["rank", "entry", "run", "model", *metrics, "data", "date"]
     rows = [[e.rank, e.label, e.run_id or "", e.model or "", *[_cell(e.metrics.get(m)) for m in metrics], e.data, e.date]
             for e in entries]
-    if csv_output:
-        writer = csv.writer(sys.stdout)
-        writer.writerow(header)
-        writer.writerows(rows)
-        return
-    print_table(f"{spec.name}: ranked by {spec.primary_metric} ({spec.primary_direction})", header, rows)
+    _print_rows(f"{spec.name}: ranked by {spec.primary_metric} ({spec.primary_direction})", header, rows, csv_output)
 
 
 tasks_app = typer.Typer(no_args_is_help=True, help="Write task specs.")
@@ -190,12 +185,18 @@ def _show_groups(workspace, spec, top: int | None, json_output: bool, csv_output
     rows = [[group.rank, group.label, max(1, len(group.run_ids)),
              *[f"{group.metrics[m][0]:.4f} ± {group.metrics[m][1]:.4f}" if m in group.metrics else "" for m in metrics]]
             for group in groups]
+    _print_rows(f"{spec.name}: configs ranked by mean {spec.primary_metric} ({spec.primary_direction}) over seeds",
+                header, rows, csv_output)
+
+
+def _print_rows(title: str, header: list[str], rows: list[list], csv_output: bool) -> None:
+    """A leaderboard as CSV on stdout (for scripts and spreadsheets) or as a table."""
     if csv_output:
         writer = csv.writer(sys.stdout)
         writer.writerow(header)
         writer.writerows(rows)
         return
-    print_table(f"{spec.name}: configs ranked by mean {spec.primary_metric} ({spec.primary_direction}) over seeds", header, rows)
+    print_table(title, header, rows)
 
 
 def _cell(value: float | None) -> str:

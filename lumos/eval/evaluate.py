@@ -15,9 +15,10 @@ from lumos.core.runs import download_checkpoint, resolve_run
 from lumos.core.tables import TableRef
 from lumos.core.workspace import Workspace
 from lumos.data.sequences_version import SequencesVersion, open_sequences
+from lumos.eval.embeddings import EmbeddingCache
 from lumos.eval.leaderboard import Subject, record
 from lumos.eval.metrics import direction
-from lumos.eval.score import EmbeddingCache, score_baseline, score_model
+from lumos.eval.score import has_baseline, score_baseline, score_model
 from lumos.eval.tasks import LoadedTask
 from lumos.train.checkpoint import load_model
 
@@ -68,7 +69,7 @@ def evaluate(
         scores = score_model(model, task, data, embeddings)
         eval_run_id = record(workspace, spec, subject, str(data.ref), scores.metrics, scores.rows)
         result = TaskResult(spec.name, str(data.ref), scores.metrics, scores.rows, eval_run_id)
-        if spec.kind != "embedding_probe":
+        if has_baseline(task):
             result.baseline, baseline = score_baseline(task, data)
             result.baseline_metrics = baseline.metrics
             record(workspace, spec, Subject(key=f"baseline:{result.baseline}", label=f"baseline: {result.baseline}"),

@@ -14,16 +14,11 @@ from typing import Literal
 
 from lumos.core.config import load_config, require_valid
 from lumos.core.errors import ConfigError, Problem, UsageError
+from lumos.eval.kinds import KINDS
 from lumos.eval.metrics import direction
 
 NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_]*$")
-Kind = Literal["retrieval", "binary", "regression", "embedding_probe"]
-DEFAULT_METRICS = {
-    "retrieval": ("hr@10", "ndcg@10", "hr@50", "ndcg@50", "mrr"),
-    "binary": ("auc_roc", "pr_auc", "log_loss", "accuracy"),
-    "regression": ("rmse", "mae", "mape"),
-    "embedding_probe": (),
-}
+Kind = Literal[tuple(KINDS)]  # a field-level check: an unknown kind is reported with the spec's other problems
 
 
 @dataclass(frozen=True)
@@ -50,7 +45,8 @@ class TaskSpec:
     name: str
     """Task name: the MLflow experiment is lumos-eval/<name>."""
     kind: Kind
-    """retrieval (next item over the full corpus), binary, regression, or embedding_probe."""
+    """A kind of lumos/eval/kinds/ (retrieval: next item over the full corpus; binary; regression;
+    embedding_probe); it sets the default metrics, how a model is scored and the baseline."""
     primary_metric: str
     """The metric leaderboards rank by."""
     description: str = ""
@@ -80,13 +76,17 @@ class TaskSpec:
     """Rows scored at once."""
 
     def __post_init__(self) -> None:
+        if self.kind not in KINDS:  # a spec built in code; a file's kind is checked by its type
+            require_valid([("kind", f"must be one of {', '.join(map(repr, KINDS))}, got {self.kind!r}")])
         problems = []
         if not NAME.match(self.name):
             problems.append(("name", "must start with a letter and hold only letters, digits and _"))
-        if self.kind == "embedding_probe" and self.labels is None:
-            problems.append(("labels", "an embedding_probe task needs a [labels] table"))
-        if self.kind != "embedding_probe" and self.labels is not None:
-            problems.append(("labels", f"only embedding_probe tasks take labels, not {self.kind}"))
+        takes_labels = KINDS[self.kind].takes_labels
+        if takes_labels and self.labels is None:
+            problems.append(("labels", f"an {self.kind} task needs a [labels] table"))
+        if not takes_labels and self.labels is not None:
+            labelled = ", ".join(name for name, kind in KINDS.items() if kind.takes_labels)
+            problems.append(("labels", f"only {labelled} tasks take labels, not {self.kind}"))
         if self.primary_metric not in self.metric_names:
             problems.append(("primary_metric", f"{self.primary_metric!r} is not among the metrics: {', '.join(self.metric_names)}"))
         for key, names in (("metrics", self.metric_names), ("thresholds", tuple(self.thresholds))):
@@ -106,13 +106,7 @@ class TaskSpec:
 
     @property
     def metric_names(self) -> tuple[str, ...]:
-        if self.metrics:
-            return self.metrics
-        if self.kind == "retrieval":
-            return (*[f"{m}@{k}" for k in self.ks for m in ("hr", "ndcg")], "mrr")
-        if self.kind == "embedding_probe":
-            return ("accuracy", "log_loss", "auc_roc") if self.labels and self.labels.probe == "logistic" else ("rmse", "mae", "r2")
-        return DEFAULT_METRICS[self.kind]
+        return self.metrics or KINDS[self.kind].default_metrics(self)
 
     @property
     def primary_direction(self) -> str:

@@ -1,0 +1,59 @@
+"""binary: the probability of acting within the task's horizon (AUC-ROC, PR-AUC, log loss, accuracy).
+
+The label is the row's act_<K>d; the model's is the sigmoid of its binary head at that horizon.
+The baseline predicts the training split's positive rate for everyone.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+
+from lumos.data.sequences_version import SequencesVersion
+from lumos.eval import metrics as M
+from lumos.eval.kinds.kind import Scores, TaskKind, horizon_index, picked_scores, task_batches
+from lumos.train.model import LumosModel
+
+if TYPE_CHECKING:
+    from lumos.eval.embeddings import EmbeddingCache
+    from lumos.eval.tasks import LoadedTask, TaskSpec
+
+
+def default_metrics(spec: TaskSpec) -> tuple[str, ...]:
+    return ("auc_roc", "pr_auc", "log_loss", "accuracy")
+
+
+def score(model: LumosModel, task: LoadedTask, data: SequencesVersion, device: torch.device,
+          embeddings: EmbeddingCache) -> Scores:
+    spec = task.spec
+    horizon = horizon_index(spec, data)
+    labels, probabilities = [], []
+    with torch.no_grad():
+        for batch in task_batches(data, spec):
+            batch = batch.to(device)
+            output = model(batch)
+            labels.append(batch.act[:, horizon].cpu().numpy())
+            probabilities.append(torch.sigmoid(output.act_logits[:, horizon]).cpu().numpy())
+    return _scores(spec, labels, probabilities)
+
+
+def prior_rate_baseline(task: LoadedTask, data: SequencesVersion) -> tuple[str, Scores]:
+    spec = task.spec
+    horizon = horizon_index(spec, data)
+    train = task_batches(data, spec, split="train")
+    rate = float(np.mean(np.concatenate([batch.act[:, horizon].numpy() for batch in train])))
+    labels, probabilities = [], []
+    for batch in task_batches(data, spec):
+        labels.append(batch.act[:, horizon].numpy())
+        probabilities.append(M.prior_rate_probabilities(rate, batch.size))
+    return "prior_rate", _scores(spec, labels, probabilities)
+
+
+def _scores(spec: TaskSpec, labels: list[np.ndarray], probabilities: list[np.ndarray]) -> Scores:
+    y, p = np.concatenate(labels), np.concatenate(probabilities)
+    return picked_scores(spec, M.binary_metrics(y, p, spec.decision_threshold), len(y))
+
+
+KIND = TaskKind("binary", default_metrics, score, baseline=prior_rate_baseline, head="binary")
