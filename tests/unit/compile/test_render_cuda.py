@@ -6,14 +6,34 @@ from __future__ import annotations
 
 from urllib.parse import unquote
 
+import numpy as np
 import pytest
 import torch
 
 from lumos.compile.cuda_program import CudaOptions, compile_cuda_graph
 from lumos.compile.frontend.lumos_model import lower_model
-from lumos.compile.kernel.ir import Affine, Load, Masked, Reduce, RowOf
+from lumos.compile.kernel.ir import (
+    Affine,
+    Barrier,
+    Grid,
+    LaneReduce,
+    Load,
+    Masked,
+    OnlineSoftmax,
+    Reduce,
+    Ref,
+    RowOf,
+    Shared,
+    SharedRead,
+    SliceLoop,
+    SoftmaxState,
+    StageRows,
+    StageTile,
+    ThreadTile,
+    TileProduct,
+)
 from lumos.compile.kernel.lower import lower_kernel
-from lumos.compile.render.cuda import HEADER, Launch
+from lumos.compile.render.cuda import HEADER, Launch, gpu_kernel
 from lumos.compile.runtime.kernel_cache import KernelCache
 from lumos.compile.runtime.nvrtc import FLAGS, CudaBuildError, compile_cuda, nvrtc_version
 from lumos.data.contract import FeatureSpec
@@ -207,3 +227,76 @@ def test_long_reductions_take_a_block_each_and_short_ones_a_warp(tmp_path):
     source = {launch.kind: compilation.program.kernels[launch.name] for launch in compilation.program.launches}
     assert "+= 256)" in source["block"] and "partial[warp]" in source["block"]  # the block's threads share the steps
     assert "+= 32)" in source["warp"] and "partial" not in source["warp"]
+
+
+def test_the_cuda_header_ships_with_the_package():
+    import tomllib
+    from importlib import resources
+    from pathlib import Path
+
+    header = resources.files("lumos.compile.render").joinpath("lumos_cuda.h")
+    assert HEADER == header.read_text() and "lumos_warp_sum" in HEADER
+    pyproject = tomllib.loads((Path(__file__).parents[3] / "pyproject.toml").read_text())
+    assert "*.h" in pyproject["tool"]["setuptools"]["package-data"]["lumos.compile.render"]
+
+
+def _mapped(graph, tmp_path):
+    """Every kernel of `graph` lowered and mapped to threads (kernel/gpu_tiles.py, gpu_attention.py)."""
+    compilation = compile_cuda_graph(graph, KernelCache(tmp_path, "cuda"))
+    params = {node: f"b{node.id}" for node in compilation.graph.nodes}
+    return [gpu_kernel(kernel, compilation.materialized, params)[0] for kernel in compilation.kernels], compilation
+
+
+def test_the_tiled_matmul_is_an_ir_pass_that_stages_between_barriers(tmp_path):
+    from lumos.compile.ir.graph import Graph
+    from lumos.compile.ir.hl_ops import Tensor, mark_output
+
+    graph = Graph()
+    x = Tensor.input(graph, "x", (37, 40))
+    w = Tensor.constant(graph, "w", np.random.default_rng(0).standard_normal((24, 40)).astype(np.float32))
+    mark_output(graph, "y", x.layer_norm(None, None, 1e-5).linear(w).gelu())
+    graph.prune()
+    mapped, compilation = _mapped(graph, tmp_path)
+    tiled = [ir for ir in mapped if any(isinstance(s, Grid) and s.kind == "tiled" for s in ir.body)]
+    assert len(tiled) == 1
+    shared, grid, (slices,), (tile,) = ([s for s in tiled[0].body if isinstance(s, kind)]
+                                        for kind in (Shared, Grid, SliceLoop, ThreadTile))
+    assert [s.name for s in shared] == ["tile_value", "tile_weight"] and grid[0].threads == (16, 16, 1)
+    assert [type(s) for s in slices.body] == [StageTile, StageTile, Barrier, TileProduct, Barrier]
+    value, weight = slices.body[:2]
+    assert value.prologue and weight.prologue is None  # the layer norm runs as the value is staged
+    assert len(tile.binds) == 2 and tile.body[0].value == Ref("sum")  # the epilogue starts from the summed tile
+    source = compilation.program.kernels[tiled[0].name]
+    assert source.count("__syncthreads();") == 2
+
+
+def test_attention_maps_to_flash_or_a_warp_per_query_as_ir(tmp_path):
+    from lumos.compile.ir.graph import Graph
+    from lumos.compile.ir.hl_ops import Tensor, attention, mark_output
+
+    graph = Graph()
+    q, k, v = (Tensor.input(graph, name, (2, 2, 70, 16)) for name in "qkv")
+    mark_output(graph, "out", attention(q, k, v, None))
+    graph.prune()
+    mapped, _ = _mapped(graph, tmp_path)
+    (flash,) = [ir for ir in mapped if any(isinstance(s, SoftmaxState) for s in ir.body)]
+    state = next(s for s in flash.body if isinstance(s, SoftmaxState))
+    assert state.query is not None and state.query.depth == 16 and state.width == 16
+    (keys,) = [s for s in flash.body if isinstance(s, SliceLoop)]
+    assert [type(s) for s in keys.body[:4]] == [Barrier, StageRows, StageRows, Barrier]
+    step = keys.body[-1].body[-1]
+    assert isinstance(step, OnlineSoftmax) and step.value == SharedRead("value_tile", ("jj", "dd"))
+
+
+def test_long_reductions_are_lane_reductions_in_the_ir(tmp_path):
+    from lumos.compile.ir.graph import Graph
+    from lumos.compile.ir.hl_ops import Tensor, mark_output
+
+    graph = Graph()
+    x = Tensor.input(graph, "x", (3, 5000))
+    mark_output(graph, "total", x.sum(-1))
+    graph.prune()
+    (mapped,), _ = _mapped(graph, tmp_path)
+    (reduce,) = [s for s in mapped.body if isinstance(s, LaneReduce)]
+    assert reduce.stride == 256 and reduce.lane == "threadIdx.x"
+    assert any(isinstance(s, Barrier) and s.why for s in mapped.body)  # partial is reused: wait first

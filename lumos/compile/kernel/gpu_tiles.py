@@ -1,0 +1,160 @@
+"""GPU thread mappings of a kernel: a KernelIR in, a KernelIR whose body says which thread
+computes what (kernel/ir.py's GPU section) out; render/cuda.py prints it.
+
+Each kernel takes one frame, chosen by its shape (`map_threads`):
+
+- *tiled*: the kernel's one reduction is a sum of `value · weight` where the weight does not
+  depend on some output row loop and the value not on the column loop (passes.match_matmul, the
+  matcher the C register blocks use too): 16×16 output tiles per block, 16-step slices of both
+  operands staged in shared memory between barriers. The value is computed as it is staged, so a
+  fused layer-norm (or GELU) prologue runs there; the statements after the sum (bias, GELU,
+  residual) run per output on the summed tile;
+- *block*: a reduction of 2048 steps or more at the top of the body: a block of 256 threads per
+  output, each taking every 256th step, the warps combining by shuffles and then through shared
+  memory; *warp*, for reductions of at least 32 steps (layer norm's statistics, softmax's max and
+  sum, a dot product that is no tiled matmul): one warp per output, its lanes taking every 32nd
+  step; the rest of the body on every thread, one of them storing;
+- *elementwise* (anything else, gathers included): one thread per output element.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from lumos.compile.kernel.ir import (
+    Barrier,
+    CombineWarps,
+    Grid,
+    KernelIR,
+    LaneReduce,
+    Leader,
+    Let,
+    Loop,
+    Reduce,
+    Ref,
+    Register,
+    Shared,
+    SliceLoop,
+    StageTile,
+    Store,
+    ThreadTile,
+    TileOffset,
+    TileProduct,
+    WarpToShared,
+    needed,
+)
+from lumos.compile.kernel.passes import match_matmul
+
+THREADS = 256
+"""Threads per block of the elementwise, warp, block and warp-per-query attention kernels."""
+WARP = 32
+TILE = 16
+"""Output tile edge (and reduction slice) of the tiled matmul: 16×16 threads per block."""
+WARP_REDUCE_FROM = WARP
+"""Top-level reductions at least this long are shared out over a warp's lanes."""
+BLOCK_REDUCE_FROM = 2048
+"""… and at least this long over a whole block's threads (warp shuffles, then shared memory)."""
+
+
+def map_threads(ir: KernelIR) -> KernelIR:
+    """The kernel in its frame: tiled when it is a matmul, else a block, a warp or a thread per
+    output by its longest reduction at the top of the body."""
+    tiled = tiled_matmul(ir)
+    if tiled is not None:
+        return tiled
+    longest = max((s.length for s in ir.body if isinstance(s, Reduce)), default=0)
+    if longest >= BLOCK_REDUCE_FROM:
+        return block_per_output(ir)
+    return warp_per_output(ir) if longest >= WARP_REDUCE_FROM else elementwise(ir)
+
+
+def rows(loops: list[Loop]) -> tuple[bool, int]:
+    """Whether `loops` run over the runtime batch, and the product of the other extents."""
+    static = 1
+    for loop in loops:
+        if not loop.batch:
+            static *= loop.extent
+    return any(loop.batch for loop in loops), static
+
+
+def digits(loops: list[Loop]) -> list[tuple[str, int | None]]:
+    """Every loop variable from a linear index: the last loop fastest, dim 0 the remainder."""
+    if not loops:
+        return []
+    return [(loop.var, loop.extent) for loop in reversed(loops[1:])] + [(loops[0].var, None)]
+
+
+def elementwise(ir: KernelIR) -> KernelIR:
+    batched, static = rows(ir.loops)
+    grid = Grid("elementwise", (THREADS, 1, 1), batched, static, THREADS, 1, digits(ir.loops), guarded=True)
+    return replace(ir, body=[grid, *ir.body])
+
+
+def warp_per_output(ir: KernelIR) -> KernelIR:
+    batched, static = rows(ir.loops)
+    body: list = [Grid("warp", (THREADS, 1, 1), batched, static, THREADS // WARP, 1, digits(ir.loops), guarded=True)]
+    for stmt in ir.body:
+        if isinstance(stmt, Reduce) and stmt.length >= WARP_REDUCE_FROM:
+            body.append(LaneReduce(stmt, "lane", WARP))
+        else:
+            body.append(Leader("lane", stmt) if isinstance(stmt, Store) else stmt)
+    return replace(ir, body=body)
+
+
+def block_per_output(ir: KernelIR) -> KernelIR:
+    """One block per output element: each thread takes every 256th step, the warps combine by
+    shuffles and the block through shared memory; thread 0 stores."""
+    batched, static = rows(ir.loops)
+    warps = THREADS // WARP
+    body: list = [Shared("partial", (warps,)),
+                  Grid("block", (THREADS, 1, 1), batched, static, 1, 1, digits(ir.loops), guarded=True)]
+    for stmt in ir.body:
+        if isinstance(stmt, Reduce) and stmt.length >= WARP_REDUCE_FROM:
+            body += [LaneReduce(stmt, "threadIdx.x", THREADS),
+                     Barrier("partial may still hold the previous reduction's values"),
+                     WarpToShared(stmt.acc, "partial"), Barrier(), CombineWarps(stmt.acc, stmt.op, "partial", warps)]
+        else:
+            body.append(Leader("threadIdx.x", stmt) if isinstance(stmt, Store) else stmt)
+    return replace(ir, body=body)
+
+
+def tiled_matmul(ir: KernelIR) -> KernelIR | None:
+    """The shared-memory tiled matmul for the kernels passes.match_matmul accepts (the same ones
+    the C renderer can register-block), or None."""
+    match = match_matmul(ir, TILE)
+    if match is None:
+        return None
+    reduce, column, row = match.reduce, match.column, match.row
+    others = [loop for loop in ir.loops[:-1] if loop is not row]
+    r, steps = reduce.var, reduce.length
+    col_tiles = -(-column.extent // TILE)
+    static_others = [loop for loop in others if not loop.batch]
+    _, z = rows(static_others)
+    if row.batch:  # the row tiles are the remainder: their count depends on n
+        place = [("col_tile", col_tiles), *[(loop.var, loop.extent) for loop in reversed(static_others)],
+                 ("row_tile", None)]
+        grid = Grid("tiled", (TILE, TILE, 1), True, 1, TILE, col_tiles * z, place, guarded=False)
+    else:
+        row_tiles = -(-row.extent // TILE)
+        place = [("col_tile", col_tiles), ("row_tile", row_tiles), *digits(others)]
+        batched = any(loop.batch for loop in others)
+        grid = Grid("tiled", (TILE, TILE, 1), batched, col_tiles * row_tiles * z, 1, 1, place, guarded=False)
+    steps_bound, column_bound = Loop(r, steps), Loop(column.var, column.extent)
+    row_at, column_at = TileOffset("row_tile", TILE, "ty"), TileOffset("col_tile", TILE, "tx")
+    stage_value = StageTile("tile_value", "the value slice, computed as it is staged (a fused prologue runs here)",
+                            [(row.var, row_at), (r, TileOffset("k0", 1, "tx"))], [row, steps_bound],
+                            needed(match.hoisted, match.value), match.value, "x")
+    stage_weight = StageTile("tile_weight", "the weight slice",  # one read: nothing to compute first
+                             [(column.var, column_at), (r, TileOffset("k0", 1, "ty"))], [column_bound, steps_bound],
+                             None, match.weight, "w")
+    body = [
+        Shared("tile_value", (TILE, TILE + 1)),
+        Shared("tile_weight", (TILE, TILE + 1)),
+        grid,
+        Register("sum"),
+        SliceLoop("k0", steps, TILE, [stage_value, stage_weight, Barrier(),
+                                      TileProduct("sum", "tile_value", "tile_weight", TILE), Barrier()]),
+        ThreadTile("the epilogue, per output", [(row.var, row_at), (column.var, column_at)], [row, column_bound],
+                   [Let(reduce.acc, Ref("sum")), *ir.body[1:]]),
+    ]
+    return replace(ir, body=body)
