@@ -22,7 +22,7 @@ from dataclasses import dataclass, replace
 from egglog import EGraph, String, f64, i64, ruleset, vars_
 from egglog.deconstruct import get_callable_args, get_callable_fn, get_literal_value
 
-from lumos.compile.egraph.terms import BINARY, REDUCE, UNARY, Term, named
+from lumos.compile.egraph.terms import Term, named, op_term
 from lumos.compile.ir.graph import Graph, Node, Op, contiguous_strides
 
 DEPTH = 10
@@ -119,12 +119,7 @@ def _local_terms(root: Node) -> tuple[dict[Node, Term], list[Node]]:
             terms[node] = Term.input(String(f"%{node.id}"))
             continue
         operands = [Term.view(terms[src], view_id(view)) for src, view in zip(node.srcs, node.views, strict=True)]
-        if node.op in UNARY:
-            terms[node] = UNARY[node.op](*operands)
-        elif node.op in BINARY:
-            terms[node] = BINARY[node.op](*operands)
-        else:
-            terms[node] = REDUCE[node.op](operands[0], i64(node.arg))
+        terms[node] = op_term(node.op, operands, node.arg)
     return terms, order
 
 

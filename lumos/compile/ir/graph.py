@@ -19,40 +19,24 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from enum import Enum, auto
 from typing import Any
+
+# The op set lives in ir/ops.py; its users import it with the graph.
+from lumos.compile.ir.ops import (  # noqa: F401 (re-exported)
+    ASSOCIATIVE,
+    BINARY,
+    COMMUTATIVE,
+    ELEMENTWISE,
+    LEAF,
+    OPS,
+    REDUCE,
+    UNARY,
+    Op,
+)
 
 LITERAL_PREFIX = "literal:"
 """Names of constant tensors that belong to the graph itself (positions, folded constants), as
 opposed to weights, which are bound from the model when a plan is loaded."""
-
-
-class Op(Enum):
-    INPUT = auto()  # a runtime input, arg = its name
-    CONST = auto()  # arg = a float (a scalar literal, shape ()) or the name of a tensor in Graph.tensors
-    EXP2 = auto()
-    LOG2 = auto()
-    SIN = auto()
-    RECIP = auto()
-    SQRT = auto()
-    ADD = auto()
-    MUL = auto()
-    MOD = auto()  # C fmodf: the result has the sign of the dividend
-    LESS_THAN = auto()  # 1.0 where a < b, else 0.0
-    SUM = auto()  # over one axis (arg), kept as size 1
-    MAX = auto()
-    # Beyond Luminal's set: an embedding lookup is a load at a data-dependent row. Written in
-    # primitives it would be a one-hot (rows × V) matmul, V times the work and memory of the lookup.
-    GATHER = auto()  # srcs (table (V, C), ids (...)) → (..., C): out[i, c] = table[ids[i], c]
-
-
-UNARY = frozenset({Op.EXP2, Op.LOG2, Op.SIN, Op.RECIP, Op.SQRT})
-BINARY = frozenset({Op.ADD, Op.MUL, Op.MOD, Op.LESS_THAN})
-REDUCE = frozenset({Op.SUM, Op.MAX})
-ELEMENTWISE = UNARY | BINARY
-LEAF = frozenset({Op.INPUT, Op.CONST})
-COMMUTATIVE = frozenset({Op.ADD, Op.MUL})
-ASSOCIATIVE = frozenset({Op.ADD, Op.MUL, Op.SUM, Op.MAX})
 
 
 def contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
@@ -353,9 +337,8 @@ def check_graph(graph: Graph) -> None:
                 raise IRError(f"{where}: malformed view {view}")
             if view.mask is None and src.size and _view_span(view) > src.size:
                 raise IRError(f"{where}: view {view} reads past the end of %{src.id} {list(src.shape)}")
-        expected = {1: UNARY, 2: BINARY}
         if node.op in ELEMENTWISE:
-            if len(node.srcs) != (1 if node.op in UNARY else 2) or node.op not in expected[len(node.srcs)]:
+            if len(node.srcs) != OPS[node.op].arity:
                 raise IRError(f"{where}: wrong number of sources")
             if any(view.shape != node.shape for view in node.views):
                 raise IRError(f"{where}: operand shapes {[v.shape for v in node.views]} differ from the output")
