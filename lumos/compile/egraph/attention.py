@@ -23,7 +23,7 @@ from egglog import EGraph, String, f64, i64, ruleset, vars_
 from egglog.deconstruct import get_callable_args, get_callable_fn, get_literal_value
 
 from lumos.compile.egraph.terms import Term, named, op_term
-from lumos.compile.ir.graph import Graph, Node, Op, contiguous_strides
+from lumos.compile.ir.graph import Graph, Node, Op, contiguous_strides, is_product_sum
 
 DEPTH = 10
 """How many producers above a candidate sum go into its e-graph."""
@@ -82,7 +82,7 @@ def find_attention(graph: Graph) -> tuple[list[AttentionMatch], dict[str, int]]:
     """Every sum of a product in `graph` that the attention rules rewrite to online softmax."""
     matches, fired = [], {}
     for node in graph.nodes:
-        if node.op is not Op.SUM or node.srcs[0].op is not Op.MUL:
+        if not is_product_sum(node):
             continue
         product = node.srcs[0]
         if not any(src.op is Op.MUL and any(s.op is Op.RECIP for s in src.srcs) for src in product.srcs):
@@ -248,7 +248,7 @@ def _keys_copy(inlined: set[Node], uses, materialized: set[Node]) -> Node | None
     nothing else does, when a (batch, head)'s slice of it (its last two dims: the sum, then the keys) fits
     STAGED_KEYS; else None."""
     for node in inlined:
-        if node.op is not Op.SUM or node.srcs[0].op is not Op.MUL:
+        if not is_product_sum(node):
             continue
         product = node.srcs[0]
         for copy in product.srcs:

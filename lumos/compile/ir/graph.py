@@ -269,6 +269,30 @@ class Graph:
         return counts
 
 
+def is_product_sum(node: Node) -> bool:
+    """`node` sums a product: a SUM whose operand is a MUL (a matrix product, or over a length-1
+    axis an elementwise multiply)."""
+    return node.op is Op.SUM and node.srcs[0].op is Op.MUL
+
+
+def is_matmul(node: Node) -> bool:
+    """`node` is a matrix product: the sum of a product over an axis longer than 1, 2·M·N·K flops
+    (K that axis's length, M·N the node's size)."""
+    return is_product_sum(node) and node.views[0].shape[node.arg] > 1
+
+
+def matmul_sum(product: Node, uses: dict[Node, list[tuple[Node, int]]]) -> Node | None:
+    """The SUM that reads `product`, a MUL, whole (an identity view) as its only use, else None: the
+    two are then one matrix product, whose M·N·K terms are summed as they are made, never stored.
+    `uses` is `Graph.consumers()`."""
+    if product.op is not Op.MUL or len(uses[product]) != 1:
+        return None
+    reduction, index = uses[product][0]
+    if reduction.op is not Op.SUM or not reduction.views[index].is_identity:
+        return None
+    return reduction
+
+
 def _same_view(a: View, b: View, batched: bool) -> bool:
     """Equal views, up to the size of a batch dim 0 (a full-range mask on it counts as none)."""
     def mask(view: View):

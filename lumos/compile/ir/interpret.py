@@ -12,7 +12,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from lumos.compile.ir.graph import OPS, REDUCE, Graph, Node, Op, View
+from lumos.compile.ir.graph import OPS, REDUCE, Graph, Node, Op, View, matmul_sum
 
 
 def strided(source: np.ndarray, view: View) -> np.ndarray:
@@ -50,11 +50,9 @@ def summed_products(graph: Graph, keep: set[Node] = frozenset()) -> set[Node]:
     outputs = set(graph.outputs.values())
     products = set()
     for node in graph.nodes:
-        if (node.op is Op.MUL and node not in keep and node not in outputs and len(uses[node]) == 1
+        if (node not in keep and node not in outputs and matmul_sum(node, uses) is not None
                 and all(view.mask is None for view in node.views)):
-            consumer, index = uses[node][0]
-            if consumer.op is Op.SUM and consumer.views[index].is_identity:
-                products.add(node)
+            products.add(node)
     return products
 
 
