@@ -23,7 +23,7 @@ from egglog import EGraph, String, f64, i64, ruleset, vars_
 from egglog.deconstruct import get_callable_args, get_callable_fn, get_literal_value
 
 from lumos.compile.egraph.terms import Term, named, op_term
-from lumos.compile.ir.graph import Graph, Node, Op, contiguous_strides, is_product_sum
+from lumos.compile.ir.graph import LEAF, REDUCE, Graph, Node, Op, contiguous_strides, is_product_sum
 
 DEPTH = 10
 """How many producers above a candidate sum go into its e-graph."""
@@ -112,10 +112,10 @@ def _local_terms(root: Node) -> tuple[dict[Node, Term], list[Node]]:
         return i64(views.setdefault(view, len(views)))
 
     for node in sorted(order, key=lambda n: n.id):
-        if node.op in (Op.INPUT, Op.CONST) and node.is_scalar_const:
+        if node.is_scalar_const:
             terms[node] = Term.num(f64(node.arg))
             continue
-        if depth[node] >= DEPTH or node.op in (Op.INPUT, Op.CONST, Op.GATHER):
+        if depth[node] >= DEPTH or node.op in LEAF or node.op is Op.GATHER:
             terms[node] = Term.input(String(f"%{node.id}"))
             continue
         operands = [Term.view(terms[src], view_id(view)) for src, view in zip(node.srcs, node.views, strict=True)]
@@ -207,12 +207,12 @@ def fuse_attention(graph: Graph, materialized: set[Node], matches: list[Attentio
         stack = list(match.scores.srcs)
         while stack:
             node = stack.pop()
-            if node in removed or node.op in (Op.INPUT, Op.CONST):
+            if node in removed or node.op in LEAF:
                 continue
             if not all(consumer in removed for consumer, _ in uses[node]):
                 continue
             removed.add(node)
-            if node.op not in (Op.SUM, Op.MAX):  # the score product itself is computed inline, its inputs are not
+            if node.op not in REDUCE:  # the score product itself is computed inline, its inputs are not
                 stack.extend(node.srcs)
         keep -= removed
         keys_copy = _keys_copy(removed, uses, keep) if stage_keys else None
