@@ -61,7 +61,7 @@ import torch
 from lumos.compile.engine import SEARCH_BUDGET_S, compile_model, median_ms, verify
 from lumos.compile.frontend.export import compile_module, verify_module
 from lumos.compile.frontend.lumos_model import _Forward, batch_tensors, input_names
-from lumos.compile.ir.graph import Graph, Op
+from lumos.compile.ir.graph import Graph, is_matmul
 from lumos.compile.program import Options, compile_graph, load_program
 from lumos.compile.runtime.kernel_cache import KernelCache
 from lumos.core.config import load_config
@@ -91,8 +91,7 @@ SASREC_CONFIG = ModelConfig(d_model=64, n_heads=2, encoder_layers=2, decoder_lay
 
 def matmul_flops(graph: Graph) -> int:
     """2·M·N·K over every sum of a product (the matrix products of the graph)."""
-    return sum(2 * node.views[0].shape[node.arg] * node.size for node in graph.nodes
-               if node.op is Op.SUM and node.srcs[0].op is Op.MUL and node.views[0].shape[node.arg] > 1)
+    return sum(2 * node.views[0].shape[node.arg] * node.size for node in graph.nodes if is_matmul(node))
 
 
 def bench_model(name: str, model: LumosModel, batch_size: int, repeats: int, inductor: bool,

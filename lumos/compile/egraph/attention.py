@@ -22,8 +22,8 @@ from dataclasses import dataclass, replace
 from egglog import EGraph, String, f64, i64, ruleset, vars_
 from egglog.deconstruct import get_callable_args, get_callable_fn, get_literal_value
 
-from lumos.compile.egraph.terms import BINARY, REDUCE, UNARY, Term, named
-from lumos.compile.ir.graph import Graph, Node, Op, contiguous_strides
+from lumos.compile.egraph.terms import Term, named, op_term
+from lumos.compile.ir.graph import LEAF, REDUCE, Graph, Node, Op, contiguous_strides, is_product_sum
 
 DEPTH = 10
 """How many producers above a candidate sum go into its e-graph."""
@@ -82,7 +82,7 @@ def find_attention(graph: Graph) -> tuple[list[AttentionMatch], dict[str, int]]:
     """Every sum of a product in `graph` that the attention rules rewrite to online softmax."""
     matches, fired = [], {}
     for node in graph.nodes:
-        if node.op is not Op.SUM or node.srcs[0].op is not Op.MUL:
+        if not is_product_sum(node):
             continue
         product = node.srcs[0]
         if not any(src.op is Op.MUL and any(s.op is Op.RECIP for s in src.srcs) for src in product.srcs):
@@ -112,19 +112,14 @@ def _local_terms(root: Node) -> tuple[dict[Node, Term], list[Node]]:
         return i64(views.setdefault(view, len(views)))
 
     for node in sorted(order, key=lambda n: n.id):
-        if node.op in (Op.INPUT, Op.CONST) and node.is_scalar_const:
+        if node.is_scalar_const:
             terms[node] = Term.num(f64(node.arg))
             continue
-        if depth[node] >= DEPTH or node.op in (Op.INPUT, Op.CONST, Op.GATHER):
+        if depth[node] >= DEPTH or node.op in LEAF or node.op is Op.GATHER:
             terms[node] = Term.input(String(f"%{node.id}"))
             continue
         operands = [Term.view(terms[src], view_id(view)) for src, view in zip(node.srcs, node.views, strict=True)]
-        if node.op in UNARY:
-            terms[node] = UNARY[node.op](*operands)
-        elif node.op in BINARY:
-            terms[node] = BINARY[node.op](*operands)
-        else:
-            terms[node] = REDUCE[node.op](operands[0], i64(node.arg))
+        terms[node] = op_term(node.op, operands, node.arg)
     return terms, order
 
 
@@ -212,12 +207,12 @@ def fuse_attention(graph: Graph, materialized: set[Node], matches: list[Attentio
         stack = list(match.scores.srcs)
         while stack:
             node = stack.pop()
-            if node in removed or node.op in (Op.INPUT, Op.CONST):
+            if node in removed or node.op in LEAF:
                 continue
             if not all(consumer in removed for consumer, _ in uses[node]):
                 continue
             removed.add(node)
-            if node.op not in (Op.SUM, Op.MAX):  # the score product itself is computed inline, its inputs are not
+            if node.op not in REDUCE:  # the score product itself is computed inline, its inputs are not
                 stack.extend(node.srcs)
         keep -= removed
         keys_copy = _keys_copy(removed, uses, keep) if stage_keys else None
@@ -253,7 +248,7 @@ def _keys_copy(inlined: set[Node], uses, materialized: set[Node]) -> Node | None
     nothing else does, when a (batch, head)'s slice of it (its last two dims: the sum, then the keys) fits
     STAGED_KEYS; else None."""
     for node in inlined:
-        if node.op is not Op.SUM or node.srcs[0].op is not Op.MUL:
+        if not is_product_sum(node):
             continue
         product = node.srcs[0]
         for copy in product.srcs:

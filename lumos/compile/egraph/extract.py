@@ -24,12 +24,11 @@ from dataclasses import dataclass, field
 
 from egglog import EGraph, i64
 
-from lumos.compile.egraph.terms import BINARY, REDUCE, UNARY, Encoding, original, to_terms
-from lumos.compile.ir.graph import REDUCE as REDUCE_OPS
-from lumos.compile.ir.graph import Graph, Node, Op, View, contiguous_strides
+from lumos.compile.egraph.terms import CONSTRUCTORS, Encoding, original, to_terms
+from lumos.compile.ir.graph import OPS, REDUCE, Graph, Node, Op, View, contiguous_strides
 
-_NAMES = {f"Term.{op.name.lower()}": op for table in (UNARY, BINARY, REDUCE) for op in table} | {"Term.gather": Op.GATHER}
-"""egglog's name of each op's term (terms.py names them after the ops)."""
+_NAMES = {f"Term.{OPS[op].term}": op for op in CONSTRUCTORS}
+"""egglog's name of each op's term (ir/ops.py's table names them)."""
 LET_PREFIX = "n"
 """`let` name of an original node's term (n<id>): lets keep the terms shallow."""
 
@@ -189,7 +188,7 @@ def build_graph(encoding: Encoding, serialized: Serialized, chosen: dict[str, st
             source, view = operand(eclass)
             reads = [(source, view), (graph.scalar(0.0), View(view.shape, (0,) * len(view.shape)))]
             node = graph.add(Op.ADD, [s for s, _ in reads], [v for _, v in reads], view.shape, origin=origin)
-        elif _NAMES.get(op) in REDUCE.keys():
+        elif _NAMES.get(op) in REDUCE:
             source, view = operand(children[0])
             axis = int(serialized.literals[children[1]])
             shape = tuple(1 if d == axis else size for d, size in enumerate(view.shape))
@@ -223,7 +222,7 @@ def _batched(node: Node, batch: int | None) -> bool:
     """A node no original one is equivalent to: batched when it keeps a batched source's rows."""
     if batch is None or not node.shape or node.shape[0] != batch:
         return False
-    if node.op in REDUCE_OPS and node.arg == 0:
+    if node.op in REDUCE and node.arg == 0:
         return False
     return any(src.batched and view.shape[:1] == (batch,) and view.strides[0] == contiguous_strides(src.shape)[0]
                for src, view in zip(node.srcs, node.views, strict=True))

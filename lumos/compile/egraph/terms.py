@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 from egglog import Expr, String, StringLike, f64, f64Like, i64, i64Like, relation, rule, union
 
-from lumos.compile.ir.graph import Graph, Node, Op, View, contiguous_strides
+from lumos.compile.ir.graph import LEAF, OPS, REDUCE, Graph, Node, Op, View, contiguous_strides
 
 
 class Term(Expr):
@@ -80,9 +80,22 @@ class Term(Expr):
         (attention.py): the score row is never stored."""
 
 
-UNARY = {Op.EXP2: Term.exp2, Op.LOG2: Term.log2, Op.SIN: Term.sin, Op.RECIP: Term.recip, Op.SQRT: Term.sqrt}
-BINARY = {Op.ADD: Term.add, Op.MUL: Term.mul, Op.MOD: Term.mod, Op.LESS_THAN: Term.less_than}
-REDUCE = {Op.SUM: Term.sum, Op.MAX: Term.max}
+def _constructor(op: Op):
+    constructor = getattr(Term, OPS[op].term, None)
+    if constructor is None:
+        raise NotImplementedError(f"Term has no constructor {OPS[op].term!r} for Op.{op.name}: declare it above")
+    return constructor
+
+
+CONSTRUCTORS = {op: _constructor(op) for op in Op if op not in LEAF}
+"""Each non-leaf op's term constructor, named in ir/ops.py's table (a leaf is encoded from its arg)."""
+
+
+def op_term(op: Op, operands: list[Term], arg=None) -> Term:
+    """The term of a non-leaf op on its operands' terms; a reduction's axis (`arg`) comes last."""
+    if op in REDUCE:
+        return CONSTRUCTORS[op](operands[0], i64(arg))
+    return CONSTRUCTORS[op](*operands)
 
 no_mask = relation("no_mask", i64)
 """The view has no padding mask (an elementwise op commutes with it)."""
@@ -193,16 +206,8 @@ def to_terms(graph: Graph, stores: set[Node] | None = None, bind=None) -> Encodi
             term = Term.input(String(node.arg))
         elif node.op is Op.CONST:
             term = Term.num(f64(node.arg)) if node.is_scalar_const else Term.tensor(String(node.arg))
-        elif node.op in UNARY:
-            term = UNARY[node.op](*operands)
-        elif node.op in BINARY:
-            term = BINARY[node.op](*operands)
-        elif node.op in REDUCE:
-            term = REDUCE[node.op](operands[0], i64(node.arg))
-        elif node.op is Op.GATHER:
-            term = Term.gather(*operands)
         else:
-            raise NotImplementedError(node.op)
+            term = op_term(node.op, operands, node.arg)
         if stores is not None and node in stores:
             term = Term.store(term)
         encoding.terms[node] = term if bind is None else bind(node, term)

@@ -19,40 +19,24 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from enum import Enum, auto
 from typing import Any
+
+# The op set lives in ir/ops.py; its users import it with the graph.
+from lumos.compile.ir.ops import (  # noqa: F401 (re-exported)
+    ASSOCIATIVE,
+    BINARY,
+    COMMUTATIVE,
+    ELEMENTWISE,
+    LEAF,
+    OPS,
+    REDUCE,
+    UNARY,
+    Op,
+)
 
 LITERAL_PREFIX = "literal:"
 """Names of constant tensors that belong to the graph itself (positions, folded constants), as
 opposed to weights, which are bound from the model when a plan is loaded."""
-
-
-class Op(Enum):
-    INPUT = auto()  # a runtime input, arg = its name
-    CONST = auto()  # arg = a float (a scalar literal, shape ()) or the name of a tensor in Graph.tensors
-    EXP2 = auto()
-    LOG2 = auto()
-    SIN = auto()
-    RECIP = auto()
-    SQRT = auto()
-    ADD = auto()
-    MUL = auto()
-    MOD = auto()  # C fmodf: the result has the sign of the dividend
-    LESS_THAN = auto()  # 1.0 where a < b, else 0.0
-    SUM = auto()  # over one axis (arg), kept as size 1
-    MAX = auto()
-    # Beyond Luminal's set: an embedding lookup is a load at a data-dependent row. Written in
-    # primitives it would be a one-hot (rows × V) matmul, V times the work and memory of the lookup.
-    GATHER = auto()  # srcs (table (V, C), ids (...)) → (..., C): out[i, c] = table[ids[i], c]
-
-
-UNARY = frozenset({Op.EXP2, Op.LOG2, Op.SIN, Op.RECIP, Op.SQRT})
-BINARY = frozenset({Op.ADD, Op.MUL, Op.MOD, Op.LESS_THAN})
-REDUCE = frozenset({Op.SUM, Op.MAX})
-ELEMENTWISE = UNARY | BINARY
-LEAF = frozenset({Op.INPUT, Op.CONST})
-COMMUTATIVE = frozenset({Op.ADD, Op.MUL})
-ASSOCIATIVE = frozenset({Op.ADD, Op.MUL, Op.SUM, Op.MAX})
 
 
 def contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
@@ -285,6 +269,30 @@ class Graph:
         return counts
 
 
+def is_product_sum(node: Node) -> bool:
+    """`node` sums a product: a SUM whose operand is a MUL (a matrix product, or over a length-1
+    axis an elementwise multiply)."""
+    return node.op is Op.SUM and node.srcs[0].op is Op.MUL
+
+
+def is_matmul(node: Node) -> bool:
+    """`node` is a matrix product: the sum of a product over an axis longer than 1, 2·M·N·K flops
+    (K that axis's length, M·N the node's size)."""
+    return is_product_sum(node) and node.views[0].shape[node.arg] > 1
+
+
+def matmul_sum(product: Node, uses: dict[Node, list[tuple[Node, int]]]) -> Node | None:
+    """The SUM that reads `product`, a MUL, whole (an identity view) as its only use, else None: the
+    two are then one matrix product, whose M·N·K terms are summed as they are made, never stored.
+    `uses` is `Graph.consumers()`."""
+    if product.op is not Op.MUL or len(uses[product]) != 1:
+        return None
+    reduction, index = uses[product][0]
+    if reduction.op is not Op.SUM or not reduction.views[index].is_identity:
+        return None
+    return reduction
+
+
 def _same_view(a: View, b: View, batched: bool) -> bool:
     """Equal views, up to the size of a batch dim 0 (a full-range mask on it counts as none)."""
     def mask(view: View):
@@ -353,9 +361,8 @@ def check_graph(graph: Graph) -> None:
                 raise IRError(f"{where}: malformed view {view}")
             if view.mask is None and src.size and _view_span(view) > src.size:
                 raise IRError(f"{where}: view {view} reads past the end of %{src.id} {list(src.shape)}")
-        expected = {1: UNARY, 2: BINARY}
         if node.op in ELEMENTWISE:
-            if len(node.srcs) != (1 if node.op in UNARY else 2) or node.op not in expected[len(node.srcs)]:
+            if len(node.srcs) != OPS[node.op].arity:
                 raise IRError(f"{where}: wrong number of sources")
             if any(view.shape != node.shape for view in node.views):
                 raise IRError(f"{where}: operand shapes {[v.shape for v in node.views]} differ from the output")

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from lumos.compile.ir.graph import LITERAL_PREFIX, Graph, Node, Op, View, prod
+from lumos.compile.ir.graph import LEAF, LITERAL_PREFIX, Graph, Node, Op, View, prod
 from lumos.compile.ir.interpret import read_view, run_node
 
 LOG2_E = 1.0 / math.log(2.0)
@@ -369,7 +369,7 @@ def mark_output(graph: Graph, name: str, tensor: Tensor) -> None:
     """Make `tensor` the graph output `name`: a node of its own, never an alias of a leaf."""
     node = tensor.contiguous()
     taken = set(graph.outputs.values())
-    if not node.view.is_identity or node.node.op in (Op.INPUT, Op.CONST) or node.node in taken:
+    if not node.view.is_identity or node.node.op in LEAF or node.node in taken:
         node = node + 0.0
     graph.outputs[name] = node.node
     graph.output_shapes[name] = tensor.shape

@@ -12,21 +12,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from lumos.compile.ir.graph import Graph, Node, Op, View
-
-UNARY_NUMPY = {
-    Op.EXP2: np.exp2,
-    Op.LOG2: np.log2,
-    Op.SIN: np.sin,
-    Op.RECIP: lambda x: np.float32(1.0) / x,
-    Op.SQRT: np.sqrt,
-}
-BINARY_NUMPY = {
-    Op.ADD: np.add,
-    Op.MUL: np.multiply,
-    Op.MOD: np.fmod,
-    Op.LESS_THAN: lambda a, b: (a < b).astype(np.float32),
-}
+from lumos.compile.ir.graph import OPS, REDUCE, Graph, Node, Op, View, matmul_sum
 
 
 def strided(source: np.ndarray, view: View) -> np.ndarray:
@@ -64,11 +50,9 @@ def summed_products(graph: Graph, keep: set[Node] = frozenset()) -> set[Node]:
     outputs = set(graph.outputs.values())
     products = set()
     for node in graph.nodes:
-        if (node.op is Op.MUL and node not in keep and node not in outputs and len(uses[node]) == 1
+        if (node not in keep and node not in outputs and matmul_sum(node, uses) is not None
                 and all(view.mask is None for view in node.views)):
-            consumer, index = uses[node][0]
-            if consumer.op is Op.SUM and consumer.views[index].is_identity:
-                products.add(node)
+            products.add(node)
     return products
 
 
@@ -96,17 +80,11 @@ def run_node(node: Node, operands: list[np.ndarray], tensors: Mapping[str, np.nd
         if node.op is Op.CONST:
             value = np.float32(node.arg) if isinstance(node.arg, float) else tensors[node.arg]
             return np.asarray(value, np.float32).reshape(node.shape)
-        if node.op in UNARY_NUMPY:
-            return UNARY_NUMPY[node.op](operands[0]).astype(np.float32)
-        if node.op in BINARY_NUMPY:
-            return BINARY_NUMPY[node.op](operands[0], operands[1]).astype(np.float32)
-        if node.op is Op.SUM:
-            return operands[0].sum(axis=node.arg, keepdims=True, dtype=np.float32)
-        if node.op is Op.MAX:
-            return operands[0].max(axis=node.arg, keepdims=True)
-        if node.op is Op.GATHER:
-            table, ids = operands
-            return table[ids.astype(np.int64)]
+        reference = OPS[node.op].reference  # ir/ops.py: what each op means
+        if node.op in REDUCE:
+            return reference(operands[0], node.arg)
+        if reference is not None:
+            return np.asarray(reference(*operands), np.float32)
     raise NotImplementedError(f"the interpreter has no rule for {node.op.name}")
 
 

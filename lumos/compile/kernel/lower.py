@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 
-from lumos.compile.ir.graph import Node, Op, View, contiguous_strides, prod
+from lumos.compile.ir.graph import BINARY, UNARY, Node, Op, View, contiguous_strides, prod
 from lumos.compile.kernel.ir import (
     NEVER,
     Affine,
@@ -179,9 +179,9 @@ class Lowering:
         return Ref(self.shared[key])
 
     def expression(self, node: Node, idx: list[Index], guard: Cond | None = None) -> Expr:
-        if node.op in (Op.EXP2, Op.LOG2, Op.SIN, Op.RECIP, Op.SQRT):
+        if node.op in UNARY:
             return Unary(node.op, self.operand(node, 0, idx, guard))
-        if node.op in (Op.ADD, Op.MUL, Op.MOD, Op.LESS_THAN):
+        if node.op in BINARY:
             a, b = self.operand(node, 0, idx, guard), self.operand(node, 1, idx, guard)
             if node.op is Op.ADD and b == Num(0.0):  # a contiguous copy (x + 0)
                 return a

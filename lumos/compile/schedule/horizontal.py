@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from lumos.compile.ir.graph import LITERAL_PREFIX, Graph, Node, Op, View
+from lumos.compile.ir.graph import LITERAL_PREFIX, Graph, Node, Op, View, matmul_sum
 from lumos.compile.schedule.layout import TRANSPOSED, row_column_steps
 
 JOINED = "|"
@@ -78,7 +78,8 @@ def _is_weight(node: Node) -> bool:
 
 def _as_linear(product: Node, uses) -> _Linear | None:
     """`product` as a linear layer's multiply (x · Wᵀ, W (N, K) as torch keeps it), or None."""
-    if product.op is not Op.MUL or len(uses[product]) != 1 or len(product.shape) < 3:
+    reduction = matmul_sum(product, uses)
+    if reduction is None or reduction.arg != len(product.shape) - 1 or len(product.shape) < 3:
         return None
     *outer, columns, depth = product.shape
     for weight_index in (0, 1):
@@ -88,9 +89,6 @@ def _as_linear(product: Node, uses) -> _Linear | None:
         read = View(product.shape, (0,) * len(outer) + (depth, 1))
         if product.views[weight_index] != read or product.views[1 - weight_index].strides[-2] != 0:
             continue
-        reduction, _ = uses[product][0]
-        if reduction.op is not Op.SUM or reduction.arg != len(product.shape) - 1 or not reduction.views[0].is_identity:
-            return None
         return _Linear(product, weight_index, reduction, *_bias_add(reduction, uses))
     return None
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from lumos.compile.ir.graph import ELEMENTWISE, LEAF, REDUCE, Graph, Node, Op
+from lumos.compile.ir.graph import ELEMENTWISE, LEAF, REDUCE, Graph, Node, Op, matmul_sum
 
 CHEAP_OPS = 4
 """An elementwise subtree of at most this many ops (no reduction) is recomputed rather than stored."""
@@ -140,11 +140,9 @@ def _row_wise_operand(product: Node, index: int, uses, materialized: set[Node]) 
     strided along the sum. Then computing the operand inline costs nothing extra: it is the same
     for every j, and is computed once per (row, reduction step) — layer norm, GELU or softmax
     fused into the next matmul."""
-    if product.op is not Op.MUL or len(uses[product]) != 1:
-        return False
-    reduction, _ = uses[product][0]
+    reduction = matmul_sum(product, uses)
     axis = len(product.shape) - 1
-    if reduction.op is not Op.SUM or reduction.arg != axis or not reduction.views[0].is_identity:
+    if reduction is None or reduction.arg != axis:
         return False
     outer = [d for d in range(axis) if product.shape[d] > 1]
     if not outer or _reaches_padding(reduction, uses):

@@ -14,7 +14,7 @@ one cheap pass over k and turns the scores into row-wise, vectorized passes.
 
 from __future__ import annotations
 
-from lumos.compile.ir.graph import LEAF, LITERAL_PREFIX, Graph, Node, Op, View, contiguous_strides
+from lumos.compile.ir.graph import LEAF, LITERAL_PREFIX, Graph, Node, Op, View, contiguous_strides, matmul_sum
 
 TRANSPOSED = "#T"
 
@@ -54,10 +54,8 @@ def transposed_view(view: View, rows: int, cols: int) -> View | None:
 
 def _is_product_over_columns(consumer: Node, index: int, uses: dict[Node, list[tuple[Node, int]]], cols: int) -> bool:
     """`consumer` multiplies the weight inside a sum whose axis walks the weight's columns (`in`)."""
-    if consumer.op is not Op.MUL or len(uses[consumer]) != 1:
-        return False
-    reduction, _ = uses[consumer][0]
-    if reduction.op is not Op.SUM or reduction.views[0].shape != consumer.shape:
+    reduction = matmul_sum(consumer, uses)
+    if reduction is None:
         return False
     view = consumer.views[index]
     axis = reduction.arg
@@ -91,11 +89,9 @@ def transpose_weights(graph: Graph) -> int:
 def _matmul_axes(product: Node, uses) -> tuple[int, int] | None:
     """(j, axis) when `product` is a matmul's multiply: summed over its last axis, j the last
     other dim of size > 1."""
-    if product.op is not Op.MUL or len(uses[product]) != 1:
-        return None
-    reduction, _ = uses[product][0]
+    reduction = matmul_sum(product, uses)
     axis = len(product.shape) - 1
-    if reduction.op is not Op.SUM or reduction.arg != axis or not reduction.views[0].is_identity:
+    if reduction is None or reduction.arg != axis:
         return None
     outer = [d for d in range(axis) if product.shape[d] > 1]
     return (outer[-1], axis) if outer else None

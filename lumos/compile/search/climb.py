@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from lumos.compile.ir.graph import LEAF, REDUCE, Graph, Node, Op, View
+from lumos.compile.ir.graph import LEAF, REDUCE, Graph, Node, Op, View, is_matmul, is_product_sum
 from lumos.compile.ir.interpret import product_sum, read_view, run_node, summed_products
 from lumos.compile.render.c import canonical_kernel_source, render_library, tensor_names
 from lumos.compile.runtime.kernel_cache import BuildError, KernelCache
@@ -660,7 +660,7 @@ def fusion_sites(graph: Graph, kernels: list[Kernel], materialized: set[Node]) -
     uses = graph.consumers()
 
     def is_product(node: Node) -> bool:
-        return node.op is Op.MUL and any(consumer.op is Op.SUM for consumer, _ in uses[node])
+        return any(is_product_sum(consumer) for consumer, _ in uses[node])
 
     sites: dict[str, FusionSite] = {}
     for kernel in kernels:
@@ -671,7 +671,7 @@ def fusion_sites(graph: Graph, kernels: list[Kernel], materialized: set[Node]) -
         for position, node in enumerate(fused):
             if node is kernel.node or node in materialized or node.op in LEAF or is_product(node):
                 continue  # a product is M·N·K elements: never stored
-            if node.op is Op.SUM and node.srcs[0].op is Op.MUL and node.views[0].shape[node.arg] > 1:
+            if is_matmul(node):
                 kind = "epilogue"
             elif node.op not in REDUCE and any(is_product(consumer) for consumer, _ in uses[node]):
                 kind = "prologue"

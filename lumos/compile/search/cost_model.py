@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from lumos.compile.ir.graph import LEAF, Op, prod
+from lumos.compile.ir.graph import LEAF, is_matmul, is_product_sum
 from lumos.compile.schedule.buffers import FLOAT_BYTES
 from lumos.compile.schedule.kernels import Kernel, KernelSchedule
 
@@ -54,9 +54,7 @@ def kernel_flops(kernel: Kernel) -> int:
     """2·M·N·K of the matrix products a kernel computes (0 for the rest), each product once:
     `fused` lists a node once per path to it (a fused attention's score product 5 times, which put
     its GFLOP/s at 2.5 times the truth)."""
-    return sum(2 * node.views[0].shape[node.arg] * node.size for node in kernel.unique_fused
-               if node.op is Op.SUM and node.srcs[0].op is Op.MUL and node.views[0].shape[node.arg] > 1
-               and node.srcs[0].op not in LEAF and prod(node.shape) > 0)
+    return sum(2 * node.views[0].shape[node.arg] * node.size for node in kernel.unique_fused if is_matmul(node))
 
 
 def kernel_work(kernel: Kernel) -> tuple[float, float]:
@@ -64,9 +62,9 @@ def kernel_work(kernel: Kernel) -> tuple[float, float]:
     buffer read once and the output written once."""
     matmul = kernel_flops(kernel)  # a fused attention's q·kᵀ too: computed inside, never stored
     fused = kernel.unique_fused
-    products = {node.srcs[0] for node in fused if node.op is Op.SUM and node.srcs[0].op is Op.MUL}
+    products = {node.srcs[0] for node in fused if is_product_sum(node)}
     elementwise = sum(node.size for node in fused if node.op not in LEAF and node not in products
-                      and not (node.op is Op.SUM and node.srcs[0] in products))
+                      and not is_product_sum(node))
     moved = (sum(node.size for node in kernel.reads) + kernel.node.size) * FLOAT_BYTES
     return float(matmul + elementwise), float(moved)
 
