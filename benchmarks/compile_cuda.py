@@ -18,14 +18,14 @@ import time
 import torch
 import torch.nn.functional as F
 
-from lumos.compile.cuda_engine import compile_cuda_model, verify_gpu
-from lumos.compile.cuda_program import CudaOptions, compile_cuda_graph
+from lumos.compile.engine import compile_model, verify
 from lumos.compile.frontend.lumos_model import _Forward, batch_tensors, input_names
 from lumos.compile.ir.graph import Graph
 from lumos.compile.ir.hl_ops import Tensor, attention, mark_output
-from lumos.compile.render.c import tensor_names
-from lumos.compile.runtime.cuda import GpuProgram, gpu_arch
+from lumos.compile.program import Options, compile_graph, load_program
+from lumos.compile.runtime.cuda import gpu_arch
 from lumos.compile.runtime.kernel_cache import KernelCache
+from lumos.compile.target import CUDA
 from lumos.train.memory import synthetic_batch
 from lumos.train.model import LumosModel
 
@@ -69,13 +69,13 @@ def bench_model_cuda(name: str, model: LumosModel, batch_size: int, repeats: int
         engines["inductor"] = lambda: compiled(*args)
     with tempfile.TemporaryDirectory(prefix="lumos-bench-cuda-") as folder:
         started = time.perf_counter()
-        lumos = compile_cuda_model(model.cpu(), batch_size, seq_len, KernelCache(folder, "cuda"))
+        lumos = compile_model(model.cpu(), batch_size, seq_len, KernelCache(folder, "cuda"), target=CUDA)
         result["lumos_compile_s"] = time.perf_counter() - started
         model.cuda()
-        result["max_error"] = verify_gpu(lumos, model, seeds=(1,))
+        result["max_error"] = verify(lumos, model, seeds=(1,))
         graph = lumos.compilation.graph
         inputs = {key: value.to("cuda", torch.float32) for key, value in named.items() if key in graph.inputs}
-        engines["lumos"] = lambda: lumos.program(inputs)
+        engines["lumos"] = lambda: lumos.compiled.program(inputs)
         result.update({f"{engine}_ms": ms for engine, ms in round_robin(engines, repeats).items()})
         result.update(lumos.compilation.stats())
     result["lumos_vs_eager"] = result["eager_ms"] / result["lumos_ms"]
@@ -95,12 +95,8 @@ def bench_attention_cuda(seq: int, batch: int = 16, heads: int = 2, width: int =
     mark_output(graph, "out", attention(q, k, v, Tensor.input(graph, "mask", (batch, 1, 1, seq))))
     graph.prune()
     with tempfile.TemporaryDirectory(prefix="lumos-bench-cuda-") as folder:
-        compilation = compile_cuda_graph(graph, KernelCache(folder, "cuda"), CudaOptions(gpu_arch()))
-        program = GpuProgram(compilation.build.library.read_bytes(), compilation.program.launches,
-                             [(name, node.shape) for name, node in graph.inputs.items()],
-                             [(name, node.shape) for name, node in graph.outputs.items()],
-                             [graph.tensors[name] for name in tensor_names(graph)], compilation.buffers.arena_bytes,
-                             graph.batch is not None)
+        compilation = compile_graph(graph, KernelCache(folder, "cuda"), Options(arch=gpu_arch()), target=CUDA)
+        program = load_program(compilation)
     generator = torch.Generator().manual_seed(0)
     inputs = {name: torch.randn(batch, heads, seq, width, generator=generator).cuda() for name in "qkv"}
     inputs["mask"] = (torch.rand(batch, 1, 1, seq, generator=generator) < 0.9).float().cuda()

@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 from lumos.compile.program import Options
-from lumos.compile.runtime.kernel_cache import BuildError, KernelCache
+from lumos.compile.runtime.kernel_cache import BuildError, KernelCache, gcc
 
 ROOT = Path(__file__).resolve().parent.parent
 CHAINS = 12
@@ -52,7 +52,7 @@ def build(width: int, folder: Path) -> ctypes.CDLL:
     """Built as the Lumos kernels are: through a kernel cache, with the default compiler and flags."""
     options = Options()
     source = f"#define WIDTH {width}\n#define CHAINS {CHAINS}\n" + SOURCE
-    library = KernelCache(folder, "cpu").build(source, options.cc, options.cflags).library
+    library = KernelCache(folder, "cpu").build(source, gcc(options.cc, options.cflags)).library
     kernel = ctypes.CDLL(str(library)).fma_chains
     kernel.argtypes, kernel.restype = [ctypes.c_long, ctypes.c_int], ctypes.c_float
     return kernel

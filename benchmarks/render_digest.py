@@ -26,14 +26,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import torch  # noqa: E402
 from compile import QUICKSTART_FEATURES, SASREC_CONFIG, SASREC_FEATURES  # noqa: E402
 
-from lumos.compile.cuda_program import PASSES as CUDA_PASSES  # noqa: E402
-from lumos.compile.cuda_program import CudaCompilation, CudaOptions  # noqa: E402
 from lumos.compile.egraph.attention import find_attention, fuse_attention  # noqa: E402
 from lumos.compile.egraph.schedule import schedule_candidates  # noqa: E402
 from lumos.compile.frontend.lumos_model import lower_model  # noqa: E402
-from lumos.compile.program import PASSES, Compilation, Options, run_passes  # noqa: E402
+from lumos.compile.program import Compilation, Options, run_passes  # noqa: E402
 from lumos.compile.render.c import canonical_kernel_source, render_library  # noqa: E402
 from lumos.compile.runtime.kernel_cache import KernelCache  # noqa: E402
+from lumos.compile.target import CPU, CUDA  # noqa: E402
 from lumos.core.config import load_config  # noqa: E402
 from lumos.quickstart import RECIPES  # noqa: E402
 from lumos.train.config import TrainConfig  # noqa: E402
@@ -54,7 +53,7 @@ def _digest(text: str) -> str:
 
 
 def c_renderings(model: LumosModel, cache: KernelCache) -> dict[str, str]:
-    graph_passes = [step for step in PASSES if step[0] in ("egraph", "horizontal", "layout", "schedule")]
+    graph_passes = [step for step in CPU.passes if step[0] in ("egraph", "horizontal", "layout", "schedule")]
     compilation = run_passes(graph_passes, Compilation(lower_model(model, BATCH, model.max_len, symbolic_batch=True), Options()), cache)
     graph = compilation.graph
     programs = {"plain": (compilation.kernels, compilation.materialized)}
@@ -70,15 +69,15 @@ def c_renderings(model: LumosModel, cache: KernelCache) -> dict[str, str]:
             candidates, _ = schedule_candidates(kernel)
             for index, schedule in enumerate([None, *candidates]):
                 hashes[f"{program}/{kernel.name}/{index}"] = _digest(canonical_kernel_source(kernel, materialized, schedule))
-    planned = run_passes([step for step in PASSES if step[0] == "plan_buffers"], compilation, cache)
+    planned = run_passes([step for step in CPU.passes if step[0] == "plan_buffers"], compilation, cache)
     hashes["library"] = _digest(render_library(graph, planned.kernels, planned.materialized, planned.buffers))
     return hashes
 
 
 def cuda_renderings(model: LumosModel, cache: KernelCache) -> dict[str, str]:
-    passes = [step for step in CUDA_PASSES if step[0] != "build"]
-    compilation = run_passes(passes, CudaCompilation(lower_model(model, BATCH, model.max_len), CudaOptions()), cache)
-    program = compilation.program
+    passes = [step for step in CUDA.passes if step[0] != "build"]
+    compilation = run_passes(passes, Compilation(lower_model(model, BATCH, model.max_len), Options(), CUDA.name), cache)
+    program = compilation.cuda
     hashes = {f"kernel/{name}": _digest(source) for name, source in program.kernels.items()}
     return {**hashes, "source": _digest(program.source), "launches": _digest(repr(program.launches))}
 

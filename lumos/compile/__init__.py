@@ -11,9 +11,18 @@ The folders follow the pipeline:
     render/    printers: C (CPU) and CUDA, sharing one C-style printer
     runtime/   the kernel cache (gcc, NVRTC) and the native calls (ctypes; pycuda or cuda.bindings)
 
-and the driver beside them: `program` / `cuda_program` (the pass lists), `engine` (compile, verify,
-store and load plans: the API of `lumos compile` and inference; `verify`, `plan_store`,
-`compiled_model` and `cuda_engine` hold its parts).
+and the driver beside them, one module each for every target (each imports only the ones listed before it):
+
+    compilation   Options and the Compilation the passes fill in
+    passes        each pass: e-graph, horizontal, layout, schedule, search, attention, buffers, render, build
+    target        the Target record (passes, toolchain, runtime loader, tolerance, plan fields): CPU and CUDA
+    program       compile_graph(graph, cache, options, target=...): a target's passes in order; load_program
+    result        CompileResult: a built, loaded model with its compilation and plan
+    verify        the compiled model against eager PyTorch on the target's device; timing
+    plan_store    plans written, logged on the training run and loaded back
+    engine        compile_model, compile_run (`lumos compile`), load_compiled (inference)
+
+(`compiled_model` calls a loaded program like `LumosModel.forward`: CPU or GPU.)
 
 Any other module: `frontend.export.compile_module(module, example_inputs)`, or
 `torch.compile(module, backend="lumos")` (`frontend.torch_backend`, found by torch through the

@@ -1,4 +1,5 @@
-"""A built plan bound to a model's weights, called like `LumosModel.forward` in eval mode."""
+"""A built plan bound to a model's weights, called like `LumosModel.forward` in eval mode: on the
+CPU (`CompiledModel`, numpy in and out through ctypes) or on the GPU (`GpuModel`, CUDA tensors)."""
 
 from __future__ import annotations
 
@@ -8,11 +9,13 @@ import numpy as np
 import torch
 
 from lumos.compile.frontend.lumos_model import batch_tensors
+from lumos.compile.runtime.cuda import GpuProgram
 from lumos.compile.runtime.native import NativeProgram
 from lumos.data.contract import Batch, FeatureSpec
 from lumos.train.model import LumosModel, ModelOutput
 
 SEQUENCE_INPUTS = ("mask", "numeric")  # and every tokens.* input: (B, T, ...)
+OUTPUTS = ("user_embedding", "item_query", "act_logits", "value_pred")
 
 
 class CompiledModel:
@@ -25,6 +28,8 @@ class CompiledModel:
     A batch with longer histories than the plan runs in PyTorch on `fallback` (with a warning)
     when one is given, else raises ValueError. Not thread-safe: calls share one arena.
     """
+
+    pads_histories = True
 
     def __init__(self, program: NativeProgram, plan: dict, features: FeatureSpec, fallback: LumosModel | None = None):
         self.program, self.plan, self.features, self.fallback = program, plan, features, fallback
@@ -73,9 +78,36 @@ class CompiledModel:
                 self.fallback.train(was_training)
         named = {name: tensor.detach().cpu().float().numpy() for name, tensor in batch_tensors(batch, self.features).items()}
         out = self.run_arrays(named)
-        fields = {name: torch.from_numpy(out[name]) if name in out else None
-                  for name in ("user_embedding", "item_query", "act_logits", "value_pred")}
-        return ModelOutput(**fields)
+        return ModelOutput(**{name: torch.from_numpy(out[name]) if name in out else None for name in OUTPUTS})
+
+
+class GpuModel:
+    """A CUDA plan bound to a model's weights on the GPU, called like `LumosModel.forward` in eval
+    mode on a batch of up to the plan's rows at the plan's history length (no padding yet); the
+    outputs stay on the GPU."""
+
+    pads_histories = False
+
+    def __init__(self, program: GpuProgram, plan: dict, features: FeatureSpec):
+        self.program, self.plan, self.features = program, plan, features
+        self.batch_size, self.seq_len = plan["batch_size"], plan["seq_len"]
+        self.output_shapes = {item["name"]: tuple(item["shape"]) for item in plan["outputs"]}
+
+    def inputs(self, batch: Batch) -> dict[str, torch.Tensor]:
+        """The program's named inputs for `batch`, float32 on the GPU."""
+        program_inputs = {name for name, _ in self.program.inputs}
+        return {name: tensor.to("cuda", torch.float32) for name, tensor in batch_tensors(batch, self.features).items()
+                if name in program_inputs}
+
+    def outputs(self, batch: Batch) -> dict[str, torch.Tensor]:
+        named = self.inputs(batch)
+        out = self.program(named)
+        rows = next(iter(named.values())).shape[0]
+        return {name: value.reshape(rows, *self.output_shapes[name][1:]) for name, value in out.items()}
+
+    def __call__(self, batch: Batch) -> ModelOutput:
+        out = self.outputs(batch)
+        return ModelOutput(**{name: out.get(name) for name in OUTPUTS})
 
 
 class PlansByLength:

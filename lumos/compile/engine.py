@@ -1,9 +1,10 @@
 """The compiler's API for the CLI and for inference: compile a model, verify it, store its plan.
 
-`compile_model` traces and builds one model (program.py's passes), `verify.py` checks it against
-PyTorch, `plan_store.py` writes, logs and loads plans, and `compile_run` is `lumos compile`: all
-of it for one training run. The CUDA target (cuda_program.py) stops after NVRTC where no GPU
-exists (`compile_run_cuda`). The names other modules import from here stay here.
+`compile_model` traces and builds one model for a target (target.py: its passes, build and
+runtime), `verify.py` checks it against PyTorch on the target's device, `plan_store.py` writes,
+logs and loads plans, and `compile_run` is `lumos compile`: all of it for one training run. Where
+the target cannot run here (CUDA without a GPU) it stops after the build with NoGpuError. The
+names other modules import from here stay here.
 """
 
 from __future__ import annotations
@@ -12,12 +13,12 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from lumos.compile.compilation import DEFAULT_ARCH, Options
 from lumos.compile.compiled_model import SEQUENCE_INPUTS, CompiledModel  # noqa: F401 (re-exported)
 from lumos.compile.frontend.lumos_model import batch_tensors, lower_model
 from lumos.compile.plan_store import (  # noqa: F401 (re-exported)
     PLAN_FILE,
     PLAN_FORMAT,
-    SOURCE_FILE,
     artifact_dir,
     load_compiled,
     make_plan,
@@ -27,41 +28,36 @@ from lumos.compile.plan_store import (  # noqa: F401 (re-exported)
     store_plan,
     write_plan,
 )
-from lumos.compile.program import Compilation, Options, compile_graph, load_program
+from lumos.compile.program import compile_graph
+from lumos.compile.result import CompileResult
+from lumos.compile.runtime.cuda import gpu_arch
 from lumos.compile.runtime.kernel_cache import KernelCache
-from lumos.compile.verify import ATOL, RTOL, VerificationError, median_ms, time_forward, verify  # noqa: F401 (re-exported)
-from lumos.core.errors import UsageError
+from lumos.compile.target import ATOL, CPU, RTOL, TARGETS, Target, target_named  # noqa: F401 (re-exported)
+from lumos.compile.verify import VerificationError, median_ms, time_forward, verify  # noqa: F401 (re-exported)
+from lumos.core.errors import LumosError, UsageError
 from lumos.core.workspace import Workspace
 from lumos.train.memory import synthetic_batch
 from lumos.train.model import LumosModel
 
-TARGETS = ("cpu", "cuda")
 SEARCH_BUDGET_S = 120.0
 """`lumos compile`'s default schedule-search budget per model (cached results make a rerun fast)."""
 
 Report = Callable[[str], None]
 
 
+class NoGpuError(LumosError):
+    """The CUDA kernels were built, but there is no GPU to verify and time them on."""
+
+
 def check_target(target: str) -> None:
-    if target not in TARGETS:
-        raise UsageError(f"--target {target}: not available; choose from {list(TARGETS)}")
-
-
-@dataclass
-class CompileResult:
-    compiled: CompiledModel
-    compilation: Compilation
-    plan: dict
-    max_error: float = float("nan")
-    eager_ms: float = float("nan")
-    compiled_ms: float = float("nan")
-    seconds: dict[str, float] = field(default_factory=dict)
+    target_named(target)
 
 
 def compile_model(model: LumosModel, batch_size: int, seq_len: int, cache: KernelCache,
-                  options: Options | None = None, report: Report = lambda _: None) -> CompileResult:
-    """Trace, lower, fuse, plan, render and build `model` at (batch_size, seq_len)."""
-    options = options or Options()
+                  options: Options | None = None, report: Report = lambda _: None, target: Target = CPU) -> CompileResult:
+    """Trace, lower, fuse, plan, render and build `model` at (batch_size, seq_len) for `target`,
+    and load it where this machine runs the target (`CompileResult.compiled`, else None)."""
+    options = options or Options(arch=gpu_arch() or DEFAULT_ARCH)
     if batch_size < 1 or seq_len < 1:
         raise UsageError("--batch and --seq must be at least 1")
     if seq_len > model.max_len:
@@ -70,15 +66,16 @@ def compile_model(model: LumosModel, batch_size: int, seq_len: int, cache: Kerne
     report(f"tracing the model at batch {batch_size}, sequence {seq_len}")
     graph = lower_model(model, batch_size, seq_len, symbolic_batch=options.symbolic_batch)
     traced = time.perf_counter()
-    report(f"{len(graph.nodes)} IR nodes; fusing, searching schedules ({options.search_budget_s:.0f} s budget), "
-           "planning buffers and building" if options.search_budget_s > 0 else
-           f"{len(graph.nodes)} IR nodes; fusing, planning buffers and building")
+    toolchain = target.toolchain(options)
+    searching = f"searching schedules ({options.search_budget_s:.0f} s budget), " if (
+        options.search_budget_s > 0 and "search" in dict(target.passes)) else ""
+    report(f"{len(graph.nodes)} IR nodes; fusing, {searching}planning buffers and building with {toolchain.name}")
     example = {name: tensor.detach().cpu().float().numpy()
                for name, tensor in batch_tensors(synthetic_batch(model.features, batch_size, seq_len, seed=5),
                                                  model.features).items() if name in graph.inputs}
-    compilation = compile_graph(graph, cache, options, example_inputs=example)
-    plan = make_plan(compilation, model, batch_size, seq_len, cache.target)
-    compiled = CompiledModel(load_program(compilation), plan, model.features)
+    compilation = compile_graph(graph, cache, options, example_inputs=example, target=target)
+    plan = make_plan(compilation, model, batch_size, seq_len)
+    compiled = target.model(target.load(compilation, None), plan, model.features) if target.runs_here() else None
     seconds = {"trace": traced - started, **compilation.timings, "total": time.perf_counter() - started}
     return CompileResult(compiled, compilation, plan, seconds=seconds)
 
@@ -120,20 +117,24 @@ class CompileSummary:
 def compile_run(workspace: Workspace, run_id: str, target: str = "cpu", batch_size: int = 256,
                 seq_len: int | None = None, options: Options | None = None,
                 report: Report = lambda _: None, search_budget_s: float = SEARCH_BUDGET_S) -> CompileSummary:
-    """Compile a training run's model, verify it against PyTorch, store the plan on the run."""
+    """Compile a training run's model, verify it against PyTorch, store the plan on the run.
+
+    For a target this machine cannot run (CUDA without a GPU) it builds everything, then raises
+    NoGpuError: only the target's device can verify a plan, and an unverified one is not stored."""
     from lumos.core.runs import download_checkpoint
     from lumos.train.checkpoint import load_model
 
-    check_target(target)
+    chosen = target_named(target)
     settings = workspace.settings.compile
-    options = options or Options(cc=settings.cc, cflags=tuple(settings.cflags), search_budget_s=search_budget_s)
+    options = options or Options(cc=settings.cc, cflags=tuple(settings.cflags), search_budget_s=search_budget_s,
+                                 arch=gpu_arch() or DEFAULT_ARCH)
     model, _ = load_model(download_checkpoint(workspace, run_id, "--run"))
     model.eval()
     seq_len = seq_len or model.features.max_len
-    if target == "cuda":
-        return compile_run_cuda(workspace, run_id, model, batch_size, seq_len, report)
-    result = compile_model(model, batch_size, seq_len, KernelCache.for_workspace(workspace, target), options, report)
-    report("verifying against PyTorch")
+    result = compile_model(model, batch_size, seq_len, KernelCache.for_workspace(workspace, target), options, report, chosen)
+    if result.compiled is None:
+        raise NoGpuError(no_gpu_message(result))
+    report(f"verifying against PyTorch on the {chosen.device.upper()}")
     verify(result, model)
     report("timing")
     time_forward(result, model)
@@ -149,27 +150,12 @@ def compile_run(workspace: Workspace, run_id: str, target: str = "cpu", batch_si
                           search.cost_model if search else None, search.fusion if search else None)
 
 
-def compile_run_cuda(workspace: Workspace, run_id: str, model: LumosModel, batch_size: int, seq_len: int,
-                     report: Report = lambda _: None) -> CompileSummary:
-    """The CUDA target (cuda_engine.py): build with NVRTC; on a GPU verify, time and store the
-    plan; without one raise NoGpuError once the kernels are built."""
-    from lumos.compile import cuda_engine
-
-    if batch_size < 1 or seq_len < 1 or seq_len > model.max_len:
-        raise UsageError(f"--batch {batch_size} --seq {seq_len}: both at least 1, --seq at most the model's max_len {model.max_len}")
-    cache = KernelCache.for_workspace(workspace, "cuda")
-    result = cuda_engine.compile_cuda_model(model, batch_size, seq_len, cache, report=report)
-    if result.program is None:
-        raise cuda_engine.NoGpuError(cuda_engine.no_gpu_message(result, cache))
-    report("verifying against PyTorch on the GPU")
-    max_error = cuda_engine.verify_gpu(result, model)
-    report("timing with CUDA events")
-    eager_ms, compiled_ms = cuda_engine.time_gpu(result, model)
-    plan = cuda_engine.cuda_plan(result, model, batch_size, seq_len)
-    artifact = cuda_engine.store_cuda_plan(workspace, run_id, result, plan)
-    build = result.compilation.build
-    return CompileSummary(run_id, "cuda", batch_size, seq_len, result.compilation.stats(), max_error, eager_ms,
-                          compiled_ms, build.hit, result.seconds, artifact, str(build.library))
+def no_gpu_message(result: CompileResult) -> str:
+    compilation = result.compilation
+    return (f"built {len(compilation.cuda.launches)} CUDA kernels for {compilation.options.arch} with NVRTC "
+            f"{result.plan['nvrtc']} (kernel cache {compilation.build.library.parent}), but this machine has no CUDA GPU "
+            "to verify and time them on, so no plan was stored; run `lumos compile --target cuda` where "
+            "`lumos doctor` shows a GPU")
 
 
 def clear_cache(workspace: Workspace, target: str = "cpu") -> int:

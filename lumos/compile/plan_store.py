@@ -1,11 +1,13 @@
 """Plans on disk and on the training run: written, logged to MLflow, loaded and built again.
 
-A *plan* is everything needed to run a compiled model again without tracing it: the generated C
-(kernels and driver), the inputs, outputs and constant tensors in the driver's order, the buffer
-plan and the launch order, and the (batch, sequence) shape it was built for. It is stored as the
-artifacts `compile/<target>/seq-<n>/plan.json` and `.../library.c` of the training run (registered
-model versions point at their run), one folder per history length compiled: a run may hold plans
-at several lengths, and each batch runs on the shortest that holds it (`PlansByLength`). Weights
+A *plan* is everything needed to run a compiled model again without tracing it: the generated
+source, the inputs, outputs and constant tensors in the program's order, the (batch, sequence)
+shape it was built for, and what its target adds (C: the buffer plan, the launch order, the
+compiler; CUDA: the launches, the architecture and NVRTC). It is stored as the artifacts
+`compile/<target>/seq-<n>/plan.json` and the source (`library.c`, `kernels.cu`) of the training run
+(registered model versions point at their run), one folder per history length compiled: a run may
+hold plans at several lengths, and each batch runs on the shortest that holds it (`PlansByLength`).
+Only the C target's plans are loaded back yet (`Target.stored`). Weights
 are not copied into it: they are bound from the model when the plan is loaded, and a fingerprint
 of the model's config and feature spec makes sure the plan fits the model.
 """
@@ -18,33 +20,26 @@ import hashlib
 import json
 import tempfile
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
+from lumos.compile.compilation import Compilation, Options
 from lumos.compile.compiled_model import CompiledModel, PlansByLength
 from lumos.compile.ir.graph import LITERAL_PREFIX
-from lumos.compile.program import Compilation
 from lumos.compile.render.c import tensor_names
+from lumos.compile.result import CompileResult
 from lumos.compile.runtime.kernel_cache import KernelCache
 from lumos.compile.runtime.native import NativeProgram
 from lumos.compile.schedule.horizontal import weight_value
+from lumos.compile.target import CPU, TARGETS, target_named
 from lumos.core.errors import LumosError
 from lumos.core.settings import CompileSettings
 from lumos.core.workspace import Workspace
 from lumos.train.model import LumosModel
 
-if TYPE_CHECKING:
-    from lumos.compile.engine import CompileResult
-
 PLAN_FILE = "plan.json"
-SOURCE_FILE = "library.c"
 PLAN_FORMAT = 1  # bump when the plan fields or the driver signature (runtime.py) change
-STORED_TARGETS = ("cpu",)
-"""Targets whose plans are stored on the run and loaded back (the CUDA plan is not yet: it is
-only verified on a GPU, which this code has not run on)."""
-
 
 SEQ_FOLDER = "seq-"
 
@@ -63,8 +58,8 @@ def model_tensors(model: LumosModel) -> dict[str, torch.Tensor]:
     return {**dict(model.named_parameters()), **dict(model.named_buffers())}
 
 
-def make_plan(compilation: Compilation, model: LumosModel, batch_size: int, seq_len: int, target: str) -> dict:
-    graph, buffers = compilation.graph, compilation.buffers
+def make_plan(compilation: Compilation, model: LumosModel, batch_size: int, seq_len: int) -> dict:
+    graph = compilation.graph
     tensors = []
     for name in tensor_names(graph):
         value = graph.tensors[name]
@@ -74,7 +69,7 @@ def make_plan(compilation: Compilation, model: LumosModel, batch_size: int, seq_
         tensors.append(entry)
     return {
         "format": PLAN_FORMAT,
-        "target": target,
+        "target": compilation.target,
         "batch_size": batch_size,
         "seq_len": seq_len,
         "symbolic_batch": graph.batch is not None,
@@ -83,30 +78,23 @@ def make_plan(compilation: Compilation, model: LumosModel, batch_size: int, seq_
         "outputs": [{"name": name, "node_shape": list(node.shape), "shape": list(graph.output_shapes[name])}
                     for name, node in graph.outputs.items()],
         "tensors": tensors,
-        "kernels": [{"name": k.name, "node": k.node.id, "kind": k.kind, "shape": list(k.node.shape),
-                     "ops": len(k.unique_fused), "reads": [n.id for n in k.reads], "origin": k.node.origin}
-                    for k in compilation.kernels],
-        "launch_order": [k.name for k in compilation.kernels],
-        "buffers": [{"node": b.node.id, "offset": b.offset, "bytes": b.bytes, "live": [b.first, b.last]}
-                    for b in sorted(buffers.buffers.values(), key=lambda b: b.first)],
-        "arena_bytes": buffers.arena_bytes,
+        "arena_bytes": compilation.buffers.arena_bytes,
         "stats": compilation.stats(),
         "source_sha256": hashlib.sha256(compilation.source.encode()).hexdigest(),
-        "cc": compilation.options.cc,
-        "cflags": list(compilation.options.cflags),
+        **TARGETS[compilation.target].plan_fields(compilation),
     }
 
 
 def write_plan(folder: Path, result: CompileResult) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / SOURCE_FILE).write_text(result.compilation.source)
+    (folder / result.target.source_file).write_text(result.compilation.source)
     (folder / PLAN_FILE).write_text(json.dumps(result.plan, indent=1))
     return folder
 
 
 def program_from_plan(folder: Path, model: LumosModel, cache: KernelCache,
                       local: CompileSettings | None = None) -> CompiledModel | None:
-    """A stored plan built (through the cache) and bound to `model`'s weights; None if it does not fit.
+    """A stored C plan built (through the cache) and bound to `model`'s weights; None if it does not fit.
 
     The library is built with this host's compiler and flags (`local`), never with the `cc` and
     `cflags` recorded in the plan: a plan is data from elsewhere, and its flags (`-march=native`
@@ -115,11 +103,11 @@ def program_from_plan(folder: Path, model: LumosModel, cache: KernelCache,
     """
     local = local or CompileSettings()
     plan = json.loads((folder / PLAN_FILE).read_text())
-    source = (folder / SOURCE_FILE).read_text()
+    source = (folder / CPU.source_file).read_text()
     if plan.get("format") != PLAN_FORMAT or plan.get("model_fingerprint") != model_fingerprint(model):
         return None
     if hashlib.sha256(source.encode()).hexdigest() != plan["source_sha256"]:
-        raise LumosError(f"{folder / SOURCE_FILE} does not match its plan (sha256); recompile with lumos compile")
+        raise LumosError(f"{folder / CPU.source_file} does not match its plan (sha256); recompile with lumos compile")
     weights = model_tensors(model)
     tensors = []
     for entry in plan["tensors"]:
@@ -130,7 +118,7 @@ def program_from_plan(folder: Path, model: LumosModel, cache: KernelCache,
             if value is None or list(value.shape) != entry["shape"]:
                 return None
         tensors.append(value)
-    build = cache.build(source, local.cc, tuple(local.cflags))
+    build = cache.build(source, CPU.toolchain(Options(cc=local.cc, cflags=tuple(local.cflags))))
     program = NativeProgram(
         build.library,
         [(item["name"], tuple(item["shape"])) for item in plan["inputs"]],
@@ -167,7 +155,7 @@ def load_compiled(workspace: Workspace, run_id: str, model: LumosModel, target: 
     from lumos.core.runs import COMPILE_TAG_PREFIX
     from lumos.core.tracking import tracking_client
 
-    if target not in STORED_TARGETS:
+    if not target_named(target).stored:
         return None
     try:
         run = tracking_client(workspace).get_run(run_id)

@@ -34,12 +34,13 @@ import torch
 from torch import nn
 from torch.utils import _pytree as pytree
 
-from lumos.compile.engine import ATOL, RTOL, VerificationError
 from lumos.compile.frontend.lumos_model import UnsupportedOp, lower_program
 from lumos.compile.ir.graph import Graph, mark_batch
 from lumos.compile.program import Compilation, Options, compile_graph, load_program
 from lumos.compile.runtime.kernel_cache import KernelCache
 from lumos.compile.runtime.native import NativeProgram
+from lumos.compile.target import CPU
+from lumos.compile.verify import VerificationError
 from lumos.core.errors import UsageError
 
 EXACT_IDS = 2 ** 24
@@ -54,9 +55,10 @@ def default_kernel_cache() -> KernelCache:
 
 def build_program(graph: Graph, cache: KernelCache, options: Options,
                   example: dict[str, np.ndarray]) -> tuple[Compilation, NativeProgram]:
-    """program.py's passes, then the library loaded and bound to the graph's weights. The one
-    call into the compiler's driver (with engine's ATOL, RTOL, VerificationError, imported above)."""
-    compilation = compile_graph(graph, cache, options, example_inputs=example)
+    """The C target's passes (program.py), then the library loaded and bound to the graph's
+    weights. The one call into the compiler's driver (with the target's tolerance and verify's
+    VerificationError, imported above)."""
+    compilation = compile_graph(graph, cache, options, example_inputs=example, target=CPU)
     return compilation, load_program(compilation)
 
 
@@ -241,9 +243,9 @@ def verify_module(compiled: CompiledModule, module: nn.Module, inputs: Sequence[
                 raise VerificationError(f"output {index}: compiled shape {have.shape}, torch {want.shape}")
             error = float(np.max(np.abs(want - have))) if want.size else 0.0
             worst = max(worst, error)
-            if not np.allclose(have, want, atol=ATOL, rtol=RTOL):
+            if not np.allclose(have, want, atol=CPU.atol, rtol=CPU.rtol):
                 raise VerificationError(f"output {index} differs from PyTorch by up to {error:.3g} "
-                                        f"(tolerance {ATOL} + {RTOL}·|x|)")
+                                        f"(tolerance {CPU.atol} + {CPU.rtol}·|x|)")
     compiled.max_error = worst if np.isnan(compiled.max_error) else max(worst, compiled.max_error)
     return worst
 

@@ -1,11 +1,13 @@
 """The kernel cache: built libraries, content-addressed on disk.
 
-The key is the hash of (source, compiler and its version, flags, target, host CPU), so any change
-to what would be built is a different entry; for the CUDA target, of (source, NVRTC version, GPU
-architecture, flags), the entry holding `kernels.ptx` and `kernels.cu`. The CPU is in it because the default flags hold
-`-march=native`: a workspace shared by hosts with different CPUs must not hand one host a library
-built for another's instruction set (SIGILL). An entry is a folder `<root>/<target>/<key[:2]>/<key>/` with
-`library.so`, `library.c` and `entry.json` (the key and the library's sha256). It is built in a
+What builds a source is a `Toolchain`: gcc for the C target (`gcc` here), NVRTC for CUDA
+(`nvrtc.nvrtc_toolchain`). The key is the hash of (source, target, the toolchain's key parts):
+for C the compiler and its version, the flags and the host CPU; for CUDA NVRTC's version, the GPU
+architecture and the flags. So any change to what would be built is a different entry. The CPU is
+in the C key because the default flags hold `-march=native`: a workspace shared by hosts with
+different CPUs must not hand one host a library built for another's instruction set (SIGILL).
+An entry is a folder `<root>/<target>/<key[:2]>/<key>/` with the source, the product
+(`library.so`; `kernels.ptx`) and `entry.json` (the key and the product's sha256). It is built in a
 temporary folder and renamed into place, so readers never see half an entry; an entry whose
 library is missing or does not match its recorded hash (a partial or corrupted write) is removed
 and rebuilt.
@@ -26,6 +28,7 @@ import subprocess
 import tempfile
 import time
 import uuid
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -34,8 +37,6 @@ from lumos.core.workspace import Workspace
 
 LIBRARY = "library.so"
 SOURCE = "library.c"
-PTX = "kernels.ptx"
-CUDA_SOURCE = "kernels.cu"
 ENTRY = "entry.json"
 
 
@@ -56,6 +57,47 @@ class Build:
     hit: bool
     seconds: float
     """Time to find or build it."""
+
+
+@dataclass(frozen=True)
+class Toolchain:
+    """How a target's source becomes the file its runtime loads, as far as the cache is concerned."""
+
+    name: str
+    """For messages: "gcc", "NVRTC 13.2 for sm_80"."""
+    key_parts: Mapping[str, object]
+    """What the cache key holds besides the source and the target: the compiler and its version,
+    the flags, the GPU architecture."""
+    source_file: str
+    product: str
+    """The file the runtime loads (library.so, kernels.ptx)."""
+    compile: Callable[[str, Path, int], None]
+    """(source, folder, parallel jobs): writes `product` into the folder, which holds `source_file`."""
+    host_specific: bool = False
+    """The product runs only on CPUs like the one it was built for (`-march=native`): the cache's
+    CPU joins the key."""
+
+
+def gcc(cc: str, flags: tuple[str, ...]) -> Toolchain:
+    """The C target's toolchain: `cc` with `flags`, one translation unit per job, then linked."""
+    return Toolchain(cc, {"cc": cc, "cc_version": compiler_version(cc), "flags": list(flags)}, SOURCE, LIBRARY,
+                     functools.partial(_compile_c, cc, tuple(flags)), host_specific=True)
+
+
+def _compile_c(cc: str, flags: tuple[str, ...], source: str, staging: Path, jobs: int) -> None:
+    units = translation_units(source, jobs)
+    if len(units) == 1:
+        _run([cc, *flags, "-shared", "-fPIC", "-o", str(staging / LIBRARY), str(staging / SOURCE), "-lm"])
+        return
+    paths = [staging / f"unit{index}.c" for index in range(len(units))]
+    for path, unit in zip(paths, units, strict=True):
+        path.write_text(unit)
+    _run_all([[cc, *flags, "-fPIC", "-c", "-o", str(path.with_suffix(".o")), str(path)] for path in paths])
+    _run([cc, *flags, "-shared", "-fPIC", "-o", str(staging / LIBRARY), *(str(path.with_suffix(".o")) for path in paths),
+          "-lm"])
+    for path in paths:
+        path.unlink()
+        path.with_suffix(".o").unlink()
 
 
 @functools.cache
@@ -146,10 +188,11 @@ class KernelCache:
             raise UsageError(f"the kernel cache needs a local folder; workspace root {workspace.root} is remote")
         return KernelCache(location, target)
 
-    def key(self, source: str, cc: str, flags: tuple[str, ...]) -> str:
-        material = json.dumps({"source": source, "cc": cc, "cc_version": compiler_version(cc), "flags": list(flags),
-                               "target": self.target, "cpu": self.cpu}, sort_keys=True)
-        return hashlib.sha256(material.encode()).hexdigest()
+    def key(self, source: str, toolchain: Toolchain) -> str:
+        material = {"source": source, **toolchain.key_parts, "target": self.target}
+        if toolchain.host_specific:
+            material["cpu"] = self.cpu
+        return hashlib.sha256(json.dumps(material, sort_keys=True).encode()).hexdigest()
 
     def entry(self, key: str) -> Path:
         return self.root / key[:2] / key
@@ -168,57 +211,22 @@ class KernelCache:
         shutil.rmtree(folder, ignore_errors=True)
         return None
 
-    def build(self, source: str, cc: str, flags: tuple[str, ...]) -> Build:
+    def build(self, source: str, toolchain: Toolchain) -> Build:
+        """`source` built by `toolchain`, found in the cache or built into it: `Build.library` is
+        the product (the C library, the PTX)."""
         started = time.perf_counter()
-        key = self.key(source, cc, flags)
-        found = self.lookup(key)
+        key = self.key(source, toolchain)
+        found = self.lookup(key, toolchain.product)
         if found is not None:
             return Build(found, key, True, time.perf_counter() - started)
 
         def make(staging: Path) -> None:
-            (staging / SOURCE).write_text(source)
-            units = translation_units(source, self.jobs)
-            if len(units) == 1:
-                _run([cc, *flags, "-shared", "-fPIC", "-o", str(staging / LIBRARY), str(staging / SOURCE), "-lm"])
-                return
-            paths = [staging / f"unit{index}.c" for index in range(len(units))]
-            for path, unit in zip(paths, units, strict=True):
-                path.write_text(unit)
-            _run_all([[cc, *flags, "-fPIC", "-c", "-o", str(path.with_suffix(".o")), str(path)] for path in paths])
-            _run([cc, *flags, "-shared", "-fPIC", "-o", str(staging / LIBRARY), *(str(path.with_suffix(".o")) for path in paths),
-                  "-lm"])
-            for path in paths:
-                path.unlink()
-                path.with_suffix(".o").unlink()
+            (staging / toolchain.source_file).write_text(source)
+            toolchain.compile(source, staging, self.jobs)
 
-        self._store(key, LIBRARY, make, {"cc": cc, "flags": list(flags), "cpu": self.cpu})
-        return Build(self.entry(key) / LIBRARY, key, False, time.perf_counter() - started)
-
-    def cuda_key(self, source: str, arch: str, flags: tuple[str, ...]) -> str:
-        """A CUDA build's key: the source, NVRTC's version, the GPU architecture and the flags."""
-        from lumos.compile.runtime.nvrtc import nvrtc_version
-
-        material = json.dumps({"source": source, "nvrtc": nvrtc_version(), "arch": arch, "flags": list(flags),
-                               "target": self.target}, sort_keys=True)
-        return hashlib.sha256(material.encode()).hexdigest()
-
-    def build_cuda(self, source: str, arch: str, flags: tuple[str, ...] | None = None) -> Build:
-        """PTX for `arch` built by NVRTC (nvrtc.py), through the cache: `Build.library` is the .ptx file."""
-        from lumos.compile.runtime.nvrtc import FLAGS, compile_cuda, nvrtc_version
-
-        flags = FLAGS if flags is None else flags
-        started = time.perf_counter()
-        key = self.cuda_key(source, arch, flags)
-        found = self.lookup(key, PTX)
-        if found is not None:
-            return Build(found, key, True, time.perf_counter() - started)
-
-        def make(staging: Path) -> None:
-            (staging / CUDA_SOURCE).write_text(source)
-            (staging / PTX).write_bytes(compile_cuda(source, arch, flags).code)
-
-        self._store(key, PTX, make, {"nvrtc": nvrtc_version(), "arch": arch, "flags": list(flags)})
-        return Build(self.entry(key) / PTX, key, False, time.perf_counter() - started)
+        described = {**toolchain.key_parts, **({"cpu": self.cpu} if toolchain.host_specific else {})}
+        self._store(key, toolchain.product, make, described)
+        return Build(self.entry(key) / toolchain.product, key, False, time.perf_counter() - started)
 
     def _store(self, key: str, product: str, make, described: dict) -> None:
         """Build an entry in a temporary folder (`make` writes its files) and rename it into place."""

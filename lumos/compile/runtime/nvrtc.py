@@ -10,12 +10,18 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
+from pathlib import Path
 
+from lumos.compile.runtime.kernel_cache import Toolchain
 from lumos.core.errors import LumosError, UsageError
 
 FLAGS = ("--std=c++17", "--fmad=true")
 """NVRTC options besides the architecture: IEEE float math (no --use_fast_math), as the C target has,
 so that the GPU plan can be verified against torch at 1e-4."""
+
+
+PTX_FILE = "kernels.ptx"
+SOURCE_FILE = "kernels.cu"
 
 
 class CudaBuildError(LumosError):
@@ -99,6 +105,17 @@ def compile_cuda(source: str, arch: str, flags: tuple[str, ...] = FLAGS, name: s
         return PTX(arch, code[:size], log_text)
     finally:
         nvrtc.nvrtcDestroyProgram(program)
+
+
+def nvrtc_toolchain(arch: str, flags: tuple[str, ...] = FLAGS) -> Toolchain:
+    """The CUDA target's toolchain: PTX for `arch`; the key holds NVRTC's version, `arch` and `flags`."""
+    version = nvrtc_version()
+    return Toolchain(f"NVRTC {version} for {arch}", {"nvrtc": version, "arch": arch, "flags": list(flags)},
+                     SOURCE_FILE, PTX_FILE, functools.partial(_compile_ptx, arch, tuple(flags)))
+
+
+def _compile_ptx(arch: str, flags: tuple[str, ...], source: str, staging: Path, jobs: int) -> None:
+    (staging / PTX_FILE).write_bytes(compile_cuda(source, arch, flags).code)
 
 
 def _writable(size: int) -> bytes:

@@ -37,7 +37,7 @@ import numpy as np
 from lumos.compile.ir.graph import LEAF, REDUCE, Graph, Node, Op, View, is_matmul, is_product_sum
 from lumos.compile.ir.interpret import product_sum, read_view, run_node, summed_products
 from lumos.compile.render.c import canonical_kernel_source, render_library, tensor_names
-from lumos.compile.runtime.kernel_cache import BuildError, KernelCache
+from lumos.compile.runtime.kernel_cache import BuildError, KernelCache, gcc
 from lumos.compile.runtime.native import NativeProgram
 from lumos.compile.schedule.buffers import FLOAT_BYTES, plan_buffers
 from lumos.compile.schedule.kernels import Kernel, KernelSchedule, build_kernels
@@ -353,7 +353,7 @@ class Bench:
         graph = self.graph
         buffers = plan_buffers(graph, kernels, reuse=reuse)
         source = render_library(graph, kernels, materialized, buffers, schedules, always_barrier=not reuse)
-        program = NativeProgram(self.cache.build(source, self.cc, self.cflags).library,
+        program = NativeProgram(self.cache.build(source, gcc(self.cc, self.cflags)).library,
                                 [(name, node.shape) for name, node in graph.inputs.items()],
                                 [(name, node.shape) for name, node in graph.outputs.items()],
                                 [graph.tensors[name] for name in tensor_names(graph)], buffers.arena_bytes,

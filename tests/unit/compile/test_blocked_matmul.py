@@ -15,6 +15,7 @@ from lumos.compile.ir.interpret import interpret
 from lumos.compile.program import Options, compile_graph, load_program
 from lumos.compile.render import c as render_c
 from lumos.compile.render.c import render_library, tensor_names
+from lumos.compile.runtime.kernel_cache import gcc
 from lumos.compile.runtime.native import NativeProgram
 from lumos.compile.schedule.kernels import KernelSchedule
 
@@ -38,7 +39,7 @@ def run_with(graph: Graph, inputs, kernel_cache, schedule: KernelSchedule) -> tu
     compilation = compile_graph(graph, kernel_cache)
     source = render_library(graph, compilation.kernels, compilation.materialized, compilation.buffers,
                             {kernel.name: schedule for kernel in compilation.kernels})
-    program = NativeProgram(kernel_cache.build(source, "gcc", Options().cflags).library,
+    program = NativeProgram(kernel_cache.build(source, gcc("gcc", Options().cflags)).library,
                             [(n, v.shape) for n, v in graph.inputs.items()], [(n, v.shape) for n, v in graph.outputs.items()],
                             [graph.tensors[n] for n in tensor_names(graph)], compilation.buffers.arena_bytes)
     return program(inputs)["y"], source

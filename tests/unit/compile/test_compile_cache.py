@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from lumos.compile.runtime.kernel_cache import ENTRY, LIBRARY, UNIT_BREAK, KernelCache, host_cpu, translation_units
+from lumos.compile.runtime.kernel_cache import ENTRY, LIBRARY, UNIT_BREAK, KernelCache, gcc, host_cpu, translation_units
 
 SOURCE = "float lumos_answer(void) { return 42.0f; }\n"
 FLAGS = ("-O1",)
@@ -22,8 +22,8 @@ def answer(path) -> float:
 
 def test_miss_then_hit(tmp_path):
     cache = KernelCache(tmp_path, "cpu")
-    first = cache.build(SOURCE, "gcc", FLAGS)
-    second = cache.build(SOURCE, "gcc", FLAGS)
+    first = cache.build(SOURCE, gcc("gcc", FLAGS))
+    second = cache.build(SOURCE, gcc("gcc", FLAGS))
     assert not first.hit and second.hit and first.library == second.library
     assert first.library.is_relative_to(tmp_path / "cpu") and answer(second.library) == 42.0
     assert len(cache.entries()) == 1 and not list((tmp_path / "cpu").glob(".build-*"))
@@ -31,10 +31,10 @@ def test_miss_then_hit(tmp_path):
 
 def test_key_covers_source_flags_and_target(tmp_path):
     cache = KernelCache(tmp_path, "cpu")
-    key = cache.key(SOURCE, "gcc", FLAGS)
-    assert key != cache.key(SOURCE + "\n", "gcc", FLAGS)
-    assert key != cache.key(SOURCE, "gcc", ("-O2",))
-    assert key != KernelCache(tmp_path, "cuda").key(SOURCE, "gcc", FLAGS)
+    key = cache.key(SOURCE, gcc("gcc", FLAGS))
+    assert key != cache.key(SOURCE + "\n", gcc("gcc", FLAGS))
+    assert key != cache.key(SOURCE, gcc("gcc", ("-O2",)))
+    assert key != KernelCache(tmp_path, "cuda").key(SOURCE, gcc("gcc", FLAGS))
 
 
 def test_key_covers_the_host_cpu(tmp_path):
@@ -47,31 +47,31 @@ def test_key_covers_the_host_cpu(tmp_path):
         model = next(line for line in cpuinfo.read_text().splitlines() if line.startswith("model name"))
         assert " ".join(model.partition(":")[2].split()) in host_cpu()
     elsewhere = KernelCache(tmp_path, "cpu", cpu="another CPU; flags: sse2")
-    assert here.key(SOURCE, "gcc", FLAGS) != elsewhere.key(SOURCE, "gcc", FLAGS)
-    built = here.build(SOURCE, "gcc", FLAGS)
-    assert not elsewhere.build(SOURCE, "gcc", FLAGS).hit and here.build(SOURCE, "gcc", FLAGS).hit
+    assert here.key(SOURCE, gcc("gcc", FLAGS)) != elsewhere.key(SOURCE, gcc("gcc", FLAGS))
+    built = here.build(SOURCE, gcc("gcc", FLAGS))
+    assert not elsewhere.build(SOURCE, gcc("gcc", FLAGS)).hit and here.build(SOURCE, gcc("gcc", FLAGS)).hit
     assert json.loads((built.library.parent / ENTRY).read_text())["cpu"] == host_cpu()
 
 
 def test_corrupt_or_partial_entries_are_rebuilt(tmp_path):
     cache = KernelCache(tmp_path, "cpu")
-    built = cache.build(SOURCE, "gcc", FLAGS)
+    built = cache.build(SOURCE, gcc("gcc", FLAGS))
     built.library.write_bytes(built.library.read_bytes()[:100])  # truncated library
-    rebuilt = cache.build(SOURCE, "gcc", FLAGS)
+    rebuilt = cache.build(SOURCE, gcc("gcc", FLAGS))
     assert not rebuilt.hit and rebuilt.library.stat().st_size > 100
     (rebuilt.library.parent / ENTRY).unlink()  # an entry without its record: a partial write
-    assert not cache.build(SOURCE, "gcc", FLAGS).hit
-    entry = cache.entry(cache.key(SOURCE, "gcc", FLAGS))
+    assert not cache.build(SOURCE, gcc("gcc", FLAGS)).hit
+    entry = cache.entry(cache.key(SOURCE, gcc("gcc", FLAGS)))
     (entry / ENTRY).write_text(json.dumps({"key": "other", "sha256": "0"}))
-    assert not cache.build(SOURCE, "gcc", FLAGS).hit
-    assert cache.build(SOURCE, "gcc", FLAGS).hit and (entry / LIBRARY).is_file()
+    assert not cache.build(SOURCE, gcc("gcc", FLAGS)).hit
+    assert cache.build(SOURCE, gcc("gcc", FLAGS)).hit and (entry / LIBRARY).is_file()
 
 
 def test_clear(tmp_path):
     cache = KernelCache(tmp_path, "cpu")
-    cache.build(SOURCE, "gcc", FLAGS)
+    cache.build(SOURCE, gcc("gcc", FLAGS))
     assert cache.clear() == 1 and cache.entries() == []
-    assert not cache.build(SOURCE, "gcc", FLAGS).hit
+    assert not cache.build(SOURCE, gcc("gcc", FLAGS)).hit
 
 
 HEADER = '#define HIDDEN __attribute__((visibility("hidden")))\n'
@@ -91,7 +91,7 @@ def test_a_source_is_cut_into_units_that_each_start_with_the_header():
 
 @pytest.mark.parametrize("jobs", [1, 2, 3])
 def test_units_compiled_at_once_link_into_one_library_that_exports_only_the_driver(tmp_path, jobs):
-    built = KernelCache(tmp_path, "cpu", jobs=jobs).build(UNITS_SOURCE, "gcc", FLAGS)
+    built = KernelCache(tmp_path, "cpu", jobs=jobs).build(UNITS_SOURCE, gcc("gcc", FLAGS))
     assert answer(built.library) == 42.0
     with pytest.raises(AttributeError):
         _ = ctypes.CDLL(str(built.library)).part1  # hidden: another library's part1 can never be bound instead
@@ -105,5 +105,5 @@ def test_a_unit_that_does_not_compile_is_a_build_error_and_leaves_no_entry(tmp_p
     broken = UNITS_SOURCE.replace("return 3.0f;", "return 3.0f +;")
     cache = KernelCache(tmp_path, "cpu", jobs=3)
     with pytest.raises(BuildError, match="expected expression"):
-        cache.build(broken, "gcc", FLAGS)
+        cache.build(broken, gcc("gcc", FLAGS))
     assert cache.entries() == [] and not list((tmp_path / "cpu").glob(".build-*"))

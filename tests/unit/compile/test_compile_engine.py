@@ -17,7 +17,9 @@ from lumos.compile.engine import (
     verify,
     write_plan,
 )
+from lumos.compile.program import Options
 from lumos.compile.runtime.kernel_cache import ENTRY, KernelCache
+from lumos.compile.target import CUDA
 from lumos.core.settings import CompileSettings
 from lumos.data.contract import FeatureSpec
 from lumos.train.memory import synthetic_batch
@@ -133,3 +135,17 @@ def test_verification_refuses_a_wrong_program(compiled, model):
             param.add_(0.5)
     with pytest.raises(VerificationError, match="differs from PyTorch"):
         verify(compiled, broken)
+
+
+def test_the_cuda_target_goes_through_the_same_engine_and_loads_only_on_a_gpu(model, tmp_path):
+    """Without a GPU: traced, fused, rendered and built by NVRTC, its plan made and written as the
+    C target's is; `compiled` only where a GPU can run it."""
+    pytest.importorskip("cuda.bindings.nvrtc")
+    result = compile_model(model, 4, 10, KernelCache(tmp_path / "kernels", "cuda"), Options(arch="sm_90"), target=CUDA)
+    assert (result.compiled is not None) == torch.cuda.is_available()
+    assert result.plan["target"] == "cuda" and result.plan["arch"] == "sm_90"
+    assert len(result.plan["launches"]) == result.plan["stats"]["kernels"] == len(result.compilation.kernels)
+    assert b".target sm_90" in result.compilation.build.library.read_bytes()
+    folder = write_plan(tmp_path / "plan", result)
+    assert sorted(path.name for path in folder.iterdir()) == ["kernels.cu", PLAN_FILE]
+    assert (folder / "kernels.cu").read_text() == result.compilation.source

@@ -10,13 +10,13 @@ import torch
 import torch.nn.functional as F
 from test_compile_ops import CASES, INPUTS, T
 
-from lumos.compile.cuda_engine import compile_cuda_model, gpu_outputs, time_gpu, verify_gpu
-from lumos.compile.cuda_program import CudaOptions, compile_cuda_graph
+from lumos.compile.engine import compile_model, time_forward, verify
 from lumos.compile.ir.graph import Graph
 from lumos.compile.ir.hl_ops import Tensor, attention, mark_output
-from lumos.compile.render.c import tensor_names
-from lumos.compile.runtime.cuda import GpuProgram, gpu_arch
+from lumos.compile.program import Options, compile_graph, load_program
+from lumos.compile.runtime.cuda import gpu_arch
 from lumos.compile.runtime.kernel_cache import KernelCache
+from lumos.compile.target import CUDA
 from lumos.data.contract import FeatureSpec
 from lumos.train.memory import synthetic_batch
 from lumos.train.model import LumosModel, ModelConfig
@@ -25,13 +25,8 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
 
 
 def gpu_program(graph: Graph, cache: KernelCache):
-    compilation = compile_cuda_graph(graph, cache, CudaOptions(gpu_arch()))
-    program = GpuProgram(compilation.build.library.read_bytes(), compilation.program.launches,
-                         [(name, node.shape) for name, node in graph.inputs.items()],
-                         [(name, node.shape) for name, node in graph.outputs.items()],
-                         [graph.tensors[name] for name in tensor_names(graph)], compilation.buffers.arena_bytes,
-                         graph.batch is not None)
-    return compilation, program
+    compilation = compile_graph(graph, cache, Options(arch=gpu_arch()), target=CUDA)
+    return compilation, load_program(compilation)
 
 
 @pytest.fixture(scope="module")
@@ -87,14 +82,14 @@ CONFIG = ModelConfig(d_model=8, n_heads=2, encoder_layers=2, decoder_layers=1, d
 def test_a_whole_model_matches_torch_and_replays_one_graph(tmp_path):
     torch.manual_seed(0)
     model = LumosModel(CONFIG, FEATURES).eval()
-    result = compile_cuda_model(model, 17, 17, KernelCache(tmp_path, "cuda"))
-    assert verify_gpu(result, model) < 1e-4
+    result = compile_model(model, 17, 17, KernelCache(tmp_path, "cuda"), target=CUDA)
+    assert verify(result, model) < 1e-4
     batch = synthetic_batch(FEATURES, 5, 17, seed=9).to("cuda")
-    first, second = gpu_outputs(result, model.cuda(), batch), gpu_outputs(result, model, batch)
-    assert set(result.program.captured) >= {5}  # one captured graph per row count, reused
+    first, second = result.compiled.outputs(batch), result.compiled.outputs(batch)
+    assert set(result.compiled.program.captured) >= {5}  # one captured graph per row count, reused
     for name in first:
         assert torch.equal(first[name], second[name])
-    eager_ms, compiled_ms = time_gpu(result, model, repeats=3)
+    eager_ms, compiled_ms = time_forward(result, model, repeats=3)
     assert eager_ms > 0 and compiled_ms > 0
 
 

@@ -17,6 +17,7 @@ from lumos.compile.ir.hl_ops import Tensor, attention, mark_output
 from lumos.compile.ir.interpret import interpret
 from lumos.compile.program import Options, compile_graph, load_program
 from lumos.compile.render.c import render_library, tensor_names
+from lumos.compile.runtime.kernel_cache import gcc
 from lumos.compile.runtime.native import NativeProgram
 from lumos.compile.schedule.buffers import plan_buffers
 from lumos.compile.schedule.kernels import KernelSchedule, schedule
@@ -159,7 +160,7 @@ def test_16_float_loops_are_candidates_where_a_kernel_computes_a_transcendental_
     for sched in (KernelSchedule(wide=True), next(s for s in candidates if s.wide and s.rows)):
         source = render_library(graph, kernels, materialized, plan, {gelu.name: sched})
         assert f"LUMOS_KERNEL LUMOS_WIDE void {gelu.name}(" in source and source.count("LUMOS_WIDE void") == 2
-        program = NativeProgram(kernel_cache.build(source, "gcc", Options().cflags).library,
+        program = NativeProgram(kernel_cache.build(source, gcc("gcc", Options().cflags)).library,
                                 [(n, node.shape) for n, node in graph.inputs.items()],
                                 [(n, node.shape) for n, node in graph.outputs.items()],
                                 [graph.tensors[n] for n in tensor_names(graph)], plan.arena_bytes)
@@ -203,7 +204,7 @@ def fused_kernels(graph: Graph, kernel_cache):
 def run_fused(graph: Graph, inputs, kernel_cache, kernels, materialized, plan, schedules=None) -> tuple[np.ndarray, str]:
     """The fused program's output (shaped like the graph's) and its C."""
     source = render_library(graph, kernels, materialized, plan, schedules)
-    program = NativeProgram(kernel_cache.build(source, "gcc", Options().cflags).library,
+    program = NativeProgram(kernel_cache.build(source, gcc("gcc", Options().cflags)).library,
                             [(n, node.shape) for n, node in graph.inputs.items()],
                             [(n, node.shape) for n, node in graph.outputs.items()],
                             [graph.tensors[n] for n in tensor_names(graph)], plan.arena_bytes)
@@ -345,7 +346,7 @@ def test_the_softmax_exponent_is_exp2_to_two_ulp_where_it_is_used(kernel_cache):
 
     source = HEADER + ("void exps(const float* x, float* y, int n) {\n"
                        "  for (int i = 0; i < n; i++) y[i] = lumos_exp2f_nonpositive(x[i]);\n}\n")
-    library = ctypes.CDLL(str(kernel_cache.build(source, "gcc", Options().cflags).library))
+    library = ctypes.CDLL(str(kernel_cache.build(source, gcc("gcc", Options().cflags)).library))
     x = np.concatenate([np.linspace(-126.0, 0.0, 200_001), [-0.0, -1e-8, -0.5, -1.5, -125.9, -126.0]]).astype(np.float32)
     low = np.array([-127.0, -127.5, -128.0, -1e30, -np.inf], np.float32)
     special = np.concatenate([x, low, [np.nan]]).astype(np.float32)
@@ -376,7 +377,7 @@ float sum(const float* x) {{ return lumos_sum_lanes{n}(lumos_load{n}(x)); }}
 void load_first(const float* p, int count, float* y) {{ lumos_store{n}(y, lumos_load{n}_first(p, count)); }}
 void first(const float* p, int count, float* y) {{ lumos_store{n}(y, lumos_first{n}(lumos_load{n}(p), count, -INFINITY)); }}
 """
-    library = ctypes.CDLL(str(kernel_cache.build(source, "gcc", Options().cflags).library))
+    library = ctypes.CDLL(str(kernel_cache.build(source, gcc("gcc", Options().cflags)).library))
     library.sum.restype = ctypes.c_float
     pointer = ctypes.POINTER(ctypes.c_float)
     x = np.concatenate([np.linspace(-126.0, 0.0, 100_000), [-0.0, -1e-8, -0.5, -127.0, -128.0, -1e30, -np.inf, np.nan]])

@@ -10,7 +10,6 @@ import numpy as np
 import pytest
 import torch
 
-from lumos.compile.cuda_program import CudaOptions, compile_cuda_graph
 from lumos.compile.frontend.lumos_model import lower_model
 from lumos.compile.kernel.ir import (
     Affine,
@@ -33,9 +32,11 @@ from lumos.compile.kernel.ir import (
     TileProduct,
 )
 from lumos.compile.kernel.lower import lower_kernel
+from lumos.compile.program import Options, compile_graph
 from lumos.compile.render.cuda import HEADER, Launch, gpu_kernel
 from lumos.compile.runtime.kernel_cache import KernelCache
-from lumos.compile.runtime.nvrtc import FLAGS, CudaBuildError, compile_cuda, nvrtc_version
+from lumos.compile.runtime.nvrtc import FLAGS, CudaBuildError, compile_cuda, nvrtc_toolchain, nvrtc_version
+from lumos.compile.target import CUDA
 from lumos.data.contract import FeatureSpec
 from lumos.train.model import LumosModel, ModelConfig
 
@@ -79,8 +80,8 @@ def lowered(name: str, rows: int = 8):
 @pytest.mark.parametrize("fused", [True, False], ids=["fused-attention", "unfused"])
 @pytest.mark.parametrize("name", sorted(MODELS))
 def test_every_cuda_kernel_compiles_with_nvrtc(name, fused, tmp_path):
-    compilation = compile_cuda_graph(lowered(name), KernelCache(tmp_path, "cuda"), CudaOptions(ARCHS[0], fused))
-    program = compilation.program
+    compilation = compile_graph(lowered(name), KernelCache(tmp_path, "cuda"), Options(arch=ARCHS[0], fuse_attention=fused), target=CUDA)
+    program = compilation.cuda
     kinds = compilation.stats()
     assert kinds["kernels"] == len(program.launches) > 20
     assert kinds.get("tiled_kernels", 0) > 0 and kinds.get("warp_kernels", 0) > 0 and kinds.get("elementwise_kernels", 0) > 0
@@ -118,14 +119,14 @@ def test_nvrtc_leaves_python_objects_alone():
 def test_the_cuda_kernel_cache_keys_on_nvrtc_arch_and_flags(tmp_path):
     cache = KernelCache(tmp_path, "cuda")
     source = HEADER + 'extern "C" __global__ void k0(const int n, float* out) { if (threadIdx.x < n) out[threadIdx.x] = 1.0f; }'
-    first = cache.build_cuda(source, "sm_80")
-    again = cache.build_cuda(source, "sm_80")
+    first = cache.build(source, nvrtc_toolchain("sm_80"))
+    again = cache.build(source, nvrtc_toolchain("sm_80"))
     assert not first.hit and again.hit and again.key == first.key
-    assert cache.cuda_key(source, "sm_90", FLAGS) != first.key
-    assert cache.cuda_key(source, "sm_80", (*FLAGS, "--extra-device-vectorization")) != first.key
-    assert cache.cuda_key(source + " ", "sm_80", FLAGS) != first.key
+    assert cache.key(source, nvrtc_toolchain("sm_90", FLAGS)) != first.key
+    assert cache.key(source, nvrtc_toolchain("sm_80", (*FLAGS, "--extra-device-vectorization"))) != first.key
+    assert cache.key(source + " ", nvrtc_toolchain("sm_80", FLAGS)) != first.key
     (first.library).write_bytes(b"corrupted")  # a broken entry is rebuilt, never used
-    rebuilt = cache.build_cuda(source, "sm_80")
+    rebuilt = cache.build(source, nvrtc_toolchain("sm_80"))
     assert not rebuilt.hit and b".entry k0" in rebuilt.library.read_bytes()
 
 
@@ -149,7 +150,7 @@ def _statements(body):
 
 def test_gathers_are_bounds_checked_on_cuda_only(tmp_path):
     graph = lowered("sasrec", rows=3)
-    compilation = compile_cuda_graph(graph, KernelCache(tmp_path, "cuda"))
+    compilation = compile_graph(graph, KernelCache(tmp_path, "cuda"), target=CUDA)
     params = {node: f"b{node.id}" for node in graph.nodes}
     checked = unchecked = 0
     for kernel in compilation.kernels:
@@ -193,9 +194,9 @@ def test_every_op_case_compiles_with_nvrtc(tmp_path):
     for name, (lower, _) in CASES.items():
         mark_output(graph, name, lower(tensors))
     graph.prune()
-    compilation = compile_cuda_graph(graph, KernelCache(tmp_path, "cuda"))
+    compilation = compile_graph(graph, KernelCache(tmp_path, "cuda"), target=CUDA)
     assert compilation.attention >= 1
-    assert f".entry {compilation.program.launches[-1].name}(" in compile_cuda(compilation.program.source, "sm_90").code.decode()
+    assert f".entry {compilation.cuda.launches[-1].name}(" in compile_cuda(compilation.cuda.source, "sm_90").code.decode()
 
 
 def test_long_attention_is_one_kernel_without_a_score_matrix(tmp_path):
@@ -207,8 +208,8 @@ def test_long_attention_is_one_kernel_without_a_score_matrix(tmp_path):
     q, k, v = (Tensor.input(graph, name, (batch, heads, seq, width)) for name in "qkv")
     mark_output(graph, "out", attention(q, k, v, Tensor.input(graph, "mask", (batch, 1, 1, seq))))
     graph.prune()
-    compilation = compile_cuda_graph(graph, KernelCache(tmp_path, "cuda"), CudaOptions("sm_90"))
-    assert compilation.attention == 1 and [launch.kind for launch in compilation.program.launches].count("flash") == 1
+    compilation = compile_graph(graph, KernelCache(tmp_path, "cuda"), Options(arch="sm_90"), target=CUDA)
+    assert compilation.attention == 1 and [launch.kind for launch in compilation.cuda.launches].count("flash") == 1
     assert compilation.buffers.arena_bytes < batch * heads * seq * seq * 4
 
 
@@ -221,10 +222,10 @@ def test_long_reductions_take_a_block_each_and_short_ones_a_warp(tmp_path):
     mark_output(graph, "total", x.sum(-1))
     mark_output(graph, "peak", x.slice(1, 0, 40).max(-1))
     graph.prune()
-    compilation = compile_cuda_graph(graph, KernelCache(tmp_path, "cuda"))
-    kinds = sorted(launch.kind for launch in compilation.program.launches)
+    compilation = compile_graph(graph, KernelCache(tmp_path, "cuda"), target=CUDA)
+    kinds = sorted(launch.kind for launch in compilation.cuda.launches)
     assert kinds == ["block", "warp"]
-    source = {launch.kind: compilation.program.kernels[launch.name] for launch in compilation.program.launches}
+    source = {launch.kind: compilation.cuda.kernels[launch.name] for launch in compilation.cuda.launches}
     assert "+= 256)" in source["block"] and "partial[warp]" in source["block"]  # the block's threads share the steps
     assert "+= 32)" in source["warp"] and "partial" not in source["warp"]
 
@@ -242,7 +243,7 @@ def test_the_cuda_header_ships_with_the_package():
 
 def _mapped(graph, tmp_path):
     """Every kernel of `graph` lowered and mapped to threads (kernel/gpu_tiles.py, gpu_attention.py)."""
-    compilation = compile_cuda_graph(graph, KernelCache(tmp_path, "cuda"))
+    compilation = compile_graph(graph, KernelCache(tmp_path, "cuda"), target=CUDA)
     params = {node: f"b{node.id}" for node in compilation.graph.nodes}
     return [gpu_kernel(kernel, compilation.materialized, params)[0] for kernel in compilation.kernels], compilation
 
@@ -266,7 +267,7 @@ def test_the_tiled_matmul_is_an_ir_pass_that_stages_between_barriers(tmp_path):
     value, weight = slices.body[:2]
     assert value.prologue and weight.prologue is None  # the layer norm runs as the value is staged
     assert len(tile.binds) == 2 and tile.body[0].value == Ref("sum")  # the epilogue starts from the summed tile
-    source = compilation.program.kernels[tiled[0].name]
+    source = compilation.cuda.kernels[tiled[0].name]
     assert source.count("__syncthreads();") == 2
 
 

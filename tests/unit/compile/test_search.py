@@ -194,6 +194,7 @@ def test_searched_model_matches_torch(kernel_cache):
                                       KernelSchedule(collapse=1, simd=True)])
 def test_every_schedule_knob_computes_the_same(kernel_cache, schedule):
     from lumos.compile.render.c import render_library, tensor_names
+    from lumos.compile.runtime.kernel_cache import gcc
     from lumos.compile.runtime.native import NativeProgram
 
     graph, inputs = mlp_stack(1)
@@ -201,7 +202,7 @@ def test_every_schedule_knob_computes_the_same(kernel_cache, schedule):
     source = render_library(graph, compilation.kernels, compilation.materialized, compilation.buffers,
                             {kernel.name: schedule for kernel in compilation.kernels})
     assert source != compilation.source
-    program = NativeProgram(kernel_cache.build(source, "gcc", Options().cflags).library,
+    program = NativeProgram(kernel_cache.build(source, gcc("gcc", Options().cflags)).library,
                             [(n, v.shape) for n, v in graph.inputs.items()], [(n, v.shape) for n, v in graph.outputs.items()],
                             [graph.tensors[n] for n in tensor_names(graph)], compilation.buffers.arena_bytes)
     np.testing.assert_allclose(program(inputs)["y"], interpret(graph, inputs)["y"], atol=1e-4, rtol=1e-4)

@@ -1,0 +1,103 @@
+"""What the passes share: the options of a compile and the `Compilation` that its passes fill in.
+
+One `Options` and one `Compilation` for every target (target.py): a field that only one target's
+passes read says so, and stays at its default for the other.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from lumos.compile.egraph.rewrite import RewriteReport
+from lumos.compile.ir.graph import LEAF, Graph, Node
+from lumos.compile.render.cuda import CudaProgram
+from lumos.compile.runtime.kernel_cache import Build
+from lumos.compile.schedule.buffers import BufferPlan
+from lumos.compile.schedule.kernels import Kernel, KernelSchedule
+from lumos.compile.search.climb import SearchResult
+
+DEFAULT_ARCH = "sm_80"
+"""Architecture to build CUDA for when no GPU says which (Ampere; PTX for it JIT-compiles on newer GPUs)."""
+
+
+@dataclass(frozen=True)
+class Options:
+    # Every target.
+    rewrite: bool = True
+    """Run the e-graph pass (False: compile the graph as traced, to measure what the rules remove)."""
+    recompute_cheap: bool = True
+    """Inline cheap elementwise nodes into each of their consumers instead of storing them."""
+    reuse_buffers: bool = True
+    """Plan intermediates by liveness (False: one buffer each, to measure what reuse saves)."""
+    symbolic_batch: bool = True
+    """Trace twice to make the batch dim symbolic (ir.mark_batch): no padding of small batches."""
+    transpose_weights: bool = True
+    """Store linear weights as (in, out) so that matmuls read them row by row (layout.py)."""
+    transpose_activations: bool = True
+    """Copy matmul operands read across the output row (attention keys) into a row-wise layout."""
+
+    # The C target.
+    cc: str = "gcc"
+    cflags: tuple[str, ...] = ("-O3", "-march=native", "-fopenmp")
+    fuse_linear_layers: bool = True
+    """One matmul for linear layers that read the same input (schedule/horizontal.py; False: measure what it gains)."""
+    search_budget_s: float = 0.0
+    """Seconds to search kernel schedules by measurement (search.py); 0: the renderer's heuristic.
+    The first round (the heuristic, measured) always runs; cached results cost no search."""
+    search_cache: bool = True
+    """Reuse and store search results under the kernel cache (search/cache.py)."""
+    search_seed: int = 0
+    register_blocks: bool = True
+    """Let the search try the register-blocked matmul micro-kernel (False: measure what it gains;
+    then also turn `search_cache` off, since the cache does not tell the two searches apart)."""
+
+    # The CUDA target.
+    arch: str = DEFAULT_ARCH
+    """GPU architecture, sm_XX: the device's compute capability where there is one."""
+    fuse_attention: bool = True
+    """Compute each attention with one online-softmax kernel (no score matrix stored)."""
+
+
+@dataclass
+class Compilation:
+    graph: Graph
+    options: Options
+    target: str = "cpu"
+    """The name of the target (target.py) whose passes fill this in."""
+    kernels: list[Kernel] = field(default_factory=list)
+    materialized: set[Node] = field(default_factory=set)
+    buffers: BufferPlan | None = None
+    source: str = ""
+    """The rendered program: the C library, or the CUDA kernels."""
+    cuda: CudaProgram | None = None
+    """The CUDA target's rendering: each kernel's source by name, and the launches in order with
+    their blocks and buffers (in C the library's driver launches them)."""
+    build: Build | None = None
+    timings: dict[str, float] = field(default_factory=dict)
+    example_inputs: Mapping[str, np.ndarray] | None = None
+    """Inputs the search verifies and times candidates on (default: random, valid gather ids)."""
+    search: SearchResult | None = None
+    schedules: dict[str, KernelSchedule] = field(default_factory=dict)
+    rewrite: RewriteReport | None = None
+    """The e-graph pass: its size, saturation time, the rules that fired, ops before and after."""
+    matmuls_merged: int | None = None
+    """Matmuls that horizontal fusion removed (each merged into another on the same input); None
+    where the target has no horizontal pass."""
+    attention: int | None = None
+    """How many attentions run as one online-softmax kernel; None where the target has no attention pass."""
+
+    def stats(self) -> dict[str, int]:
+        primitive = [node for node in self.graph.nodes if node.op not in LEAF]
+        fused = sum(len(kernel.unique_fused) for kernel in self.kernels)
+        merged = {} if self.matmuls_merged is None else {"matmuls_merged": self.matmuls_merged}
+        stats = {"primitive_ops": len(primitive), "kernels": len(self.kernels), **merged,
+                 "fused_ops": fused - len(self.kernels), "planned_peak_bytes": self.buffers.arena_bytes,
+                 "unshared_bytes": self.buffers.unshared_bytes, "per_node_bytes": self.buffers.per_node_bytes}
+        if self.attention is not None:
+            stats["attention_kernels"] = self.attention
+        for launch in self.cuda.launches if self.cuda else []:
+            stats[f"{launch.kind}_kernels"] = stats.get(f"{launch.kind}_kernels", 0) + 1
+        return stats

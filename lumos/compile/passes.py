@@ -1,0 +1,95 @@
+"""The passes, each a step from a primitive graph towards a built program.
+
+Each takes the `Compilation` it fills in and the kernel cache; a target (target.py) lists the
+ones it runs, in order. Most serve every target; rendering and building are one pass per target.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from lumos.compile.compilation import Compilation, Options
+from lumos.compile.egraph.attention import find_attention, fuse_attention
+from lumos.compile.egraph.rewrite import rewrite_graph
+from lumos.compile.render.c import render_library
+from lumos.compile.render.cuda import render_program
+from lumos.compile.runtime.kernel_cache import KernelCache, Toolchain, gcc
+from lumos.compile.runtime.nvrtc import nvrtc_toolchain
+from lumos.compile.schedule.buffers import plan_buffers
+from lumos.compile.schedule.horizontal import fuse_linear_layers
+from lumos.compile.schedule.kernels import schedule
+from lumos.compile.schedule.layout import transpose_activations, transpose_weights
+from lumos.compile.search.cache import SearchCache
+from lumos.compile.search.climb import search_schedules
+
+Pass = Callable[[Compilation, KernelCache], None]
+
+
+def rewrite(c: Compilation, cache: KernelCache) -> None:
+    if c.options.rewrite:
+        c.rewrite = rewrite_graph(c.graph)
+
+
+def horizontal(c: Compilation, cache: KernelCache) -> None:
+    c.matmuls_merged = fuse_linear_layers(c.graph) if c.options.fuse_linear_layers else 0
+
+
+def layout(c: Compilation, cache: KernelCache) -> None:
+    if c.options.transpose_weights:
+        transpose_weights(c.graph)
+    if c.options.transpose_activations:
+        transpose_activations(c.graph)
+
+
+def fuse(c: Compilation, cache: KernelCache) -> None:
+    c.kernels, c.materialized = schedule(c.graph, c.options.recompute_cheap)
+
+
+def search(c: Compilation, cache: KernelCache) -> None:
+    if c.options.search_budget_s <= 0 or not c.kernels:
+        return
+    store = SearchCache(cache, c.options.cc, c.options.cflags) if c.options.search_cache else None
+    c.search = search_schedules(c.graph, c.kernels, c.materialized, cache, c.options.cc, c.options.cflags,
+                                c.options.search_budget_s, c.example_inputs, store, c.options.search_seed,
+                                register_blocks=c.options.register_blocks)
+    c.schedules = c.search.schedules
+    c.kernels, c.materialized = c.search.kernels, c.search.materialized
+
+
+def attention(c: Compilation, cache: KernelCache) -> None:
+    c.attention = 0
+    if not c.options.fuse_attention:
+        return
+    matches, _ = find_attention(c.graph)
+    if matches:
+        c.kernels, c.materialized, used = fuse_attention(c.graph, c.materialized, matches)
+        c.attention = len(used)
+
+
+def buffers(c: Compilation, cache: KernelCache) -> None:
+    c.buffers = plan_buffers(c.graph, c.kernels, c.options.reuse_buffers)
+
+
+def render_c(c: Compilation, cache: KernelCache) -> None:
+    c.source = render_library(c.graph, c.kernels, c.materialized, c.buffers, c.schedules)
+
+
+def render_cuda(c: Compilation, cache: KernelCache) -> None:
+    c.cuda = render_program(c.graph, c.kernels, c.materialized, c.buffers)
+    c.source = c.cuda.source
+
+
+def c_toolchain(options: Options) -> Toolchain:
+    return gcc(options.cc, options.cflags)
+
+
+def cuda_toolchain(options: Options) -> Toolchain:
+    return nvrtc_toolchain(options.arch)
+
+
+def build_c(c: Compilation, cache: KernelCache) -> None:
+    c.build = cache.build(c.source, c_toolchain(c.options))
+
+
+def build_cuda(c: Compilation, cache: KernelCache) -> None:
+    c.build = cache.build(c.source, cuda_toolchain(c.options))
