@@ -9,7 +9,6 @@ exists (`compile_run_cuda`). The names other modules import from here stay here.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from lumos.compile.cache import KernelCache
@@ -31,6 +30,7 @@ from lumos.compile.plan_store import (  # noqa: F401 (re-exported)
 from lumos.compile.program import Compilation, Options, compile_graph, load_program
 from lumos.compile.verify import ATOL, RTOL, VerificationError, median_ms, time_forward, verify  # noqa: F401 (re-exported)
 from lumos.core.errors import UsageError
+from lumos.core.progress import Report
 from lumos.core.workspace import Workspace
 from lumos.train.memory import synthetic_batch
 from lumos.train.model import LumosModel
@@ -38,8 +38,6 @@ from lumos.train.model import LumosModel
 TARGETS = ("cpu", "cuda")
 SEARCH_BUDGET_S = 120.0
 """`lumos compile`'s default schedule-search budget per model (cached results make a rerun fast)."""
-
-Report = Callable[[str], None]
 
 
 def check_target(target: str) -> None:

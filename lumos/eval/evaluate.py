@@ -7,10 +7,10 @@ are checked after everything is logged; a miss raises GateError (exit code 3).
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from lumos.core.errors import GateError
+from lumos.core.progress import Report
 from lumos.core.runs import download_checkpoint, resolve_run
 from lumos.core.tables import TableRef
 from lumos.core.workspace import Workspace
@@ -20,8 +20,6 @@ from lumos.eval.metrics import direction
 from lumos.eval.score import EmbeddingCache, score_baseline, score_model
 from lumos.eval.tasks import LoadedTask
 from lumos.train.checkpoint import load_model
-
-Report = Callable[[str], None]
 
 
 @dataclass

@@ -13,7 +13,6 @@ from __future__ import annotations
 import datetime
 import shutil
 import time
-from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,6 +22,7 @@ from lumos.core.config import config_hash
 from lumos.core.errors import UsageError
 from lumos.core.faults import fault_point
 from lumos.core.lineage import LineageInput, LineageRecord
+from lumos.core.progress import Report
 from lumos.core.registry import resolve_model
 from lumos.core.runs import CONFIG_HASH_TAG, DATA_TAG, RECIPE_HASH_TAG, download_checkpoint, training_run
 from lumos.core.tables import TableRef, read_table, table_location
@@ -33,7 +33,6 @@ from lumos.infer.predictions import partition_lock, write_partition
 from lumos.infer.scoring import ENGINES, ScoringJob, build_and_score, read_checkpoint, schema_for
 from lumos.train.checkpoint import load_model
 
-Report = Callable[[str], None]
 STAGE = "infer"
 REJECTS_TABLE = "infer_rejects"  # <dataset>.infer_rejects: one partition per date, as predictions
 
