@@ -119,13 +119,12 @@ def compile_run(workspace: Workspace, run_id: str, target: str = "cpu", batch_si
                 seq_len: int | None = None, options: Options | None = None,
                 report: Report = lambda _: None, search_budget_s: float = SEARCH_BUDGET_S) -> CompileSummary:
     """Compile a training run's model, verify it against PyTorch, store the plan on the run."""
-    from lumos.core.runs import download_checkpoint
-    from lumos.train.checkpoint import load_model
+    from lumos.train.trained_model import load_training_run
 
     check_target(target)
     settings = workspace.settings.compile
     options = options or Options(cc=settings.cc, cflags=tuple(settings.cflags), search_budget_s=search_budget_s)
-    model, _ = load_model(download_checkpoint(workspace, run_id, "--run"))
+    model = load_training_run(workspace, run_id).model
     model.eval()
     seq_len = seq_len or model.features.max_len
     if target == "cuda":
