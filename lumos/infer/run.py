@@ -24,8 +24,7 @@ from lumos.core.runs import CONFIG_HASH_TAG, RECIPE_HASH_TAG
 from lumos.core.tables import TableRef, table_location
 from lumos.core.workspace import Workspace
 from lumos.data.commit_metrics import rows_written
-from lumos.data.training_data import training_data
-from lumos.data.vocab import item_tokens
+from lumos.data.training_data import item_tokens, training_data
 from lumos.infer.features import InferenceFeatures, inference_rows
 from lumos.infer.predictions import partition_lock, write_partition
 from lumos.infer.scoring import ENGINES, ScoringJob, score_tokens
