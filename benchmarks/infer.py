@@ -55,21 +55,19 @@ import torch
 from spark_profile import EVENT_LOG_CONF, last_job_id, print_profile
 
 from lumos.core.config import load_config
-from lumos.core.registry import resolve_model
-from lumos.core.runs import download_checkpoint, training_run
 from lumos.core.spark import workspace_spark
-from lumos.core.tables import TableRef
 from lumos.core.workspace import init_workspace, open_workspace
 from lumos.data.loader import by_history_length, table_batches
 from lumos.data.synthetic import SyntheticSpec, generate_quickstart
+from lumos.data.training_data import training_data
 from lumos.eval.promote import promote
-from lumos.infer.features import inference_rows, training_data
+from lumos.infer.features import inference_rows
 from lumos.infer.run import InferOptions, infer
 from lumos.infer.scoring import score_batch
 from lumos.quickstart import RECIPES
-from lumos.train.checkpoint import load_model
 from lumos.train.config import TrainConfig
 from lumos.train.run import train
+from lumos.train.trained_model import load_registered_model
 
 AS_OF = datetime.date(2026, 9, 29)
 USERS_PER_DAY = 100_000_000
@@ -118,10 +116,9 @@ def model_only(workspace, users_source: Path, engines: list[str], max_users: int
     by history length. `threads`: the model's threads (default: every core; 1 is a Spark task's)."""
     from lumos.compile.engine import load_compiled
 
-    version = resolve_model(workspace, "bench@production")
-    model, _ = load_model(download_checkpoint(workspace, version.run_id, "bench"))
-    model.eval()
-    data = training_data(workspace, TableRef.parse(training_run(workspace, version.run_id, "bench").data.tags["lumos.data"]))
+    trained = load_registered_model(workspace, "bench@production")
+    model = trained.model.eval()
+    data = training_data(workspace, trained.training_data)
     spark = workspace_spark(workspace)
     features = inference_rows(spark, workspace, data, AS_OF, str(users_source))
     rows = features.rows if max_users is None else features.rows.limit(max_users)
@@ -134,7 +131,7 @@ def model_only(workspace, users_source: Path, engines: list[str], max_users: int
     torch.set_num_threads(threads or os.cpu_count() or 1)
     rates = {}
     for engine in engines:
-        compiled = load_compiled(workspace, version.run_id, model) if engine == "compiled" else None
+        compiled = load_compiled(workspace, trained.run_id, model) if engine == "compiled" else None
         # Warm-up: each compiled plan's first call takes 0.07 to 0.4 s more than later calls on one
         # thread (1.3 s for five plans, against about 4 s for a 20,000-user pass), which a Spark
         # worker pays once per plan: call every plan once before timing.

@@ -126,7 +126,7 @@ def compile_model(
     """
     from lumos.compile.engine import check_target, compile_run
     from lumos.compile.engine import clear_cache as clear
-    from lumos.eval.evaluate import resolve_subject
+    from lumos.core.runs import resolve_run
 
     workspace = open_workspace(state(ctx).workspace_dir)
     target = target or workspace.settings.compile.target
@@ -141,14 +141,14 @@ def compile_model(
             return
     if (run is None) == (model is None):
         raise UsageError("name exactly one of --run RUN_ID or --model NAME@alias")
-    subject = resolve_subject(workspace, run, model)
+    subject = resolve_run(workspace, run, model)
     with progress(f"compiling {subject.label} for {target}") as report:
         summary = compile_run(workspace, subject.run_id, target, seq_len=seq, report=report,
                               **given(batch_size=batch, search_budget_s=0.0 if no_search else search_budget))
     stats = summary.stats
     if json_output:
         fields = renamed(json_data(summary), batch_size="batch", seq_len="seq")
-        emit_json({**fields.pop("stats"), **fields, "model": subject.model})
+        emit_json({**fields.pop("stats"), **fields, "model": subject.version.label if subject.version else None})
         return
     speedup = summary.eager_ms / summary.compiled_ms if summary.compiled_ms else float("nan")
     rows = [

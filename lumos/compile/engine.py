@@ -10,7 +10,6 @@ names other modules import from here stay here.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from lumos.compile.compilation import DEFAULT_ARCH, Options
@@ -35,14 +34,13 @@ from lumos.compile.runtime.kernel_cache import KernelCache
 from lumos.compile.target import ATOL, CPU, RTOL, TARGETS, Target, target_named  # noqa: F401 (re-exported)
 from lumos.compile.verify import VerificationError, median_ms, time_forward, verify  # noqa: F401 (re-exported)
 from lumos.core.errors import LumosError, UsageError
+from lumos.core.progress import Report
 from lumos.core.workspace import Workspace
 from lumos.train.memory import synthetic_batch
 from lumos.train.model import LumosModel
 
 SEARCH_BUDGET_S = 120.0
 """`lumos compile`'s default schedule-search budget per model (cached results make a rerun fast)."""
-
-Report = Callable[[str], None]
 
 
 class NoGpuError(LumosError):
@@ -121,14 +119,13 @@ def compile_run(workspace: Workspace, run_id: str, target: str = "cpu", batch_si
 
     For a target this machine cannot run (CUDA without a GPU) it builds everything, then raises
     NoGpuError: only the target's device can verify a plan, and an unverified one is not stored."""
-    from lumos.core.runs import download_checkpoint
-    from lumos.train.checkpoint import load_model
+    from lumos.train.trained_model import load_training_run
 
     chosen = target_named(target)
     settings = workspace.settings.compile
     options = options or Options(cc=settings.cc, cflags=tuple(settings.cflags), search_budget_s=search_budget_s,
                                  arch=gpu_arch() or DEFAULT_ARCH)
-    model, _ = load_model(download_checkpoint(workspace, run_id, "--run"))
+    model = load_training_run(workspace, run_id).model
     model.eval()
     seq_len = seq_len or model.features.max_len
     result = compile_model(model, batch_size, seq_len, KernelCache.for_workspace(workspace, target), options, report, chosen)

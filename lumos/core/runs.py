@@ -84,6 +84,15 @@ class RunSubject:
     version: ModelVersionInfo | None = None
     """The registered model version, when one was named."""
 
+    @property
+    def run_id(self) -> str:
+        return self.run.info.run_id
+
+    @property
+    def label(self) -> str:
+        """The version (NAME/VERSION) when one was named, else the run's name."""
+        return self.version.label if self.version else self.run.info.run_name or self.run_id
+
 
 def resolve_run(workspace: Workspace, run_id: str | None, model: str | None) -> RunSubject:
     """The training run behind --run RUN_ID or --model NAME@alias (or NAME/VERSION)."""
@@ -93,7 +102,7 @@ def resolve_run(workspace: Workspace, run_id: str | None, model: str | None) -> 
         run_id = version.run_id
     if run_id is None:
         raise UsageError("name a training run: --run RUN_ID or --model NAME@alias")
-    return RunSubject(run=training_run(workspace, run_id, "--run"), version=version)
+    return RunSubject(run=training_run(workspace, run_id, "--model" if model is not None else "--run"), version=version)
 
 
 def delta_dataset_input(table, location: str, context: str):
@@ -113,11 +122,15 @@ DATASET_CONTEXT_TAG = "mlflow.data.context"
 
 
 def download_checkpoint(workspace: Workspace, run_id: str, flag: str) -> Path:
-    """A local copy of the run's latest checkpoint folder."""
+    """A local copy of the run's latest checkpoint folder, inside a new temporary folder."""
+    run = training_run(workspace, run_id, flag)
+    return download_run_checkpoint(workspace, run, Path(tempfile.mkdtemp(prefix="lumos-checkpoint-")))
+
+
+def download_run_checkpoint(workspace: Workspace, run, into: Path) -> Path:
+    """The latest checkpoint of `run` (a run `training_run` returned), downloaded into folder `into`."""
     import mlflow
 
-    latest = training_run(workspace, run_id, flag).data.tags[CHECKPOINT_TAG]
-    folder = mlflow.artifacts.download_artifacts(run_id=run_id, artifact_path=latest,
-                                                 dst_path=tempfile.mkdtemp(prefix="lumos-checkpoint-"),
-                                                 tracking_uri=workspace.mlflow_tracking_uri)
+    folder = mlflow.artifacts.download_artifacts(run_id=run.info.run_id, artifact_path=run.data.tags[CHECKPOINT_TAG],
+                                                 dst_path=str(into), tracking_uri=workspace.mlflow_tracking_uri)
     return Path(folder)

@@ -7,7 +7,6 @@ finds its earlier output and writes nothing.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -16,6 +15,7 @@ from lumos.core.config import config_hash, to_plain
 from lumos.core.errors import UsageError
 from lumos.core.faults import crash_during_write, fault_point
 from lumos.core.lineage import LineageInput, LineageRecord
+from lumos.core.progress import Report
 from lumos.core.spark import job_steps
 from lumos.core.tables import (
     TableRef,
@@ -49,8 +49,6 @@ from lumos.data.validation import (
     strip_whitespace,
     valid_events,
 )
-
-Report = Callable[[str], None]
 
 
 @dataclass(frozen=True)

@@ -15,12 +15,15 @@ from lumos.core.config import require_valid
 
 NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_]*$")
 
+SourceFormat = Literal["auto", "parquet", "csv", "json", "delta"]
+"""How a source is read; the events, users and calendar sources take the same formats."""
+
 
 @dataclass(frozen=True)
 class SourceSpec:
     path: str
     """Events: a file or folder (relative to the recipe), or a Lumos table as dataset.table[@version]."""
-    format: Literal["auto", "parquet", "csv", "json", "delta"] = "auto"
+    format: SourceFormat = "auto"
     """auto picks by file suffix; a folder of parquet parts or a _delta_log is detected too."""
 
 
@@ -52,7 +55,7 @@ class UsersSpec:
     """Categorical attributes; each gets a vocabulary (feature name user_<column>)."""
     numeric: tuple[str, ...] = ()
     """Numeric attributes, joined as given (missing values become 0)."""
-    format: Literal["auto", "parquet", "csv", "json", "delta"] = "auto"
+    format: SourceFormat = "auto"
     """As for the event source."""
 
 
@@ -64,7 +67,7 @@ class CalendarSpec:
     """Column holding the date."""
     flags: tuple[str, ...] = ()
     """0/1 columns (holiday, sale, …) given to each prediction slot as known-future context."""
-    format: Literal["auto", "parquet", "csv", "json", "delta"] = "auto"
+    format: SourceFormat = "auto"
     """As for the event source."""
 
 

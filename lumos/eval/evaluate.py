@@ -7,11 +7,11 @@ are checked after everything is logged; a miss raises GateError (exit code 3).
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from lumos.core.errors import GateError
-from lumos.core.runs import download_checkpoint, resolve_run
+from lumos.core.progress import Report
+from lumos.core.runs import resolve_run
 from lumos.core.tables import TableRef
 from lumos.core.workspace import Workspace
 from lumos.data.sequences_version import SequencesVersion, open_sequences
@@ -20,9 +20,7 @@ from lumos.eval.leaderboard import Subject, record
 from lumos.eval.metrics import direction
 from lumos.eval.score import has_baseline, score_baseline, score_model
 from lumos.eval.tasks import LoadedTask
-from lumos.train.checkpoint import load_model
-
-Report = Callable[[str], None]
+from lumos.train.trained_model import load_training_run
 
 
 @dataclass
@@ -99,5 +97,4 @@ def gate_failures(thresholds: dict[str, float], fail_below: dict[str, float], me
 
 
 def _load_run_model(workspace: Workspace, run_id: str):
-    model, _ = load_model(download_checkpoint(workspace, run_id, "--run"))
-    return model
+    return load_training_run(workspace, run_id).model

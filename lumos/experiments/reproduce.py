@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import math
 import tempfile
-from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -31,6 +30,7 @@ import torch
 from lumos.core.config import from_dict
 from lumos.core.errors import GateError, UsageError
 from lumos.core.lineage import LineageInput, LineageRecord, code_version
+from lumos.core.progress import Report
 from lumos.core.runs import DATA_TAG, download_checkpoint, training_run
 from lumos.core.tables import TableRef, content_hash, hash_algorithm, read_table
 from lumos.core.tracking import tracking_client
@@ -43,7 +43,6 @@ from lumos.eval.tasks import LoadedTask, load_tasks, task_folders
 from lumos.train.config import TrainConfig
 from lumos.train.run import train
 
-Report = Callable[[str], None]
 COMPARED_PREFIXES = ("train/", "valid/", "eval/")  # results; samples/s, memory and lr schedules are not
 REPRODUCES_TAG = "lumos.reproduces"
 

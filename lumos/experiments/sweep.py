@@ -21,18 +21,17 @@ import json
 import math
 import os
 import statistics
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from lumos.core.config import config_hash, from_dict, read_toml
 from lumos.core.errors import ConfigError, GateError, Problem, UsageError
+from lumos.core.progress import Report
 from lumos.core.runs import STAGE_TAG
 from lumos.core.tracking import ensure_experiment, tracking_client
 from lumos.core.workspace import Workspace
 from lumos.train.config import TrainConfig
 
-Report = Callable[[str], None]
 PARENT_TAG = "mlflow.parentRunId"  # MLflow's own nesting tag: the UI shows children under the parent
 SWEEP_TAG = "lumos.sweep"
 STAGE = "sweep"

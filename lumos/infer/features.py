@@ -19,39 +19,18 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from lumos.core.config import from_dict
 from lumos.core.errors import UsageError
 from lumos.core.lineage import LineageInput
-from lumos.core.tables import TABLE_REF, TableRef, read_table, table_location
+from lumos.core.tables import TABLE_REF, read_table, table_location
 from lumos.core.workspace import Workspace, is_uri
 from lumos.data.ingest import RejectCounts, count_rejects, enforce_reject_budget, read_checked_inputs
 from lumos.data.recipe import Cutoff, IngestRecipe, SplitSpec
 from lumos.data.sequences import EPOCH, build_sequences, future_context, time_rows_input
-from lumos.data.sequences_version import ingest_lineage
 from lumos.data.time_rows import MICROS_PER_DAY, TimeRowsPlan
+from lumos.data.training_data import TrainingData
 from lumos.data.validation import valid_events
 
 INFER_SPLIT = "infer"
-
-
-@dataclass(frozen=True)
-class TrainingData:
-    """What a model's training data version says about how to rebuild its features."""
-
-    sequences: TableRef
-    recipe: IngestRecipe
-    vocab: TableRef
-    sources: dict[str, LineageInput]
-    """Role (events, users, calendar) → the input the ingest read."""
-
-
-def training_data(workspace: Workspace, sequences: TableRef) -> TrainingData:
-    """Read the recipe, vocab version and sources from the ingest lineage of `sequences` (pinned)."""
-    lineage, vocab = ingest_lineage(workspace, sequences)
-    recipe = from_dict(IngestRecipe, lineage.config, source=f"the recipe recorded in {sequences}")
-    # The ingest lists its inputs as events, then users, then calendar, each only when the recipe has it.
-    roles = ["events"] + (["users"] if recipe.users else []) + (["calendar"] if recipe.calendar else [])
-    return TrainingData(sequences, recipe, vocab, dict(zip(roles, lineage.inputs, strict=True)))
 
 
 @dataclass(frozen=True)

@@ -11,29 +11,25 @@ the engine; each row names its model version, so any prediction walks back to it
 from __future__ import annotations
 
 import datetime
-import shutil
 import time
-from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any
 
 from lumos.core.config import config_hash
 from lumos.core.errors import UsageError
 from lumos.core.faults import fault_point
 from lumos.core.lineage import LineageInput, LineageRecord
-from lumos.core.registry import resolve_model
-from lumos.core.runs import CONFIG_HASH_TAG, DATA_TAG, RECIPE_HASH_TAG, download_checkpoint, training_run
-from lumos.core.tables import TableRef, read_table, table_location
+from lumos.core.progress import Report
+from lumos.core.runs import CONFIG_HASH_TAG, RECIPE_HASH_TAG
+from lumos.core.tables import TableRef, table_location
 from lumos.core.workspace import Workspace
-from lumos.data.contract import FeatureSpec
-from lumos.infer.features import InferenceFeatures, inference_rows, training_data
+from lumos.data.commit_metrics import rows_written
+from lumos.data.training_data import item_tokens, training_data
+from lumos.infer.features import InferenceFeatures, inference_rows
 from lumos.infer.predictions import partition_lock, write_partition
-from lumos.infer.scoring import ENGINES, ScoringJob, build_and_score, read_checkpoint, schema_for
-from lumos.train.checkpoint import load_model
+from lumos.infer.scoring import ENGINES, ScoringJob, score_tokens
+from lumos.train.trained_model import load_registered_model
 
-Report = Callable[[str], None]
 STAGE = "infer"
 REJECTS_TABLE = "infer_rejects"  # <dataset>.infer_rejects: one partition per date, as predictions
 
@@ -57,6 +53,8 @@ class InferOptions:
             raise UsageError(f"--engine {self.engine!r}: choose one of {', '.join(ENGINES)}")
         if self.top_k < 1 or self.batch_size < 1 or self.torch_threads < 1:
             raise UsageError("--top-k, --batch-size and --threads must be at least 1")
+        if self.output is not None and TableRef.parse(self.output).version is not None:
+            raise UsageError(f"--output {self.output}: name a table without @version; infer always writes a new version")
 
 
 @dataclass
@@ -80,19 +78,11 @@ class InferSummary:
 
 def infer(workspace: Workspace, model_ref: str, options: InferOptions, report: Report = lambda _: None) -> InferSummary:
     started = time.perf_counter()
-    version = resolve_model(workspace, model_ref)
-    run = training_run(workspace, version.run_id, "--model")
-    data = training_data(workspace, TableRef.parse(run.data.tags[DATA_TAG]))
+    trained = load_registered_model(workspace, model_ref)
+    version, run, model = trained.version, trained.run, trained.model
+    data = training_data(workspace, trained.training_data)
     output = TableRef.parse(options.output or f"{data.recipe.dataset}.predictions")
-    if output.version is not None:
-        raise UsageError(f"--output {output}: name a table without @version; infer always writes a new version")
     report(f"model {version.label} (run {run.info.run_id}, trained on {data.sequences})")
-    checkpoint = download_checkpoint(workspace, run.info.run_id, "--model")
-    try:
-        model, _ = load_model(checkpoint)
-        checkpoint_files = read_checkpoint(checkpoint)  # in memory: Spark ships it to the workers
-    finally:
-        _remove_download(checkpoint)
     engine, warnings = _choose_engine(workspace, options.engine, run.info.run_id, model, report)
 
     from lumos.core.spark import job_steps, workspace_spark
@@ -108,14 +98,14 @@ def infer(workspace: Workspace, model_ref: str, options: InferOptions, report: R
         inputs = features.inputs
         rejects = _write_rejects(spark, workspace, output, version.label, options.as_of, features, step)
         job = ScoringJob(
-            model_key=version.label, run_id=run.info.run_id, checkpoint=checkpoint_files,
-            item_tokens=_item_tokens(spark, workspace, data.vocab, model.features),
+            model_key=version.label, run_id=run.info.run_id, checkpoint=trained.checkpoint,
+            item_tokens=item_tokens(spark, workspace, data.vocab, model.features),
             as_of=options.as_of, top_k=options.top_k, exclude_history=options.exclude_history,
             batch_size=options.batch_size, torch_threads=options.torch_threads,
             compiled=(workspace, run.info.run_id) if engine == "compiled" else None,
             rows_per_sort=int(spark.conf.get("spark.sql.execution.arrow.maxRecordsPerBatch")),
         )
-        predictions = _score(spark, features, job, model)
+        predictions = score_tokens(spark, features.tokens, features.plan, features.future, job, model)
         request = {"model": version.label, "as_of": options.as_of.isoformat(), "engine": engine,
                    "top_k": options.top_k, "exclude_history": options.exclude_history}
         lineage = LineageRecord(
@@ -133,9 +123,9 @@ def infer(workspace: Workspace, model_ref: str, options: InferOptions, report: R
         step(f"scoring and writing {output.name} partition as_of={options.as_of}")
         fault_point("infer.write")
         written = write_partition(spark, workspace, output, predictions, options.as_of, lineage)
-    rows_written = _rows_written(spark, workspace, written)
     return InferSummary(model=version.label, run_id=run.info.run_id, as_of=options.as_of, output=str(written),
-                        rows=rows_written, engine=engine, training_data=str(data.sequences), inputs=lineage.inputs,
+                        rows=rows_written(spark, workspace, written), engine=engine,
+                        training_data=str(data.sequences), inputs=lineage.inputs,
                         seconds=time.perf_counter() - started, warnings=warnings, rejects=str(rejects),
                         rows_rejected=features.counts.rejected)
 
@@ -152,12 +142,6 @@ def _write_rejects(spark, workspace: Workspace, output: TableRef, model: str, as
     return write_partition(spark, workspace, rejects, features.rejects, as_of, lineage)
 
 
-def _remove_download(folder: Path) -> None:
-    """Delete the temporary folder a checkpoint was downloaded into (MLflow puts it directly inside)."""
-    if folder.parent.name.startswith("lumos-checkpoint-"):  # only the folder download_checkpoint made
-        shutil.rmtree(folder.parent, ignore_errors=True)
-
-
 def _choose_engine(workspace: Workspace, engine: str, run_id: str, model, report: Report) -> tuple[str, list[str]]:
     """The compiled engine when a verified plan is stored for the run; otherwise torch, with a warning."""
     if engine != "compiled":
@@ -169,34 +153,3 @@ def _choose_engine(workspace: Workspace, engine: str, run_id: str, model, report
     warning = f"no compiled plan is stored for run {run_id}; scoring with torch (run `lumos compile --run {run_id}` first)"
     report(f"warning: {warning}")
     return "torch", [warning]
-
-
-def _item_tokens(spark, workspace: Workspace, vocab: TableRef, features: FeatureSpec) -> tuple[str, ...]:
-    """Vocabulary id → item token ("" for padding and OOV, which are never recommended)."""
-    from pyspark.sql import functions as F
-
-    size = features.item_vocab_size
-    tokens = [""] * size
-    item_rows = read_table(spark, workspace, vocab).where(F.col("feature") == features.item_feature)
-    for row in item_rows.select("id", "token").collect():
-        if row["id"] < size:
-            tokens[row["id"]] = row["token"]
-    return tuple(tokens)
-
-
-def _score(spark, features: InferenceFeatures, job: ScoringJob, model):
-    """Predictions, built and scored per partition from the tokens: the rows never reach the JVM."""
-    from pyspark.sql.pandas.types import from_arrow_schema
-
-    broadcast = spark.sparkContext.broadcast(job)
-    schema = from_arrow_schema(schema_for(model))
-    plan, future = features.plan, features.future
-    return features.tokens.mapInArrow(lambda batches: build_and_score(broadcast.value, plan, future, batches), schema)
-
-
-def _rows_written(spark, workspace: Workspace, ref: TableRef) -> int:
-    from delta.tables import DeltaTable
-
-    history = DeltaTable.forPath(spark, table_location(workspace, ref)).history(5).collect()
-    metrics: dict[str, Any] = next((row["operationMetrics"] for row in history if row["version"] == ref.version), {}) or {}
-    return int(metrics.get("numOutputRows", 0))

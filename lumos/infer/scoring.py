@@ -20,7 +20,7 @@ import torch
 
 from lumos.data.contract import Batch, FeatureSpec
 from lumos.data.time_rows import TimeRowsPlan, build_rows
-from lumos.train.checkpoint import CONFIG_FILE, FEATURES_FILE, MODEL_FILE, load_model
+from lumos.train.checkpoint import load_model
 from lumos.train.model import LumosModel, signed_expm1
 
 ENGINES = ("torch", "compiled")
@@ -51,10 +51,6 @@ class ScoringJob:
     rows_per_sort: int = 10_000
     """Built rows gathered before they are sorted by history length and cut into batches (Spark's
     Arrow batch size, which set it when the rows came from the JVM)."""
-
-
-def read_checkpoint(folder: Path) -> dict[str, bytes]:
-    return {name: (folder / name).read_bytes() for name in (MODEL_FILE, CONFIG_FILE, FEATURES_FILE)}
 
 
 def output_schema(features: FeatureSpec, has_retrieval: bool, has_binary: bool, has_regression: bool) -> pa.Schema:
@@ -133,6 +129,16 @@ def score_arrow(job: ScoringJob, batches: Iterator[pa.RecordBatch]) -> Iterator[
                     item_tokens[columns.pop("top_ids")], columns["top_scores"])
             start += rows
             yield pa.RecordBatch.from_pydict(columns, schema=schema)
+
+
+def score_tokens(spark, tokens, plan: TimeRowsPlan, future: dict[str, list[int]], job: ScoringJob, model: LumosModel):
+    """The predictions frame: `tokens` (`time_rows_input`) built into rows and scored per partition
+    by `build_and_score`, with `job` broadcast once; the rows never reach the JVM."""
+    from pyspark.sql.pandas.types import from_arrow_schema
+
+    broadcast = spark.sparkContext.broadcast(job)
+    schema = from_arrow_schema(schema_for(model))
+    return tokens.mapInArrow(lambda batches: build_and_score(broadcast.value, plan, future, batches), schema)
 
 
 def build_and_score(job: ScoringJob, plan: TimeRowsPlan, future: dict[str, list[int]],

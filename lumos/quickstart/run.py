@@ -11,17 +11,16 @@ from __future__ import annotations
 import datetime
 import shutil
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from lumos.core.config import load_config
+from lumos.core.progress import Report
 from lumos.core.registry import DEFAULT_ALIAS
 from lumos.core.workspace import CONFIG_FILE, Workspace, init_workspace, open_workspace
 from lumos.data.synthetic import SyntheticSpec, generate_quickstart
 from lumos.quickstart import RECIPES
 
-Report = Callable[[str], None]
 MODEL_NAME = "quickstart"
 # The promotion gate: tell next week's buyers from the rest clearly better than chance (AUC 0.5).
 REQUIREMENTS = ("will_purchase_7d:auc_roc>=0.6",)

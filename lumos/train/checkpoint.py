@@ -39,6 +39,8 @@ MODEL_FILE = "model.safetensors"
 CONFIG_FILE = "config.toml"
 FEATURES_FILE = "features.json"
 STATE_FILE = "state.pt"
+MODEL_FILES = (MODEL_FILE, CONFIG_FILE, FEATURES_FILE)
+"""The files `load_model` rebuilds the model from."""
 
 
 @dataclass
@@ -101,7 +103,7 @@ def save_model(folder: Path, model: LumosModel, config: TrainConfig) -> None:
 def load_model(folder: Path, map_location: str | torch.device = "cpu") -> tuple[LumosModel, TrainConfig]:
     """Rebuild a model from a checkpoint folder alone."""
     folder = Path(folder)
-    missing = [name for name in (MODEL_FILE, CONFIG_FILE, FEATURES_FILE) if not (folder / name).is_file()]
+    missing = [name for name in MODEL_FILES if not (folder / name).is_file()]
     if missing:
         raise UsageError(f"{folder} is not a Lumos checkpoint: missing {', '.join(missing)}")
     config = from_dict(TrainConfig, read_toml(folder / CONFIG_FILE), source=str(folder / CONFIG_FILE))
@@ -109,6 +111,11 @@ def load_model(folder: Path, map_location: str | torch.device = "cpu") -> tuple[
     model = LumosModel(config.model, features)
     model.load_state_dict(load_file(str(folder / MODEL_FILE), device=str(map_location)))
     return model, config
+
+
+def read_model_files(folder: Path) -> dict[str, bytes]:
+    """File name → bytes of the checkpoint's MODEL_FILES: the model, in memory, to ship elsewhere."""
+    return {name: (Path(folder) / name).read_bytes() for name in MODEL_FILES}
 
 
 def load_features(path: Path) -> FeatureSpec:

@@ -16,7 +16,6 @@ import signal
 import socket
 import sys
 import tempfile
-from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -26,6 +25,7 @@ import torch
 from lumos.core.config import config_hash, to_plain, to_toml
 from lumos.core.errors import LumosError, UsageError
 from lumos.core.lineage import LineageInput, LineageRecord
+from lumos.core.progress import Report
 from lumos.core.runs import (
     CHECKPOINT_TAG,
     CODE_VERSION_TAG,
@@ -52,7 +52,6 @@ from lumos.train.loop import FitPlan, FitResult, fit
 from lumos.train.memory import estimate_memory, find_batch_size
 from lumos.train.model import LumosModel
 
-Report = Callable[[str], None]
 SYSTEM_METRICS_INTERVAL_S = 5
 
 

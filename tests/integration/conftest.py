@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -50,11 +51,27 @@ def trained_quickstart(spark) -> Callable[..., str]:
             "run": {"batch_size": 32, "max_steps": steps, "eval_every": 1000, "log_every": 10,
                     "checkpoint_every": 1000, "experiment": experiment},
         })
-        threads = torch.get_num_threads()
-        torch.set_num_threads(1)
-        try:
+        with one_torch_thread():
             return train(config, open_workspace(folder)).run_id
-        finally:
-            torch.set_num_threads(threads)
 
     return make
+
+
+@contextmanager
+def one_torch_thread() -> Iterator[None]:
+    """Torch on one thread: two cores, and the test process shares them with Spark's JVM, so more
+    threads oversubscribe and run slower."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
+@pytest.fixture
+def one_thread() -> Iterator[None]:
+    """The test runs torch on one thread (`one_torch_thread`); a module turns it on for all its
+    tests with `pytestmark = pytest.mark.usefixtures("one_thread")`."""
+    with one_torch_thread():
+        yield

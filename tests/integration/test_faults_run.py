@@ -36,7 +36,7 @@ from lumos.train.checkpoint import MODEL_FILE, load_model, load_training_state
 from lumos.train.config import TrainConfig
 from lumos.train.run import train
 
-pytestmark = pytest.mark.faults
+pytestmark = [pytest.mark.faults, pytest.mark.usefixtures("one_thread")]
 REPO = Path(__file__).resolve().parents[2]
 runner = CliRunner()
 
@@ -55,14 +55,6 @@ def project(ingest_quickstart, tmp_path_factory) -> Path:
     folder = tmp_path_factory.mktemp("faults")
     ingest_quickstart(folder, SyntheticSpec(users=200, events=8_000, seed=3), max_len=20)
     return folder
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def write_recipe(folder: Path, **run) -> Path:

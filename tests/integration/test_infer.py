@@ -182,20 +182,18 @@ def test_predictions_are_the_model_on_the_date_s_sequences_rows(spark, promoted)
     """Infer builds each partition's rows and scores them in one Python pass; the same model on
     the rows `build_sequences` writes for the date (static features joined, calendar context per
     row) gives the same outputs for every user."""
-    from lumos.core.registry import resolve_model
-    from lumos.core.runs import DATA_TAG, download_checkpoint, training_run
     from lumos.data.loader import table_batches
-    from lumos.infer.features import inference_rows, training_data
+    from lumos.data.training_data import training_data
+    from lumos.infer.features import inference_rows
     from lumos.infer.scoring import score_batch
-    from lumos.train.checkpoint import load_model
+    from lumos.train.trained_model import load_registered_model
 
     assert lumos(promoted, "infer", "--model", "quickstart@production", "--as-of", AS_OF).exit_code == 0
     scored = {row["user_id"]: row for row in predictions(spark, promoted)}
     workspace = open_workspace(promoted)
-    run = training_run(workspace, resolve_model(workspace, "quickstart@production").run_id, "--model")
-    model, _ = load_model(download_checkpoint(workspace, run.info.run_id, "--model"))
-    model.eval()
-    features = inference_rows(spark, workspace, training_data(workspace, TableRef.parse(run.data.tags[DATA_TAG])),
+    trained = load_registered_model(workspace, "quickstart@production")
+    model = trained.model.eval()
+    features = inference_rows(spark, workspace, training_data(workspace, trained.training_data),
                               datetime.date.fromisoformat(AS_OF))
     assert model.features.future_flags  # the calendar context is part of what is compared
     table = features.rows.toArrow()

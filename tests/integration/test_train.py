@@ -27,6 +27,7 @@ from lumos.train.run import train
 
 QUICKSTART = RECIPES
 runner = CliRunner()
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 TINY = {
     "data": {"table": "quickstart.sequences", "loader_workers": 1},
@@ -48,15 +49,6 @@ def project(ingest_quickstart, tmp_path_factory) -> Path:
     folder = tmp_path_factory.mktemp("train")
     ingest_quickstart(folder, SyntheticSpec(users=300, events=15_000, seed=1), max_len=20)
     return folder
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    # Two cores, and the test process shares them with Spark's JVM: oversubscription is slow.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def metric_history(workspace, run_id: str, key: str) -> list[float]:
