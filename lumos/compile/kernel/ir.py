@@ -8,8 +8,8 @@ padding condition). Renderers only print it: `render_c` as OpenMP loops, `render
 output loops mapped to threads. Indices are structures too (`Var`, `Affine`, `Digit`, `RowOf`),
 so a pass can ask which loop a read depends on without looking at text.
 
-Printing an index or expression gives C syntax (CUDA C is the same for these), so both renderers
-share it; what differs between targets is in the renderers' tables.
+Nothing here prints: render/cstyle.py prints indices, expressions and statements in C syntax for
+both renderers (the IR knows no target's syntax).
 """
 
 from __future__ import annotations
@@ -30,31 +30,23 @@ class Var:
 
     name: str
 
-    def __str__(self) -> str:
-        return self.name
-
 
 @dataclass(frozen=True)
 class Lit:
     value: int
 
-    def __str__(self) -> str:
-        return str(self.value)
-
 
 @dataclass(frozen=True)
 class Affine:
-    """constant + Σ coef · index, with the trivial parts left out when printed."""
+    """constant + Σ coef · index (a printer leaves out the terms that are zero)."""
 
     constant: int
     terms: tuple[tuple[int, Index], ...]
 
-    def __str__(self) -> str:
-        parts = [str(index) if coef == 1 else f"{coef} * {index}" for coef, index in self.terms
-                 if coef != 0 and str(index) != "0"]
-        if self.constant or not parts:
-            parts.append(str(self.constant))
-        return parts[0] if len(parts) == 1 else "(" + " + ".join(parts) + ")"
+    @property
+    def live_terms(self) -> list[tuple[int, Index]]:
+        """The terms that are not zero whatever the loop indices."""
+        return [(coef, index) for coef, index in self.terms if coef != 0 and not is_zero(index)]
 
 
 @dataclass(frozen=True)
@@ -65,9 +57,6 @@ class Digit:
     stride: int
     size: int
 
-    def __str__(self) -> str:
-        return f"(({self.flat} / {self.stride}) % {self.size})"
-
 
 @dataclass(frozen=True)
 class RowOf:
@@ -77,13 +66,17 @@ class RowOf:
     rows: int
     """The table's row count: what a bounds check compares against."""
 
-    def __str__(self) -> str:
-        from lumos.compile.render.cstyle import expr  # C syntax, which every renderer shares
-
-        return f"(int){expr(self.value)}"
-
 
 Index = Var | Lit | Affine | Digit | RowOf
+
+
+def is_zero(index: Index) -> bool:
+    """Whether an index is 0 by its form (a literal 0, or a sum with nothing left in it)."""
+    if isinstance(index, Lit):
+        return index.value == 0
+    if isinstance(index, Affine):
+        return index.constant == 0 and not index.live_terms
+    return False
 
 
 def index_vars(index: Index) -> set[str]:
@@ -110,17 +103,10 @@ class Compare:
     """'>=' or '<'."""
     bound: int
 
-    def __str__(self) -> str:
-        return f"{self.index} {self.op} {self.bound}"
-
 
 Cond = tuple[Compare, ...]
 """A conjunction; () is 'always'. NEVER is the empty region (a mask with lo >= hi)."""
 NEVER: Cond = (Compare(Lit(0), "<", 0),)
-
-
-def cond_text(cond: Cond) -> str:
-    return "0" if cond == NEVER else " && ".join(map(str, cond))
 
 
 def conjoin(*conditions: Cond | None) -> Cond | None:

@@ -44,7 +44,7 @@ from lumos.compile.kernel.passes import (
     stage_keys,
     stride_along,
 )
-from lumos.compile.render.cstyle import C, block_lines, expr, initial, literal, update
+from lumos.compile.render.cstyle import C, block_lines, compare, expr, index, initial, literal, update
 from lumos.compile.runtime.kernel_cache import UNIT_BREAK
 from lumos.compile.schedule.buffers import BufferPlan
 from lumos.compile.schedule.kernels import Kernel, KernelSchedule
@@ -87,7 +87,7 @@ def render_attention(kernel: Kernel, materialized: set[Node], params: dict[Node,
     width, keys, scale = ir.width, ir.keys, literal(ir.scale)
     score, score_lines = expr(ir.score), _lines(ir.score_stmts)
     value, value_lines = expr(ir.value), _lines(ir.value_stmts)
-    out_index = str(ir.out)
+    out_index = index(ir.out)
     block = min(schedule.tile or ATTENTION_BLOCK, keys)
     query, queries = rows[-1]
     # A block of queries shares each key's value row: as many independent accumulations as
@@ -197,7 +197,7 @@ def render_attention(kernel: Kernel, materialized: set[Node], params: dict[Node,
     # queries one block after another, so this runs about once per (batch, head).
     stage = [] if staged is None else [
         f"{{ const int j = 0, {staged.var} = 0;",
-        f"  const long at = {staged.key.offset};  /* where this (batch, head)'s keys start */",
+        f"  const long at = {index(staged.key.offset)};  /* where this (batch, head)'s keys start */",
         "  if (at != staged_at) {",
         "    staged_at = at;",
         *("    " + line for line in _stage_lines(staged, keys, vw)),
@@ -735,7 +735,7 @@ def _omp_loops(loops: list[Loop], parallel: int, body: list[str], barrier: bool,
         inner = ["#pragma omp simd"] if last.vector else []
         inner += [f"for (int {last.var} = 0; {last.var} < {bound[last.var]}; {last.var}++) {{", *("  " + line for line in body), "}"]
         if version_on is not None:
-            inner = [f"if ({version_on}) {{", *("  " + line for line in inner), "} else {", *("  " + line for line in inner), "}"]
+            inner = [f"if ({compare(version_on)}) {{", *("  " + line for line in inner), "} else {", *("  " + line for line in inner), "}"]
         lines += ["  " * depth + line for line in inner]
     else:
         lines += ["  " * depth + line for line in body]

@@ -10,21 +10,28 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from lumos.compile.ir.graph import Op
+from lumos.compile.ir.graph import BINARY, REDUCE, UNARY, Op
 from lumos.compile.kernel.ir import (
+    NEVER,
+    Affine,
     Binary,
+    Compare,
     Cond,
+    Digit,
     Expr,
+    Index,
     Let,
+    Lit,
     Load,
     Masked,
     Num,
     Reduce,
     Ref,
+    RowOf,
     Stmt,
     Store,
     Unary,
-    cond_text,
+    Var,
 )
 
 UNARY_C = {
@@ -42,6 +49,9 @@ BINARY_C = {
     Op.SUM: "({} + {})",  # two terms of a written-out reduction
     Op.MAX: "lumos_max({}, {})",  # NaN wins, as in torch (each header defines it)
 }
+# A primitive without a printer fails here, at import, not in the middle of a compile.
+assert set(UNARY_C) == UNARY, f"UNARY_C must print exactly the unary ops; differs by {set(UNARY_C) ^ UNARY}"
+assert set(BINARY_C) == BINARY | REDUCE, f"BINARY_C must print the binary and reduce ops; differs by {set(BINARY_C) ^ (BINARY | REDUCE)}"
 
 
 def literal(value: float) -> str:
@@ -72,13 +82,34 @@ class Dialect:
 C = Dialect(restrict="restrict", unroll="#pragma GCC unroll {}", vector_reduce="#pragma omp simd reduction({op}:{acc})")
 
 
+def index(i: Index) -> str:
+    if isinstance(i, Var):
+        return i.name
+    if isinstance(i, Lit):
+        return str(i.value)
+    if isinstance(i, Affine):
+        parts = [index(term) if coef == 1 else f"{coef} * {index(term)}" for coef, term in i.live_terms]
+        if i.constant or not parts:
+            parts.append(str(i.constant))
+        return parts[0] if len(parts) == 1 else "(" + " + ".join(parts) + ")"
+    if isinstance(i, Digit):
+        return f"(({index(i.flat)} / {i.stride}) % {i.size})"
+    if isinstance(i, RowOf):
+        return f"(int){expr(i.value)}"
+    raise TypeError(f"not an index: {i!r}")
+
+
+def compare(c: Compare) -> str:
+    return f"{index(c.index)} {c.op} {c.bound}"
+
+
 def expr(e: Expr) -> str:
     if isinstance(e, Num):
         return literal(e.value)
     if isinstance(e, Ref):
         return e.name
     if isinstance(e, Load):
-        return f"{e.buffer}[{e.offset}]"
+        return f"{e.buffer}[{index(e.offset)}]"
     if isinstance(e, Unary):
         if e.op is Op.EXP2 and nonpositive(e.x):
             return f"lumos_exp2f_nonpositive({expr(e.x)})"
@@ -114,7 +145,7 @@ def nonnegative(e: Expr) -> bool:
 
 
 def cond(c: Cond) -> str:
-    return cond_text(c)
+    return "0" if c == NEVER else " && ".join(map(compare, c))
 
 
 def update(op: Op, acc: str, value: str) -> str:
@@ -127,7 +158,7 @@ def stmt_lines(s: Stmt, dialect: Dialect) -> list[str]:
             return [f"float {s.name} = {initial(s.init)};", f"if ({cond(s.guard)}) {s.name} = {expr(s.value)};"]
         return [f"const float {s.name} = {expr(s.value)};"]
     if isinstance(s, Store):
-        return [f"{s.buffer}[{s.offset}] = {expr(s.value)};"]
+        return [f"{s.buffer}[{index(s.offset)}] = {expr(s.value)};"]
     if isinstance(s, Reduce):
         lines = [f"float {s.acc} = {initial(s.init)};"]
         if s.guard:

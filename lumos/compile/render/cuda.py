@@ -45,7 +45,7 @@ from lumos.compile.kernel.ir import (
 from lumos.compile.kernel.lower import lower_attention, lower_kernel
 from lumos.compile.kernel.passes import match_matmul, match_scores, stride_along
 from lumos.compile.render.c import tensor_names
-from lumos.compile.render.cstyle import Dialect, block_lines, cond, expr, initial, literal, stmt_lines, update
+from lumos.compile.render.cstyle import Dialect, block_lines, cond, expr, index, initial, literal, stmt_lines, update
 from lumos.compile.schedule.buffers import BufferPlan
 from lumos.compile.schedule.kernels import Kernel
 
@@ -354,7 +354,7 @@ def flash_attention(ir: AttentionIR) -> tuple[list[str], tuple] | None:
         "  }",
         "}",
         f"if (query_at < {query.extent})",
-        f"  for (int dd = 0; dd < {width}; dd++) out[{ir.out}] = o[dd] / l;",
+        f"  for (int dd = 0; dd < {width}; dd++) out[{index(ir.out)}] = o[dd] / l;",
     ]
     return body, ("flash", (FLASH_QUERIES, 1, 1), batched, static * tiles, 1, 1)
 
@@ -388,7 +388,7 @@ def attention(ir: AttentionIR) -> tuple[list[str], tuple]:
         "const float lw = lumos_warp_sum(l * c);",
         f"for (int dd = 0; dd < {ir.width}; dd++) {{",
         "  const float od = lumos_warp_sum(o[dd] * c);",
-        f"  if (lane == 0) out[{ir.out}] = od / lw;",
+        f"  if (lane == 0) out[{index(ir.out)}] = od / lw;",
         "}",
     ]
     return body, ("attention_warp", (THREADS, 1, 1), batched, static, warps, 1)

@@ -71,3 +71,26 @@ def test_2_to_a_power_that_cannot_be_positive_takes_the_cheaper_exponent():
                       Binary(Op.ADD, Binary(Op.MUL, square, Num(-1.0)), Num(0.5)), square]
     assert all(expr(Unary(Op.EXP2, e)).startswith("lumos_exp2f_nonpositive(") for e in never_positive)
     assert not any("nonpositive" in expr(Unary(Op.EXP2, e)) for e in maybe_positive)
+
+
+def test_the_kernel_ir_prints_nothing_itself():
+    """kernel/ never imports render/: indices, conditions and expressions print only through
+    render/cstyle.py, whose tables cover every primitive."""
+    import ast
+    from pathlib import Path
+
+    import lumos.compile.kernel as kernel_package
+    from lumos.compile.ir.graph import BINARY, REDUCE, UNARY
+    from lumos.compile.kernel.ir import NEVER, Affine, Digit, Lit
+    from lumos.compile.render.cstyle import BINARY_C, UNARY_C, cond, index
+
+    for path in Path(kernel_package.__file__).parent.glob("*.py"):
+        imported = {node.module for node in ast.walk(ast.parse(path.read_text())) if isinstance(node, ast.ImportFrom)}
+        assert not any(name and name.startswith("lumos.compile.render") for name in imported), path.name
+    assert set(UNARY_C) == UNARY and set(BINARY_C) == BINARY | REDUCE
+    i, j = Var("i"), Var("j")
+    assert index(Affine(0, ((1, i), (0, j), (3, Affine(0, ()))))) == "i"  # zero terms left out
+    assert index(Affine(2, ((4, i), (1, j)))) == "(4 * i + j + 2)"
+    assert index(Digit(Affine(0, ((8, i), (1, j))), 8, 3)) == "(((8 * i + j) / 8) % 3)"
+    assert index(Lit(0)) == "0" and cond(NEVER) == "0"
+    assert cond((Compare(i, ">=", 1), Compare(j, "<", 5))) == "i >= 1 && j < 5"
