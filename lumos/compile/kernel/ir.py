@@ -213,6 +213,8 @@ class Let:
     value: Expr
     guard: Cond | None = None
     init: float = 0.0
+    note: str = ""
+    """A comment printed after it (why it is a local)."""
 
 
 @dataclass
@@ -261,8 +263,8 @@ class Loop:
     """Shared out between threads (OpenMP on C; the grid on CUDA)."""
     vector: bool = False
     """Vectorized explicitly (omp simd)."""
-    bound: str | None = None
-    """The end as an expression when it is no constant (blocks of a symbolic batch: "(n + 3) / 4")."""
+    bound: IntExpr | None = None
+    """The end when it is no constant (blocks of a symbolic batch: (n + 3) / 4)."""
 
 
 @dataclass
@@ -300,6 +302,136 @@ def product_factors(reduce: Reduce) -> tuple[Expr, Expr] | None:
     if isinstance(value, Binary) and value.op is Op.MUL:
         return value.a, value.b
     return None
+
+
+# ---------------------------------------------------------------------------------------------
+# -- Vectors, register tiles and online softmax
+# What the CPU's fast kernels are made of: kernel/tiles.py rewrites a lowered kernel into these
+# (the register-blocked matmul, the row-wise layouts), and the printer only prints them. They sit
+# in a KernelIR's body beside Let and Store; their integer arithmetic is spelled out (IntOp),
+# their arrays are locals of the kernel (Element).
+
+
+@dataclass(frozen=True)
+class IntOp:
+    """a op b on integers ('+', '-', '*', '/'): the fast kernels' own loop arithmetic."""
+
+    op: str
+    a: IntExpr
+    b: IntExpr
+
+
+@dataclass(frozen=True)
+class Element:
+    """array[at[0]][at[1]]…: an element of a local array (a register tile, a row of sums)."""
+
+    array: str
+    at: tuple[IntExpr, ...]
+
+
+@dataclass(frozen=True)
+class Clamp:
+    """`index` where it is below `bound`, else bound - 1 (a block's rows past the last: the last)."""
+
+    index: IntExpr
+    bound: IntExpr
+
+
+IntExpr = Index | IntOp | Element | Clamp
+
+
+@dataclass(frozen=True)
+class Less:
+    a: IntExpr
+    b: IntExpr
+
+
+@dataclass(frozen=True)
+class Identity:
+    """The first value of a reduction by `op`: 0 for SUM, -inf for MAX."""
+
+    op: Op
+
+
+@dataclass(frozen=True)
+class VectorLoad:
+    """`width` consecutive floats from `at` on (a buffer read or a local array's element)."""
+
+    at: Load | Element
+    width: int
+
+
+@dataclass(frozen=True)
+class VectorZero:
+    width: int
+
+
+@dataclass
+class Declare:
+    """A local: one value or an array (`dims`) of floats, ints or vectors of `width` floats;
+    with `value`, its first value. A register tile is an array of vectors (rows × vector columns)."""
+
+    name: str
+    dims: tuple[int, ...] = ()
+    width: int = 0
+    integer: bool = False
+    value: Expr | None = None
+    note: str = ""
+
+
+@dataclass
+class IntLet:
+    """const int name = value: a loop index of the fast kernels' own."""
+
+    name: str
+    value: IntExpr
+
+
+@dataclass
+class Assign:
+    target: Element | Ref
+    value: Expr | IntExpr
+
+
+@dataclass
+class Accumulate:
+    """target ⊕= value for the reduction op (SUM or MAX)."""
+
+    op: Op
+    target: Element | Ref
+    value: Expr
+
+
+@dataclass
+class MulAdd:
+    """target += a · b (one FMA per lane when they are vectors)."""
+
+    target: Element | Ref
+    a: Expr
+    b: Expr
+
+
+@dataclass
+class VectorStore:
+    at: Element
+    width: int
+    value: Expr
+
+
+@dataclass
+class For:
+    """for var in [start, stop) by step, while `also` holds too. `unroll`: fully or by that factor;
+    `simd`: vectorized explicitly; `braces`: its body is a block even when it is one statement."""
+
+    var: str
+    stop: IntExpr
+    body: list
+    start: IntExpr = Lit(0)
+    step: int = 1
+    also: Less | None = None
+    unroll: int = 0
+    simd: bool = False
+    braces: bool = False
 
 
 @dataclass

@@ -26,7 +26,6 @@ from lumos.compile.kernel.ir import (
     Load,
     Loop,
     Num,
-    Reduce,
     Ref,
     RowOf,
     expr_vars,
@@ -35,16 +34,14 @@ from lumos.compile.kernel.ir import (
 from lumos.compile.kernel.lower import lower_attention, lower_kernel
 from lumos.compile.kernel.passes import (
     STAGED,
-    Matmul,
     ScoreDot,
     StagedKeys,
-    match_matmul,
     match_scores,
-    row_wise,
     stage_keys,
     stride_along,
 )
-from lumos.compile.render.cstyle import C, block_lines, compare, expr, index, initial, literal, update
+from lumos.compile.kernel.tiles import VECTOR, cpu_layout
+from lumos.compile.render.cstyle import C, block_lines, compare, expr, index, int_expr, literal
 from lumos.compile.runtime.kernel_cache import UNIT_BREAK
 from lumos.compile.schedule.buffers import BufferPlan
 from lumos.compile.schedule.kernels import Kernel, KernelSchedule
@@ -66,10 +63,6 @@ ATTENTION_ACCUMULATORS = 16
 """Vector registers a fused attention kernel's block of output rows may take by default: queries
 per block = 16 / (value width / 8), at most 8 (8 queries at head size 16, 4 at 32); its
 schedule's `rows` overrides it."""
-VECTOR = 8
-"""Floats per lumos_f8 vector of the register-blocked matmul (HEADER)."""
-BLOCK_UNROLL = 4
-"""The blocked matmul's reduction loop is unrolled this far: more independent loads in flight."""
 # ---------------------------------------------------------------------------------------------
 # The fused attention kernel, printed from the kernel IR (lower.lower_attention)
 
@@ -467,191 +460,9 @@ def _vector_epilogue(scores: ScoreDot, score: Expr, vw: int = VECTOR, first: str
     return lines, final[0]
 
 
-# ---------------------------------------------------------------------------------------------
-# The row-wise layouts, printed from the kernel IR (kernel/passes.py decides them)
-
-
 def _lines(stmts) -> list[str]:
     return block_lines(stmts, C)
 
-
-def row_wise_body(ir: KernelIR, schedule: KernelSchedule) -> tuple[list[Loop], list[str]] | None:
-    """The reduction loop outside the last output loop when that makes its reads contiguous (e.g.
-    x @ Wᵀ with W stored transposed, or P @ V): a row of outputs accumulated at once, one
-    vectorized pass per reduction step; with schedule.tile, a tile of columns summed in registers
-    over the whole reduction."""
-    layout = row_wise(ir, schedule.interchange)
-    if layout is None:
-        return None
-    reduce, last, size = layout.reduce, layout.last.var, layout.last.extent
-    row = f"{reduce.acc}_row"
-    value = expr(reduce.value)
-    step_update = update(reduce.op, f"{row}[{last}]", value)
-    init = initial(reduce.init)
-    prelude, per_step = _vectorized_prelude(layout.hoisted, layout.arrays, reduce)
-    inner, rest = _lines(layout.inner), _lines(layout.rest)
-    tile = schedule.tile
-    if tile and size % tile == 0 and size > tile:
-        # Register accumulators: a tile of columns is summed over the whole reduction at once.
-        acc = f"{reduce.acc}_tile"
-        lines = [
-            f"float {row}[{size}];",
-            *prelude,
-            f"for (int {last}_0 = 0; {last}_0 < {size}; {last}_0 += {tile}) {{",
-            f"  float {acc}[{tile}];",
-            f"  for (int jj = 0; jj < {tile}; jj++) {acc}[jj] = {init};",
-            f"  for (int {reduce.var} = 0; {reduce.var} < {reduce.length}; {reduce.var}++) {{",
-            *("    " + line for line in per_step),
-            "    #pragma omp simd",
-            f"    for (int jj = 0; jj < {tile}; jj++) {{",
-            f"      const int {last} = {last}_0 + jj;",
-            *("      " + line for line in inner),
-            f"      {update(reduce.op, f'{acc}[jj]', value)}",
-            "    }",
-            "  }",
-            f"  for (int jj = 0; jj < {tile}; jj++) {row}[{last}_0 + jj] = {acc}[jj];",
-            "}",
-        ]
-    else:
-        lines = [
-            f"float {row}[{size}];",
-            f"for (int {last} = 0; {last} < {size}; {last}++) {row}[{last}] = {init};",
-            *prelude,
-            f"for (int {reduce.var} = 0; {reduce.var} < {reduce.length}; {reduce.var}++) {{",
-            *("  " + line for line in per_step),
-            "  #pragma omp simd",
-            f"  for (int {last} = 0; {last} < {size}; {last}++) {{",
-            *("    " + line for line in inner),
-            f"    {step_update}",
-            "  }",
-            "}",
-        ]
-    lines += [f"for (int {last} = 0; {last} < {size}; {last}++) {{", f"  const float {reduce.acc} = {row}[{last}];",
-              *("  " + line for line in rest), "}"]
-    return ir.loops[:-1], lines
-
-
-def _vectorized_prelude(hoisted: list[Let], arrays: list[str] | None, reduce: Reduce) -> tuple[list[str], list[str]]:
-    """The per-step locals (e.g. GELU of the previous layer) computed for all steps first, in one
-    vectorized loop into arrays, instead of one scalar evaluation per step (arrays None: in place)."""
-    if arrays is None:
-        return [], _lines(hoisted)
-    r = reduce.var
-    prelude = [f"float {name}_steps[{reduce.length}];" for name in arrays]
-    prelude += ["#pragma omp simd", f"for (int {r} = 0; {r} < {reduce.length}; {r}++) {{",
-                *("  " + line for line in _lines(hoisted)), *(f"  {name}_steps[{r}] = {name};" for name in arrays), "}"]
-    return prelude, [f"const float {name} = {name}_steps[{r}];" for name in arrays]
-
-
-def register_block_body(ir: KernelIR, schedule: KernelSchedule) -> tuple[list[Loop], list[str]] | None:
-    """The register-blocked matmul micro-kernel (schedule.rows × schedule.tile): the kernel's one
-    reduction is a sum of `value · weight` where `weight` is a buffer read contiguous along the
-    output row and the same for every row of some outer loop `row` (x @ Wᵀ with W stored (in,
-    out), or P @ V; kernel_passes.match_matmul). Then a block of `rows` rows × `tile` columns is
-    summed at once in vector registers: per reduction step, `tile / 8` weight vectors are loaded
-    once and shared by the block's rows, and each row's value is loaded once and shared by its
-    columns, so the loop does rows·tile/8 FMAs per rows + tile/8 loads (the row-wise loop: one
-    FMA, one load and one store of its row accumulator each). With `schedule.lanes` 16 the
-    vectors are 16 floats (AVX-512): half the FMAs and loads for the same block.
-
-    Rows past the last are clamped to the last (computed, not stored), columns past the last
-    whole tile take one dot product each. The prologue (the value's locals: layer norm, GELU)
-    is computed once per row and step into arrays before the tiles; the epilogue (bias, GELU,
-    residual: the statements after the sum) runs per output on the summed tile. Returns the
-    loops (the row loop stepping by blocks, the column loop gone) and body, or None when the
-    kernel has no such shape (the schedule then renders as plain row-wise)."""
-    rows, tile = schedule.rows, schedule.tile
-    width = schedule.lanes or VECTOR
-    vec, load, store = (f"lumos_f{width}", f"lumos_load{width}", f"lumos_store{width}")
-    if not rows or not tile or tile % width or len(ir.loops) < 2:
-        return None
-    if not tile <= ir.loops[-1].extent:
-        return None
-    match = match_matmul(ir, rows)
-    if match is None:
-        return None
-    reduce, last, size = match.reduce, match.column.var, match.column.extent
-    row, extent = match.row.var, match.row.extent
-    bound = "n" if match.row.batch else str(extent)
-    blocks = f"({bound} + {rows - 1}) / {rows}" if bound == "n" else None
-    loops = [Loop(f"{row}_b", -(-extent // rows), bound=blocks) if loop is match.row else loop for loop in ir.loops[:-1]]
-    acc, r, steps = reduce.acc, reduce.var, reduce.length
-    m, v, lanes = f"{acc}_m", f"{acc}_v", tile // width
-    full = size - size % tile
-    rest = _lines(match.rest)  # the epilogue, once per output
-    weight, value = expr(match.weight), expr(match.value)
-    prologue, per_step = _block_prologue(match, m, rows)
-    lines = [
-        f"const int {row}_0 = {row}_b * {rows};",
-        f"int {row}_rows[{rows}];  /* rows past the last: the last again (computed, not stored) */",
-        f"for (int {m} = 0; {m} < {rows}; {m}++) {row}_rows[{m}] = {row}_0 + {m} < {bound} ? {row}_0 + {m} : {bound} - 1;",
-        *prologue,
-        f"for (int {last}_0 = 0; {last}_0 < {full}; {last}_0 += {tile}) {{",
-        f"  {vec} {acc}_blk[{rows}][{lanes}];  /* the block's sums: {rows * lanes} vector registers */",
-        f"  #pragma GCC unroll {rows}",
-        f"  for (int {m} = 0; {m} < {rows}; {m}++)",
-        f"    for (int {v} = 0; {v} < {lanes}; {v}++) {acc}_blk[{m}][{v}] = ({vec}){{0}};",
-        f"  #pragma GCC unroll {BLOCK_UNROLL}",
-        f"  for (int {r} = 0; {r} < {steps}; {r}++) {{",
-        f"    {vec} {acc}_w[{lanes}];  /* loaded once, used by every row of the block */",
-        f"    #pragma GCC unroll {lanes}",
-        f"    for (int {v} = 0; {v} < {lanes}; {v}++) {{",
-        f"      const int {last} = {last}_0 + {width} * {v};",
-        f"      {acc}_w[{v}] = {load}(&{weight});",
-        "    }",
-        f"    #pragma GCC unroll {rows}",
-        f"    for (int {m} = 0; {m} < {rows}; {m}++) {{",
-        f"      const int {row} = {row}_rows[{m}];",
-        *("      " + line for line in per_step),
-        f"      const float {acc}_x = {value};  /* used by every column of the block */",
-        f"      #pragma GCC unroll {lanes}",
-        f"      for (int {v} = 0; {v} < {lanes}; {v}++) {acc}_blk[{m}][{v}] += {acc}_x * {acc}_w[{v}];",
-        "    }",
-        "  }",
-        f"  float {acc}_tile[{rows}][{tile}];",
-        f"  for (int {m} = 0; {m} < {rows}; {m}++)",
-        f"    for (int {v} = 0; {v} < {lanes}; {v}++) {store}(&{acc}_tile[{m}][{width} * {v}], {acc}_blk[{m}][{v}]);",
-        f"  for (int {m} = 0; {m} < {rows} && {row}_0 + {m} < {bound}; {m}++) {{",
-        f"    const int {row} = {row}_0 + {m};",
-        f"    for (int {last} = {last}_0; {last} < {last}_0 + {tile}; {last}++) {{",
-        f"      const float {acc} = {acc}_tile[{m}][{last} - {last}_0];",
-        *("      " + line for line in rest),
-        "    }",
-        "  }",
-        "}",
-    ]
-    if full < size:  # the columns past the last whole tile: one dot product each
-        lines += [
-            f"for (int {m} = 0; {m} < {rows} && {row}_0 + {m} < {bound}; {m}++) {{",
-            f"  const int {row} = {row}_0 + {m};",
-            f"  for (int {last} = {full}; {last} < {size}; {last}++) {{",
-            f"    float {acc} = 0.0f;",
-            f"    for (int {r} = 0; {r} < {steps}; {r}++) {{",
-            *("      " + line for line in per_step),
-            f"      {acc} += {value} * {weight};",
-            "    }",
-            *("    " + line for line in rest),
-            "  }",
-            "}",
-        ]
-    return loops, lines
-
-
-def _block_prologue(match: Matmul, m: str, rows: int) -> tuple[list[str], list[str]]:
-    """The value's per-step locals (layer norm, GELU of the previous layer) for every row of the
-    block, computed once before the column tiles in one vectorized loop per row, into arrays
-    that the tiles read; per_step reads row `m`'s. Very long reductions compute them in place
-    instead (per_step is then the locals themselves)."""
-    hoisted = _lines(match.hoisted)
-    if match.prologue is None:
-        return [], hoisted
-    r, row, length = match.reduce.var, match.row.var, match.reduce.length
-    prologue = [f"float {name}_steps[{rows}][{length}];" for name in match.prologue]
-    prologue += [f"for (int {m} = 0; {m} < {rows}; {m}++) {{", f"  const int {row} = {row}_rows[{m}];",
-                 "  #pragma omp simd", f"  for (int {r} = 0; {r} < {length}; {r}++) {{",
-                 *("    " + line for line in hoisted),
-                 *(f"    {name}_steps[{m}][{r}] = {name};" for name in match.prologue), "  }", "}"]
-    return prologue, [f"const float {name} = {name}_steps[{m}][{r}];" for name in match.prologue]
 
 def barriers(graph: Graph, kernels: list[Kernel], plan: BufferPlan) -> list[bool]:
     """Whether each kernel must end with a barrier: only when a later kernel, before the next
@@ -668,18 +479,18 @@ def barriers(graph: Graph, kernels: list[Kernel], plan: BufferPlan) -> list[bool
 
     keep = [True] * len(kernels)
     in_flight: list[tuple[list[tuple], tuple]] = []  # (reads, write) of kernels since the last barrier
-    for index, kernel in enumerate(kernels):
+    for position, kernel in enumerate(kernels):
         reads, write = [region(node) for node in kernel.reads], region(kernel.node)
         conflict = any(
             any(overlap(r, earlier_write) for r in reads)  # reads what an earlier one writes
             or any(overlap(write, r) for r in earlier_reads + [earlier_write])  # overwrites its inputs or output
             for earlier_reads, earlier_write in in_flight
         )
-        if conflict and index > 0:
-            keep[index - 1] = True
+        if conflict and position > 0:
+            keep[position - 1] = True
             in_flight = []
-        elif index > 0:
-            keep[index - 1] = False
+        elif position > 0:
+            keep[position - 1] = False
         in_flight.append((reads, write))
     return keep
 
@@ -689,15 +500,8 @@ def render_kernel(kernel: Kernel, materialized: set[Node], params: dict[Node, st
     schedule = schedule or KernelSchedule()
     if kernel.attention is not None:
         return render_attention(kernel, materialized, params, schedule, barrier)
-    ir = lower_kernel(kernel, materialized, params, schedule)
-    layout = register_block_body(ir, schedule) or row_wise_body(ir, schedule)
-    if layout is None:
-        return print_kernel(ir, barrier, schedule.wide)
-    loops, body = layout
-    lines = [f"/* {ir.comment} */", _signature(ir, schedule.wide)]
-    outer = loops[:-1] if len(loops) > 1 else loops
-    outer = outer[:schedule.collapse] if schedule.collapse else outer
-    return "\n".join(lines + _omp_loops(loops, len(outer), body, barrier))
+    ir = cpu_layout(lower_kernel(kernel, materialized, params, schedule), schedule)
+    return print_kernel(ir, barrier, schedule.wide)
 
 
 def _signature(ir: KernelIR, wide: bool = False) -> str:
@@ -726,7 +530,8 @@ def _omp_loops(loops: list[Loop], parallel: int, body: list[str], barrier: bool,
     collapse = f" collapse({parallel})" if parallel > 1 else ""
     lines = [f"#pragma omp for{collapse} schedule(static){'' if barrier else ' nowait'}"]
     innermost = len(loops) > 1
-    bound = {loop.var: loop.bound or ("n" if loop.batch else loop.extent) for loop in loops}  # the batch: as many rows as given
+    # The batch: as many rows as given; blocks of rows: as many blocks as they make.
+    bound = {loop.var: int_expr(loop.bound) if loop.bound else "n" if loop.batch else loop.extent for loop in loops}
     for depth, loop in enumerate(loops[:-1] if innermost else loops):
         lines.append("  " * depth + f"for (int {loop.var} = 0; {loop.var} < {bound[loop.var]}; {loop.var}++) {{")
     depth = len(loops) - 1 if innermost else len(loops)
@@ -746,7 +551,7 @@ def _omp_loops(loops: list[Loop], parallel: int, body: list[str], barrier: bool,
 def canonical_kernel_source(kernel: Kernel, materialized: set[Node], schedule: KernelSchedule | None = None) -> str:
     """The kernel's C with buffer and kernel names replaced by positional ones: identical layers
     (same computation on different weights and buffers) give the same text."""
-    params = {node: f"p{index}" for index, node in enumerate(kernel.reads)}
+    params = {node: f"p{position}" for position, node in enumerate(kernel.reads)}
     renamed = Kernel("kernel", kernel.node, kernel.fused, kernel.reads, kernel.attention)
     return render_kernel(renamed, materialized, params, schedule).split("\n", 1)[1]
 

@@ -13,17 +13,29 @@ from dataclasses import dataclass
 from lumos.compile.ir.graph import BINARY, REDUCE, UNARY, Op
 from lumos.compile.kernel.ir import (
     NEVER,
+    Accumulate,
     Affine,
+    Assign,
     Binary,
+    Clamp,
     Compare,
     Cond,
+    Declare,
     Digit,
+    Element,
     Expr,
+    For,
+    Identity,
     Index,
+    IntExpr,
+    IntLet,
+    IntOp,
+    Less,
     Let,
     Lit,
     Load,
     Masked,
+    MulAdd,
     Num,
     Reduce,
     Ref,
@@ -32,6 +44,9 @@ from lumos.compile.kernel.ir import (
     Store,
     Unary,
     Var,
+    VectorLoad,
+    VectorStore,
+    VectorZero,
 )
 
 UNARY_C = {
@@ -77,9 +92,16 @@ class Dialect:
     """The pragma that unrolls the next loop ({} = the factor)."""
     vector_reduce: str | None
     """The pragma that vectorizes a reduction loop ({op}, {acc}); None: none."""
+    simd: str | None = None
+    """The pragma that vectorizes a loop; None: none."""
+    vector: str = "lumos_f{}"
+    """The type of a vector of {} floats, and the functions that load and store one (the header's)."""
+    vector_load: str = "lumos_load{}"
+    vector_store: str = "lumos_store{}"
 
 
-C = Dialect(restrict="restrict", unroll="#pragma GCC unroll {}", vector_reduce="#pragma omp simd reduction({op}:{acc})")
+C = Dialect(restrict="restrict", unroll="#pragma GCC unroll {}", vector_reduce="#pragma omp simd reduction({op}:{acc})",
+            simd="#pragma omp simd")
 
 
 def index(i: Index) -> str:
@@ -97,6 +119,30 @@ def index(i: Index) -> str:
     if isinstance(i, RowOf):
         return f"(int){expr(i.value)}"
     raise TypeError(f"not an index: {i!r}")
+
+
+PRECEDENCE = {"+": 1, "-": 1, "*": 2, "/": 2}
+
+
+def int_expr(e: IntExpr, outer: int = 0) -> str:
+    """An integer expression with parentheses only where precedence needs them."""
+    if isinstance(e, IntOp):
+        own = PRECEDENCE[e.op]
+        text = f"{int_expr(e.a, own)} {e.op} {int_expr(e.b, own + 1)}"
+        return f"({text})" if own < outer else text
+    if isinstance(e, Element):
+        return element(e)
+    if isinstance(e, Clamp):
+        return f"{int_expr(e.index)} < {int_expr(e.bound)} ? {int_expr(e.index)} : {int_expr(IntOp('-', e.bound, Lit(1)))}"
+    return index(e)
+
+
+def element(e: Element) -> str:
+    return e.array + "".join(f"[{int_expr(i)}]" for i in e.at)
+
+
+def less(c: Less) -> str:
+    return f"{int_expr(c.a)} < {int_expr(c.b)}"
 
 
 def compare(c: Compare) -> str:
@@ -118,6 +164,10 @@ def expr(e: Expr) -> str:
         return BINARY_C[e.op].format(expr(e.a), expr(e.b))
     if isinstance(e, Masked):
         return f"(({cond(e.cond)}) ? {expr(e.x)} : 0.0f)"
+    if isinstance(e, Element):
+        return element(e)
+    if isinstance(e, Identity):
+        return initial(0.0 if e.op is Op.SUM else -math.inf)
     raise TypeError(f"not an expression: {e!r}")
 
 
@@ -152,8 +202,62 @@ def update(op: Op, acc: str, value: str) -> str:
     return f"{acc} += {value};" if op is Op.SUM else f"{acc} = lumos_max({acc}, {value});"
 
 
+def vector_expr(e: Expr, dialect: Dialect) -> str:
+    """An expression that may be a vector (a load or zeros of `width` floats)."""
+    if isinstance(e, VectorLoad):
+        return f"{dialect.vector_load.format(e.width)}(&{expr(e.at)})"
+    if isinstance(e, VectorZero):
+        return f"({dialect.vector.format(e.width)}){{0}}"
+    if isinstance(e, (IntOp, Clamp, Var, Lit)):
+        return int_expr(e)
+    return expr(e)
+
+
+def target(t: Element | Ref) -> str:
+    return element(t) if isinstance(t, Element) else t.name
+
+
+def tile_lines(s, dialect: Dialect) -> list[str]:
+    """The fast kernels' statements (kernel/ir.py's vectors and register tiles)."""
+    if isinstance(s, Declare):
+        kind = "int" if s.integer else dialect.vector.format(s.width) if s.width else "float"
+        value = "" if s.value is None else f" = {expr(s.value)}"
+        note = f"  /* {s.note} */" if s.note else ""
+        return [f"{kind} {s.name}{''.join(f'[{d}]' for d in s.dims)}{value};{note}"]
+    if isinstance(s, IntLet):
+        return [f"const int {s.name} = {int_expr(s.value)};"]
+    if isinstance(s, Assign):
+        return [f"{target(s.target)} = {vector_expr(s.value, dialect)};"]
+    if isinstance(s, Accumulate):
+        return [update(s.op, target(s.target), expr(s.value))]
+    if isinstance(s, MulAdd):
+        return [f"{target(s.target)} += {expr(s.a)} * {expr(s.b)};"]
+    if isinstance(s, VectorStore):
+        return [f"{dialect.vector_store.format(s.width)}(&{element(s.at)}, {expr(s.value)});"]
+    if isinstance(s, For):
+        return for_lines(s, dialect)
+    raise TypeError(f"not a statement: {s!r}")
+
+
+def for_lines(s: For, dialect: Dialect) -> list[str]:
+    """A loop; one statement of one line goes on the loop's line, one loop under it, else a block."""
+    pragmas = [dialect.unroll.format(s.unroll)] if s.unroll else []
+    pragmas += [dialect.simd] if s.simd else []
+    also = f" && {less(s.also)}" if s.also else ""
+    step = f"{s.var}++" if s.step == 1 else f"{s.var} += {s.step}"
+    head = f"for (int {s.var} = {int_expr(s.start)}; {s.var} < {int_expr(s.stop)}{also}; {step})"
+    body = block_lines(s.body, dialect)
+    if len(s.body) == 1 and not s.braces and isinstance(s.body[0], For):
+        return [*pragmas, head, *("  " + line for line in body)]
+    if len(s.body) == 1 and not s.braces and len(body) == 1:
+        return [*pragmas, f"{head} {body[0]}"]
+    return [*pragmas, head + " {", *("  " + line for line in body), "}"]
+
+
 def stmt_lines(s: Stmt, dialect: Dialect) -> list[str]:
     if isinstance(s, Let):
+        if s.note:
+            return [f"const float {s.name} = {expr(s.value)};  /* {s.note} */"]
         if s.guard:
             return [f"float {s.name} = {initial(s.init)};", f"if ({cond(s.guard)}) {s.name} = {expr(s.value)};"]
         return [f"const float {s.name} = {expr(s.value)};"]
@@ -173,7 +277,7 @@ def stmt_lines(s: Stmt, dialect: Dialect) -> list[str]:
         lines.append("  " + update(s.op, s.acc, expr(s.value)))
         lines += ["}", "}"]
         return lines
-    raise TypeError(f"not a statement: {s!r}")
+    return tile_lines(s, dialect)
 
 
 def block_lines(stmts: list[Stmt], dialect: Dialect) -> list[str]:
