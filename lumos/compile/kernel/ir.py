@@ -265,6 +265,7 @@ class Loop:
     """Vectorized explicitly (omp simd)."""
     bound: IntExpr | None = None
     """The end when it is no constant (blocks of a symbolic batch: (n + 3) / 4)."""
+    step: int = 1
 
 
 @dataclass
@@ -331,19 +332,27 @@ class Element:
 
 @dataclass(frozen=True)
 class Clamp:
-    """`index` where it is below `bound`, else bound - 1 (a block's rows past the last: the last)."""
+    """`index` where it is below `bound`, else `last` (a block's rows past the last: the last)."""
 
     index: IntExpr
     bound: IntExpr
+    last: IntExpr
 
 
 IntExpr = Index | IntOp | Element | Clamp
 
 
 @dataclass(frozen=True)
-class Less:
+class IntCond:
+    """a op b on integers ('<', '<=', '!=')."""
+
+    op: str
     a: IntExpr
     b: IntExpr
+
+
+def less(a: IntExpr, b: IntExpr) -> IntCond:
+    return IntCond("<", a, b)
 
 
 @dataclass(frozen=True)
@@ -354,16 +363,57 @@ class Identity:
 
 
 @dataclass(frozen=True)
+class Arith:
+    """a op b ('+', '-', '*', '/') on floats or vectors of them, lane by lane."""
+
+    op: str
+    a: Expr
+    b: Expr
+
+
+@dataclass(frozen=True)
 class VectorLoad:
-    """`width` consecutive floats from `at` on (a buffer read or a local array's element)."""
+    """`width` consecutive floats from `at` on (a buffer read or a local array's element); with
+    `first`, only the first `first` of them, the other lanes 0 (nothing read past them)."""
 
     at: Load | Element
+    width: int
+    first: IntExpr | None = None
+
+
+@dataclass(frozen=True)
+class Splat:
+    """A vector of `width` lanes, each `value`."""
+
+    width: int
+    value: float = 0.0
+
+
+@dataclass(frozen=True)
+class FirstLanes:
+    """x's first n lanes, `fill` in the others (the last keys of a block, fewer than a vector)."""
+
+    x: Expr
+    n: IntExpr
+    fill: float
     width: int
 
 
 @dataclass(frozen=True)
-class VectorZero:
+class LaneReduce:
+    """The SUM or MAX (NaN wins) of a vector's lanes."""
+
+    op: Op
+    x: Expr
     width: int
+
+
+@dataclass(frozen=True)
+class Exp2NonPositive:
+    """2^x for x <= 0 (a softmax's scores less their running max), of a float or lane by lane."""
+
+    x: Expr
+    width: int = 0
 
 
 @dataclass
@@ -377,29 +427,91 @@ class Declare:
     integer: bool = False
     value: Expr | None = None
     note: str = ""
+    constant: bool = False
+    long: bool = False
+    """A 64-bit integer (an offset into a buffer)."""
+
+
+@dataclass
+class Declares:
+    """Locals of one kind declared together."""
+
+    declares: list[Declare]
 
 
 @dataclass
 class IntLet:
-    """const int name = value: a loop index of the fast kernels' own."""
+    """const int name = value: a loop index of the fast kernels' own; `also`: more of them, bound
+    at once (each in turn)."""
 
     name: str
     value: IntExpr
+    also: tuple[tuple[str, IntExpr], ...] = ()
+    long: bool = False
+    note: str = ""
 
 
 @dataclass
 class Assign:
-    target: Element | Ref
+    target: Element | Ref | Load
+    """A local, or a buffer's element (the output)."""
     value: Expr | IntExpr
+    note: str = ""
 
 
 @dataclass
 class Accumulate:
-    """target ⊕= value for the reduction op (SUM or MAX)."""
+    """target ⊕= value for the reduction op (SUM or MAX); lane by lane when `width`."""
 
     op: Op
     target: Element | Ref
     value: Expr
+    width: int = 0
+
+
+@dataclass
+class Rescale:
+    """target *= factor: an online softmax's running output row when its running max grows."""
+
+    target: Element | Ref
+    factor: Expr
+
+
+@dataclass
+class Prefetch:
+    """Ask for the cache line of a read before it is needed."""
+
+    at: Load
+
+
+@dataclass
+class Transpose:
+    """The `width` vectors of `width` floats of `array` transposed in place (in registers)."""
+
+    array: str
+    width: int
+
+
+@dataclass
+class Scope:
+    """Statements in a block of their own (their locals end with it); `inline`: on one line."""
+
+    body: list
+    inline: bool = False
+
+
+@dataclass
+class If:
+    cond: tuple[IntCond, ...]
+    body: list
+    note: str = ""
+
+
+@dataclass
+class Skip:
+    """Go on with the loop's next iteration unless `cond` holds."""
+
+    unless: tuple[IntCond, ...]
 
 
 @dataclass
@@ -424,14 +536,38 @@ class For:
     `simd`: vectorized explicitly; `braces`: its body is a block even when it is one statement."""
 
     var: str
-    stop: IntExpr
+    stop: IntExpr | None
     body: list
-    start: IntExpr = Lit(0)
-    step: int = 1
-    also: Less | None = None
+    start: IntExpr | None = Lit(0)
+    step: int | None = None
+    """By this many (None: one at a time, var++)."""
+    also: IntCond | None = None
     unroll: int = 0
     simd: bool = False
     braces: bool = False
+    test: IntCond | None = None
+    """The condition that goes on, when it is not var < stop (start None: var is declared outside)."""
+    reduction: tuple[Op, str] | None = None
+    """Vectorized as a reduction of this local by this op."""
+    note: str = ""
+
+
+@dataclass
+class FusedAttention:
+    """A fused attention kernel as the printer takes it (kernel/online_softmax.py builds it):
+    `locals` per thread, the `loops` over queries (all shared out between threads; the query loop
+    steps by `per_block`) and the `body` per block of queries."""
+
+    name: str
+    node: Node
+    params: list[str]
+    keys: int
+    per_block: int
+    written: Node | None
+    """The node it was fused from when that one is stored in another dim order."""
+    locals: list
+    loops: list[Loop]
+    body: list
 
 
 @dataclass

@@ -26,7 +26,6 @@ from lumos.compile.kernel.ir import (
     IntLet,
     IntOp,
     KernelIR,
-    Less,
     Let,
     Lit,
     Loop,
@@ -34,10 +33,11 @@ from lumos.compile.kernel.ir import (
     Num,
     Reduce,
     Ref,
+    Splat,
     Var,
     VectorLoad,
     VectorStore,
-    VectorZero,
+    less,
 )
 from lumos.compile.kernel.passes import Matmul, match_matmul, row_wise
 from lumos.compile.schedule.kernels import KernelSchedule
@@ -100,7 +100,7 @@ def register_block(ir: KernelIR, schedule: KernelSchedule) -> KernelIR | None:
     first_row, row_of = Var(f"{row}_0"), f"{row}_rows"
     blk, w, tile_sums, x = f"{acc}_blk", f"{acc}_w", f"{acc}_tile", f"{acc}_x"
     prologue, per_step = _block_prologue(match, m, rows)
-    stored_rows = Less(IntOp("+", first_row, Var(m)), bound)  # the block's rows that exist
+    stored_rows = less(IntOp("+", first_row, Var(m)), bound)  # the block's rows that exist
 
     def each(var: str, stop: int, *body, unroll: int = 0, **options) -> For:
         return For(var, Lit(stop), list(body), unroll=unroll, **options)
@@ -108,7 +108,7 @@ def register_block(ir: KernelIR, schedule: KernelSchedule) -> KernelIR | None:
     column = IntOp("+", Var(f"{last}_0"), IntOp("*", Lit(width), Var(v)))
     sums = [
         Declare(blk, (rows, lanes), width, note=f"the block's sums: {rows * lanes} vector registers"),
-        each(m, rows, each(v, lanes, Assign(Element(blk, (Var(m), Var(v))), VectorZero(width))), unroll=rows),
+        each(m, rows, each(v, lanes, Assign(Element(blk, (Var(m), Var(v))), Splat(width))), unroll=rows),
         each(r, steps,
              Declare(w, (lanes,), width, note="loaded once, used by every row of the block"),
              each(v, lanes, IntLet(last, column), Assign(Element(w, (Var(v),)), VectorLoad(match.weight, width)),
@@ -133,7 +133,7 @@ def register_block(ir: KernelIR, schedule: KernelSchedule) -> KernelIR | None:
     body = [
         IntLet(first_row.name, IntOp("*", Var(f"{row}_b"), Lit(rows))),
         Declare(row_of, (rows,), integer=True, note="rows past the last: the last again (computed, not stored)"),
-        each(m, rows, Assign(Element(row_of, (Var(m),)), Clamp(IntOp("+", first_row, Var(m)), bound))),
+        each(m, rows, Assign(Element(row_of, (Var(m),)), Clamp(IntOp("+", first_row, Var(m)), bound, IntOp("-", bound, Lit(1))))),
         *prologue,
         For(f"{last}_0", Lit(full), sums, step=tile),
     ]

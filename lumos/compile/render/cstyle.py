@@ -15,38 +15,49 @@ from lumos.compile.kernel.ir import (
     NEVER,
     Accumulate,
     Affine,
+    Arith,
     Assign,
     Binary,
     Clamp,
     Compare,
     Cond,
     Declare,
+    Declares,
     Digit,
     Element,
+    Exp2NonPositive,
     Expr,
+    FirstLanes,
     For,
     Identity,
+    If,
     Index,
+    IntCond,
     IntExpr,
     IntLet,
     IntOp,
-    Less,
+    LaneReduce,
     Let,
     Lit,
     Load,
     Masked,
     MulAdd,
     Num,
+    Prefetch,
     Reduce,
     Ref,
+    Rescale,
     RowOf,
+    Scope,
+    Skip,
+    Splat,
     Stmt,
     Store,
+    Transpose,
     Unary,
     Var,
     VectorLoad,
     VectorStore,
-    VectorZero,
 )
 
 UNARY_C = {
@@ -94,10 +105,6 @@ class Dialect:
     """The pragma that vectorizes a reduction loop ({op}, {acc}); None: none."""
     simd: str | None = None
     """The pragma that vectorizes a loop; None: none."""
-    vector: str = "lumos_f{}"
-    """The type of a vector of {} floats, and the functions that load and store one (the header's)."""
-    vector_load: str = "lumos_load{}"
-    vector_store: str = "lumos_store{}"
 
 
 C = Dialect(restrict="restrict", unroll="#pragma GCC unroll {}", vector_reduce="#pragma omp simd reduction({op}:{acc})",
@@ -133,7 +140,7 @@ def int_expr(e: IntExpr, outer: int = 0) -> str:
     if isinstance(e, Element):
         return element(e)
     if isinstance(e, Clamp):
-        return f"{int_expr(e.index)} < {int_expr(e.bound)} ? {int_expr(e.index)} : {int_expr(IntOp('-', e.bound, Lit(1)))}"
+        return f"{int_expr(e.index)} < {int_expr(e.bound)} ? {int_expr(e.index)} : {int_expr(e.last)}"
     return index(e)
 
 
@@ -141,8 +148,9 @@ def element(e: Element) -> str:
     return e.array + "".join(f"[{int_expr(i)}]" for i in e.at)
 
 
-def less(c: Less) -> str:
-    return f"{int_expr(c.a)} < {int_expr(c.b)}"
+def int_cond(c: IntCond | tuple[IntCond, ...]) -> str:
+    conds = c if isinstance(c, tuple) else (c,)
+    return " && ".join(f"{int_expr(part.a)} {part.op} {int_expr(part.b)}" for part in conds)
 
 
 def compare(c: Compare) -> str:
@@ -168,6 +176,36 @@ def expr(e: Expr) -> str:
         return element(e)
     if isinstance(e, Identity):
         return initial(0.0 if e.op is Op.SUM else -math.inf)
+    return vector_expr(e)
+
+
+VECTOR = "lumos_f{}"
+"""The C header's vector of {} floats (GCC's vector extension), and its functions (lumos_cpu.h)."""
+
+
+def vector_expr(e: Expr, outer: int = 0) -> str:
+    """The fast kernels' expressions: vectors, and arithmetic with parentheses only where needed."""
+    if isinstance(e, Arith):
+        own = PRECEDENCE[e.op]
+        text = f"{vector_expr(e.a, own)} {e.op} {vector_expr(e.b, own + 1)}"
+        return f"({text})" if own < outer else text
+    if isinstance(e, VectorLoad):
+        if e.first is not None:
+            return f"lumos_load{e.width}_first(&{expr(e.at)}, {int_expr(e.first)})"
+        return f"lumos_load{e.width}(&{expr(e.at)})"
+    if isinstance(e, Splat):
+        lanes = "0" if e.value == 0 else ", ".join([initial(e.value)] * e.width)
+        return f"({VECTOR.format(e.width)}){{{lanes}}}"
+    if isinstance(e, FirstLanes):
+        return f"lumos_first{e.width}({expr(e.x)}, {int_expr(e.n)}, {initial(e.fill)})"
+    if isinstance(e, LaneReduce):
+        return f"lumos_{'sum' if e.op is Op.SUM else 'max'}_lanes{e.width}({expr(e.x)})"
+    if isinstance(e, Exp2NonPositive):
+        return f"lumos_exp2{'_nonpositive' if e.width else 'f_nonpositive'}{e.width or ''}({expr(e.x)})"
+    if isinstance(e, (IntOp, Clamp, Var, Lit)):
+        return int_expr(e)
+    if isinstance(e, (Num, Ref, Load, Unary, Binary, Masked, Element, Identity)):
+        return expr(e)
     raise TypeError(f"not an expression: {e!r}")
 
 
@@ -202,56 +240,82 @@ def update(op: Op, acc: str, value: str) -> str:
     return f"{acc} += {value};" if op is Op.SUM else f"{acc} = lumos_max({acc}, {value});"
 
 
-def vector_expr(e: Expr, dialect: Dialect) -> str:
-    """An expression that may be a vector (a load or zeros of `width` floats)."""
-    if isinstance(e, VectorLoad):
-        return f"{dialect.vector_load.format(e.width)}(&{expr(e.at)})"
-    if isinstance(e, VectorZero):
-        return f"({dialect.vector.format(e.width)}){{0}}"
-    if isinstance(e, (IntOp, Clamp, Var, Lit)):
-        return int_expr(e)
-    return expr(e)
+def target(t: Element | Ref | Load) -> str:
+    return t.name if isinstance(t, Ref) else expr(t)
 
 
-def target(t: Element | Ref) -> str:
-    return element(t) if isinstance(t, Element) else t.name
+def declared(s: Declare) -> str:
+    return f"{s.name}{''.join(f'[{d}]' for d in s.dims)}" + ("" if s.value is None else f" = {expr(s.value)}")
+
+
+def kind(s: Declare) -> str:
+    name = "long" if s.long else "int" if s.integer else VECTOR.format(s.width) if s.width else "float"
+    return f"const {name}" if s.constant else name
 
 
 def tile_lines(s, dialect: Dialect) -> list[str]:
-    """The fast kernels' statements (kernel/ir.py's vectors and register tiles)."""
+    """The fast kernels' statements (kernel/ir.py's vectors, register tiles and online softmax)."""
     if isinstance(s, Declare):
-        kind = "int" if s.integer else dialect.vector.format(s.width) if s.width else "float"
-        value = "" if s.value is None else f" = {expr(s.value)}"
-        note = f"  /* {s.note} */" if s.note else ""
-        return [f"{kind} {s.name}{''.join(f'[{d}]' for d in s.dims)}{value};{note}"]
+        return [f"{kind(s)} {declared(s)};" + (f"  /* {s.note} */" if s.note else "")]
+    if isinstance(s, Declares):
+        return [f"{kind(s.declares[0])} {', '.join(map(declared, s.declares))};"]
     if isinstance(s, IntLet):
-        return [f"const int {s.name} = {int_expr(s.value)};"]
+        bound = [(s.name, s.value), *s.also]
+        note = f"  /* {s.note} */" if s.note else ""
+        return [f"const {'long' if s.long else 'int'} {', '.join(f'{name} = {int_expr(value)}' for name, value in bound)};{note}"]
     if isinstance(s, Assign):
-        return [f"{target(s.target)} = {vector_expr(s.value, dialect)};"]
+        return [f"{target(s.target)} = {expr(s.value)};" + (f"  /* {s.note} */" if s.note else "")]
     if isinstance(s, Accumulate):
+        if s.width and s.op is Op.MAX:
+            return [f"{target(s.target)} = lumos_max{s.width}({target(s.target)}, {expr(s.value)});"]
         return [update(s.op, target(s.target), expr(s.value))]
     if isinstance(s, MulAdd):
         return [f"{target(s.target)} += {expr(s.a)} * {expr(s.b)};"]
+    if isinstance(s, Rescale):
+        return [f"{target(s.target)} *= {expr(s.factor)};"]
     if isinstance(s, VectorStore):
-        return [f"{dialect.vector_store.format(s.width)}(&{element(s.at)}, {expr(s.value)});"]
+        return [f"lumos_store{s.width}(&{element(s.at)}, {expr(s.value)});"]
+    if isinstance(s, Prefetch):
+        return [f"__builtin_prefetch(&{expr(s.at)});"]
+    if isinstance(s, Transpose):
+        return [f"lumos_transpose{s.width}({s.array});"]
+    if isinstance(s, Skip):
+        return [f"if (!({int_cond(s.unless)})) continue;"]
+    if isinstance(s, If):
+        note = f"  /* {s.note} */" if s.note else ""
+        return [f"if ({int_cond(s.cond)}) {{{note}", *indent(block_lines(s.body, dialect)), "}"]
+    if isinstance(s, Scope):
+        body = block_lines(s.body, dialect)
+        if s.inline:
+            return ["{ " + " ".join(body) + " }"]
+        return ["{ " + body[0], *indent(body[1:]), "}"]
     if isinstance(s, For):
         return for_lines(s, dialect)
     raise TypeError(f"not a statement: {s!r}")
+
+
+def indent(lines: list[str]) -> list[str]:
+    return ["  " + line for line in lines]
 
 
 def for_lines(s: For, dialect: Dialect) -> list[str]:
     """A loop; one statement of one line goes on the loop's line, one loop under it, else a block."""
     pragmas = [dialect.unroll.format(s.unroll)] if s.unroll else []
     pragmas += [dialect.simd] if s.simd else []
-    also = f" && {less(s.also)}" if s.also else ""
-    step = f"{s.var}++" if s.step == 1 else f"{s.var} += {s.step}"
-    head = f"for (int {s.var} = {int_expr(s.start)}; {s.var} < {int_expr(s.stop)}{also}; {step})"
+    if s.reduction:
+        op, acc = s.reduction
+        pragmas.append(dialect.vector_reduce.format(op="+" if op is Op.SUM else "max", acc=acc))
+    test = int_cond(s.test) if s.test else f"{s.var} < {int_expr(s.stop)}" + (f" && {int_cond(s.also)}" if s.also else "")
+    step = f"{s.var}++" if s.step is None else f"{s.var} += {s.step}"
+    start = "" if s.start is None else f"int {s.var} = {int_expr(s.start)}"
+    head = f"for ({start}; {test}; {step})"
     body = block_lines(s.body, dialect)
     if len(s.body) == 1 and not s.braces and isinstance(s.body[0], For):
-        return [*pragmas, head, *("  " + line for line in body)]
+        return [*pragmas, head, *indent(body)]
     if len(s.body) == 1 and not s.braces and len(body) == 1:
         return [*pragmas, f"{head} {body[0]}"]
-    return [*pragmas, head + " {", *("  " + line for line in body), "}"]
+    note = f"  /* {s.note} */" if s.note else ""
+    return [*pragmas, head + " {" + note, *indent(body), "}"]
 
 
 def stmt_lines(s: Stmt, dialect: Dialect) -> list[str]:
