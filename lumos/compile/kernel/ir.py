@@ -8,6 +8,11 @@ padding condition). Renderers only print it: `render_c` as OpenMP loops, `render
 output loops mapped to threads. Indices are structures too (`Var`, `Affine`, `Digit`, `RowOf`),
 so a pass can ask which loop a read depends on without looking at text.
 
+The CPU's fast kernels are IR too ("Vectors, register tiles and online softmax" below): vector
+loads and stores, unrolled loops, register tiles, a running max, sum and rescaled output row.
+IR-to-IR passes build them from a lowered kernel (kernel/tiles.py: the register-blocked matmul
+and the row-wise layouts; kernel/online_softmax.py: the fused attention).
+
 Nothing here prints: render/cstyle.py prints indices, expressions and statements in C syntax for
 both renderers (the IR knows no target's syntax).
 """
@@ -283,12 +288,6 @@ class KernelIR:
     over and over; the innermost loop is emitted twice (condition true, false) so that the
     compiler folds it away and vectorizes each copy."""
     schedule: KernelSchedule = field(default_factory=KernelSchedule)
-
-    @property
-    def comment(self) -> str:
-        node = self.node
-        origin = node.origin.replace("*/", "* /")
-        return f"{self.name}: %{node.id} {node.op.name}{list(node.shape)}, {self.ops} ops; {origin}"
 
 
 def product_factors(reduce: Reduce) -> tuple[Expr, Expr] | None:

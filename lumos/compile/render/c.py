@@ -1,13 +1,13 @@
 """The C renderer: one function per kernel, and a driver that runs them all in one native call.
 
-Kernels are printed from the kernel IR (kernel/ir.py; expressions and statements as
-render_cstyle.py prints them for C and CUDA alike) in one of four layouts, decided on the IR's
-structure (kernel/passes.py) and the kernel's schedule: plain (OpenMP shares out the outer
-output loops, the innermost runs the body per element, vectorized or versioned on an invariant
-padding guard), row-wise (the reduction loop outside the last output loop), the register-blocked
-matmul, and the fused online-softmax attention. The driver opens one OpenMP parallel region and
-calls every kernel in launch order; a kernel's `omp for` ends with a barrier only where a later
-kernel depends on it.
+A kernel is lowered (kernel/lower.py), rewritten by the IR pass its schedule asks for, and
+printed: kernel/tiles.py gives the register-blocked matmul and the row-wise layouts,
+kernel/online_softmax.py the fused attention, and otherwise the plain layout stays (OpenMP
+shares out the outer output loops, the innermost runs the body per element, vectorized or
+versioned on an invariant padding guard). Statements print as render/cstyle.py prints them for C
+and CUDA alike; this module adds the C frame (OpenMP loops, the signature) and the header
+(lumos_cpu.h). The driver opens one OpenMP parallel region and calls every kernel in launch
+order; a kernel's `omp for` ends with a barrier only where a later kernel depends on it.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from lumos.compile.kernel.ir import (
 from lumos.compile.kernel.lower import lower_attention, lower_kernel
 from lumos.compile.kernel.online_softmax import fused_attention
 from lumos.compile.kernel.tiles import cpu_layout
-from lumos.compile.render.cstyle import C, block_lines, compare, int_expr
+from lumos.compile.render.cstyle import C, block_lines, comment_text, compare, int_expr, kernel_comment
 from lumos.compile.runtime.kernel_cache import UNIT_BREAK
 from lumos.compile.schedule.buffers import BufferPlan
 from lumos.compile.schedule.kernels import Kernel, KernelSchedule
@@ -34,63 +34,6 @@ HEADER = (resources.files("lumos.compile.render") / "lumos_cpu.h").read_text()
 libm, lane reductions, masked loads, and lumos_transposeN (n vectors of n floats transposed in
 log2(n) stages of two-input shuffles; stage b swaps the off-diagonal b × b blocks of every
 2b × 2b block)."""
-
-# ---------------------------------------------------------------------------------------------
-# The fused attention kernel, printed from its IR (kernel/online_softmax.py builds it)
-
-
-def print_attention(kernel: FusedAttention, barrier: bool = True) -> str:
-    """Its per-thread locals, then one `omp for` over all its query loops, then its body."""
-    out, written = kernel.node, kernel.written
-    stored = "" if written is None else f", written as %{written.id}{list(written.shape)} (its dims reordered)"
-    lines = [f"/* {kernel.name}: %{out.id} attention{list(out.shape)}{stored}, online softmax over {kernel.keys} keys "
-             f"(scores never stored), {kernel.per_block} queries at a time; {out.origin.replace('*/', '* /')} */",
-             _signature(kernel), *_lines(kernel.locals)]
-    loops = kernel.loops
-    collapse = f" collapse({len(loops)})" if len(loops) > 1 else ""
-    lines.append(f"#pragma omp for{collapse} schedule(static){'' if barrier else ' nowait'}")
-    for depth, loop in enumerate(loops):
-        step = f"{loop.var}++" if loop.step == 1 else f"{loop.var} += {loop.step}"
-        lines.append("  " * depth + f"for (int {loop.var} = 0; {loop.var} < {'n' if loop.batch else loop.extent}; {step}) {{")
-    lines += ["  " * len(loops) + line for line in _lines(kernel.body)]
-    lines += ["  " * d + "}" for d in range(len(loops) - 1, -1, -1)]
-    return "\n".join(lines + ["}"])
-
-
-def _lines(stmts) -> list[str]:
-    return block_lines(stmts, C)
-
-
-def barriers(graph: Graph, kernels: list[Kernel], plan: BufferPlan) -> list[bool]:
-    """Whether each kernel must end with a barrier: only when a later kernel, before the next
-    barrier, reads what it writes or writes what it (or another kernel since the last barrier)
-    reads or writes. Arena buffers conflict when their bytes overlap (memory is reused)."""
-    def region(node: Node) -> tuple:
-        if node in plan.buffers:
-            buffer = plan.buffers[node]
-            return ("arena", buffer.offset, buffer.offset + buffer.bytes)
-        return ("node", node.id, node.id + 1)  # inputs, outputs, tensors: one array each
-
-    def overlap(a: tuple, b: tuple) -> bool:
-        return a[0] == b[0] and a[1] < b[2] and b[1] < a[2]
-
-    keep = [True] * len(kernels)
-    in_flight: list[tuple[list[tuple], tuple]] = []  # (reads, write) of kernels since the last barrier
-    for position, kernel in enumerate(kernels):
-        reads, write = [region(node) for node in kernel.reads], region(kernel.node)
-        conflict = any(
-            any(overlap(r, earlier_write) for r in reads)  # reads what an earlier one writes
-            or any(overlap(write, r) for r in earlier_reads + [earlier_write])  # overwrites its inputs or output
-            for earlier_reads, earlier_write in in_flight
-        )
-        if conflict and position > 0:
-            keep[position - 1] = True
-            in_flight = []
-        elif position > 0:
-            keep[position - 1] = False
-        in_flight.append((reads, write))
-    return keep
-
 
 def render_kernel(kernel: Kernel, materialized: set[Node], params: dict[Node, str],
                   schedule: KernelSchedule | None = None, barrier: bool = True) -> str:
@@ -103,16 +46,11 @@ def render_kernel(kernel: Kernel, materialized: set[Node], params: dict[Node, st
     return print_kernel(ir, barrier, schedule.wide)
 
 
-def _signature(ir: KernelIR, wide: bool = False) -> str:
-    params = ["const int n", "float* restrict out"] + [f"const float* restrict {name}" for name in ir.params]
-    return f"LUMOS_KERNEL {'LUMOS_WIDE ' if wide else ''}void {ir.name}({', '.join(params)}) {{"
-
-
 def print_kernel(ir: KernelIR, barrier: bool = True, wide: bool = False) -> str:
     """A kernel IR in its plain layout: OpenMP shares out the parallel loops, the innermost loop
     runs the body per element (vectorized or versioned on an invariant guard as annotated);
     `wide`: in 16-float vectors (KernelSchedule.wide)."""
-    lines = [f"/* {ir.comment} */", _signature(ir, wide)]
+    lines = [f"/* {kernel_comment(ir)} */", _signature(ir, wide)]
     body = block_lines(ir.body, C)
     if not ir.loops:
         return "\n".join(lines + [f"#pragma omp single{'' if barrier else ' nowait'}", "{", *("  " + line for line in body), "}", "}"])
@@ -147,12 +85,70 @@ def _omp_loops(loops: list[Loop], parallel: int, body: list[str], barrier: bool,
     return lines + ["}"]
 
 
+def print_attention(kernel: FusedAttention, barrier: bool = True) -> str:
+    """Its per-thread locals, then one `omp for` over all its query loops, then its body."""
+    out, written = kernel.node, kernel.written
+    stored = "" if written is None else f", written as %{written.id}{list(written.shape)} (its dims reordered)"
+    lines = [f"/* {kernel.name}: %{out.id} attention{list(out.shape)}{stored}, online softmax over {kernel.keys} keys "
+             f"(scores never stored), {kernel.per_block} queries at a time; {comment_text(out.origin)} */",
+             _signature(kernel), *_lines(kernel.locals)]
+    loops = kernel.loops
+    collapse = f" collapse({len(loops)})" if len(loops) > 1 else ""
+    lines.append(f"#pragma omp for{collapse} schedule(static){'' if barrier else ' nowait'}")
+    for depth, loop in enumerate(loops):
+        step = f"{loop.var}++" if loop.step == 1 else f"{loop.var} += {loop.step}"
+        lines.append("  " * depth + f"for (int {loop.var} = 0; {loop.var} < {'n' if loop.batch else loop.extent}; {step}) {{")
+    lines += ["  " * len(loops) + line for line in _lines(kernel.body)]
+    lines += ["  " * d + "}" for d in range(len(loops) - 1, -1, -1)]
+    return "\n".join(lines + ["}"])
+
+
+def _signature(ir: KernelIR, wide: bool = False) -> str:
+    params = ["const int n", "float* restrict out"] + [f"const float* restrict {name}" for name in ir.params]
+    return f"LUMOS_KERNEL {'LUMOS_WIDE ' if wide else ''}void {ir.name}({', '.join(params)}) {{"
+
+
+def _lines(stmts) -> list[str]:
+    return block_lines(stmts, C)
+
+
 def canonical_kernel_source(kernel: Kernel, materialized: set[Node], schedule: KernelSchedule | None = None) -> str:
     """The kernel's C with buffer and kernel names replaced by positional ones: identical layers
     (same computation on different weights and buffers) give the same text."""
     params = {node: f"p{position}" for position, node in enumerate(kernel.reads)}
     renamed = Kernel("kernel", kernel.node, kernel.fused, kernel.reads, kernel.attention)
     return render_kernel(renamed, materialized, params, schedule).split("\n", 1)[1]
+
+
+def barriers(graph: Graph, kernels: list[Kernel], plan: BufferPlan) -> list[bool]:
+    """Whether each kernel must end with a barrier: only when a later kernel, before the next
+    barrier, reads what it writes or writes what it (or another kernel since the last barrier)
+    reads or writes. Arena buffers conflict when their bytes overlap (memory is reused)."""
+    def region(node: Node) -> tuple:
+        if node in plan.buffers:
+            buffer = plan.buffers[node]
+            return ("arena", buffer.offset, buffer.offset + buffer.bytes)
+        return ("node", node.id, node.id + 1)  # inputs, outputs, tensors: one array each
+
+    def overlap(a: tuple, b: tuple) -> bool:
+        return a[0] == b[0] and a[1] < b[2] and b[1] < a[2]
+
+    keep = [True] * len(kernels)
+    in_flight: list[tuple[list[tuple], tuple]] = []  # (reads, write) of kernels since the last barrier
+    for position, kernel in enumerate(kernels):
+        reads, write = [region(node) for node in kernel.reads], region(kernel.node)
+        conflict = any(
+            any(overlap(r, earlier_write) for r in reads)  # reads what an earlier one writes
+            or any(overlap(write, r) for r in earlier_reads + [earlier_write])  # overwrites its inputs or output
+            for earlier_reads, earlier_write in in_flight
+        )
+        if conflict and position > 0:
+            keep[position - 1] = True
+            in_flight = []
+        elif position > 0:
+            keep[position - 1] = False
+        in_flight.append((reads, write))
+    return keep
 
 
 def render_library(graph: Graph, kernels: list[Kernel], materialized: set[Node], plan: BufferPlan,

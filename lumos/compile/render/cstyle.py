@@ -36,6 +36,7 @@ from lumos.compile.kernel.ir import (
     IntExpr,
     IntLet,
     IntOp,
+    KernelIR,
     LaneReduce,
     Let,
     Lit,
@@ -342,6 +343,17 @@ def stmt_lines(s: Stmt, dialect: Dialect) -> list[str]:
         lines += ["}", "}"]
         return lines
     return tile_lines(s, dialect)
+
+
+def comment_text(text: str) -> str:
+    """Text that can sit inside a /* comment */."""
+    return text.replace("*/", "* /")
+
+
+def kernel_comment(ir: KernelIR) -> str:
+    """What a kernel computes, for the comment above it."""
+    node = ir.node
+    return f"{ir.name}: %{node.id} {node.op.name}{list(node.shape)}, {ir.ops} ops; {comment_text(node.origin)}"
 
 
 def block_lines(stmts: list[Stmt], dialect: Dialect) -> list[str]:

@@ -45,7 +45,18 @@ from lumos.compile.kernel.ir import (
 from lumos.compile.kernel.lower import lower_attention, lower_kernel
 from lumos.compile.kernel.passes import match_matmul, match_scores, stride_along
 from lumos.compile.render.c import tensor_names
-from lumos.compile.render.cstyle import Dialect, block_lines, cond, expr, index, initial, literal, stmt_lines, update
+from lumos.compile.render.cstyle import (
+    Dialect,
+    block_lines,
+    cond,
+    expr,
+    index,
+    initial,
+    kernel_comment,
+    literal,
+    stmt_lines,
+    update,
+)
 from lumos.compile.schedule.buffers import BufferPlan
 from lumos.compile.schedule.kernels import Kernel
 
@@ -414,7 +425,7 @@ def render_kernel(kernel: Kernel, materialized: set[Node], params: dict[Node, st
             frame = (block_per_output(ir) if longest >= BLOCK_REDUCE_FROM else
                      warp_per_output(ir) if longest >= WARP_REDUCE_FROM else elementwise(ir))
         body, launch = frame
-        comment = ir.comment
+        comment = kernel_comment(ir)
         names = ir.params
     comment = comment.replace("*/", "* /")
     source = "\n".join([f"/* {comment} ({launch[0]}) */", _signature(kernel.name, names) + " {", *_indent(body), "}"])

@@ -94,3 +94,39 @@ def test_the_kernel_ir_prints_nothing_itself():
     assert index(Digit(Affine(0, ((8, i), (1, j))), 8, 3)) == "(((8 * i + j) / 8) % 3)"
     assert index(Lit(0)) == "0" and cond(NEVER) == "0"
     assert cond((Compare(i, ">=", 1), Compare(j, "<", 5))) == "i >= 1 && j < 5"
+
+
+def test_the_register_block_is_a_pass_that_returns_tiles_of_vectors():
+    """schedule.rows × schedule.tile: the column loop is gone, the row loop steps by blocks, and
+    the body sums a rows × (tile / 8) register tile of 8-float vectors."""
+    from lumos.compile.kernel.ir import Declare, For, MulAdd
+    from lumos.compile.kernel.tiles import register_block, row_wise_layout
+    from lumos.compile.schedule.kernels import KernelSchedule
+
+    ir = next(ir for ir in lowered(block_layer(3, 17, 19, 37)[0]) if match_matmul(ir, 4) is not None)
+    blocked = register_block(ir, KernelSchedule(rows=4, tile=16))
+    assert [loop.var for loop in blocked.loops] == [loop.var for loop in ir.loops[:-2]] + [ir.loops[-2].var + "_b"]
+    assert blocked.loops[-1].extent == -(-ir.loops[-2].extent // 4)
+
+    def statements(stmts):
+        for stmt in stmts:
+            yield stmt
+            if isinstance(stmt, For):
+                yield from statements(stmt.body)
+
+    vectors = [s for s in statements(blocked.body) if isinstance(s, Declare) and s.width]
+    assert [(v.dims, v.width) for v in vectors] == [((4, 2), 8), ((2,), 8)]  # the sums, one step's weights
+    assert any(isinstance(s, MulAdd) for s in statements(blocked.body))
+    assert register_block(ir, KernelSchedule(rows=4, tile=12)) is None  # no whole vectors
+    assert ir.loops[-1].var not in [loop.var for loop in row_wise_layout(ir, KernelSchedule(interchange=True)).loops]
+
+
+def test_integer_expressions_print_with_parentheses_only_where_needed():
+    from lumos.compile.kernel.ir import Clamp, IntOp, Lit
+    from lumos.compile.render.cstyle import int_expr
+
+    n, v = Var("n"), Var("v")
+    assert int_expr(IntOp("/", IntOp("+", n, Lit(3)), Lit(4))) == "(n + 3) / 4"
+    assert int_expr(IntOp("+", Var("c_0"), IntOp("*", Lit(8), v))) == "c_0 + 8 * v"
+    assert int_expr(IntOp("-", n, IntOp("+", v, Lit(1)))) == "n - (v + 1)"
+    assert int_expr(Clamp(IntOp("+", Var("r_0"), v), n, IntOp("-", n, Lit(1)))) == "r_0 + v < n ? r_0 + v : n - 1"
