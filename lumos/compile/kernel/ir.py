@@ -551,6 +551,10 @@ class For:
     note: str = ""
 
 
+TileStmt = Declare | Declares | IntLet | Assign | Accumulate | MulAdd | Rescale | VectorStore | Prefetch | Transpose | Scope | If | Skip | For
+"""The fast kernels' statements (beside Let, Reduce and Store)."""
+
+
 @dataclass
 class FusedAttention:
     """A fused attention kernel as the printer takes it (kernel/online_softmax.py builds it):

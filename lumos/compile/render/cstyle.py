@@ -54,6 +54,7 @@ from lumos.compile.kernel.ir import (
     Splat,
     Stmt,
     Store,
+    TileStmt,
     Transpose,
     Unary,
     Var,
@@ -180,8 +181,21 @@ def expr(e: Expr) -> str:
     return vector_expr(e)
 
 
-VECTOR = "lumos_f{}"
-"""The C header's vector of {} floats (GCC's vector extension), and its functions (lumos_cpu.h)."""
+VECTOR_C = {
+    "type": "lumos_f{w}",
+    "load": "lumos_load{w}(&{at})",
+    "load_first": "lumos_load{w}_first(&{at}, {n})",
+    "store": "lumos_store{w}(&{at}, {x});",
+    "max": "{t} = lumos_max{w}({t}, {x});",
+    "first_lanes": "lumos_first{w}({x}, {n}, {fill})",
+    "sum_lanes": "lumos_sum_lanes{w}({x})",
+    "max_lanes": "lumos_max_lanes{w}({x})",
+    "exp2_nonpositive": "lumos_exp2_nonpositive{w}({x})",
+    "transpose": "lumos_transpose{w}({array});",
+    "prefetch": "__builtin_prefetch(&{at});",
+}
+"""The fast kernels' vectors of {w} floats as the C header spells them (lumos_cpu.h: GCC's vector
+extension); only the C renderer's passes build them."""
 
 
 def vector_expr(e: Expr, outer: int = 0) -> str:
@@ -192,17 +206,19 @@ def vector_expr(e: Expr, outer: int = 0) -> str:
         return f"({text})" if own < outer else text
     if isinstance(e, VectorLoad):
         if e.first is not None:
-            return f"lumos_load{e.width}_first(&{expr(e.at)}, {int_expr(e.first)})"
-        return f"lumos_load{e.width}(&{expr(e.at)})"
+            return VECTOR_C["load_first"].format(w=e.width, at=expr(e.at), n=int_expr(e.first))
+        return VECTOR_C["load"].format(w=e.width, at=expr(e.at))
     if isinstance(e, Splat):
         lanes = "0" if e.value == 0 else ", ".join([initial(e.value)] * e.width)
-        return f"({VECTOR.format(e.width)}){{{lanes}}}"
+        return f"({VECTOR_C['type'].format(w=e.width)}){{{lanes}}}"
     if isinstance(e, FirstLanes):
-        return f"lumos_first{e.width}({expr(e.x)}, {int_expr(e.n)}, {initial(e.fill)})"
+        return VECTOR_C["first_lanes"].format(w=e.width, x=expr(e.x), n=int_expr(e.n), fill=initial(e.fill))
     if isinstance(e, LaneReduce):
-        return f"lumos_{'sum' if e.op is Op.SUM else 'max'}_lanes{e.width}({expr(e.x)})"
+        return VECTOR_C["sum_lanes" if e.op is Op.SUM else "max_lanes"].format(w=e.width, x=expr(e.x))
     if isinstance(e, Exp2NonPositive):
-        return f"lumos_exp2{'_nonpositive' if e.width else 'f_nonpositive'}{e.width or ''}({expr(e.x)})"
+        if e.width:
+            return VECTOR_C["exp2_nonpositive"].format(w=e.width, x=expr(e.x))
+        return f"lumos_exp2f_nonpositive({expr(e.x)})"
     if isinstance(e, (IntOp, Clamp, Var, Lit)):
         return int_expr(e)
     if isinstance(e, (Num, Ref, Load, Unary, Binary, Masked, Element, Identity)):
@@ -250,11 +266,11 @@ def declared(s: Declare) -> str:
 
 
 def kind(s: Declare) -> str:
-    name = "long" if s.long else "int" if s.integer else VECTOR.format(s.width) if s.width else "float"
+    name = "long" if s.long else "int" if s.integer else VECTOR_C["type"].format(w=s.width) if s.width else "float"
     return f"const {name}" if s.constant else name
 
 
-def tile_lines(s, dialect: Dialect) -> list[str]:
+def tile_lines(s: TileStmt, dialect: Dialect) -> list[str]:
     """The fast kernels' statements (kernel/ir.py's vectors, register tiles and online softmax)."""
     if isinstance(s, Declare):
         return [f"{kind(s)} {declared(s)};" + (f"  /* {s.note} */" if s.note else "")]
@@ -268,18 +284,18 @@ def tile_lines(s, dialect: Dialect) -> list[str]:
         return [f"{target(s.target)} = {expr(s.value)};" + (f"  /* {s.note} */" if s.note else "")]
     if isinstance(s, Accumulate):
         if s.width and s.op is Op.MAX:
-            return [f"{target(s.target)} = lumos_max{s.width}({target(s.target)}, {expr(s.value)});"]
+            return [VECTOR_C["max"].format(w=s.width, t=target(s.target), x=expr(s.value))]
         return [update(s.op, target(s.target), expr(s.value))]
     if isinstance(s, MulAdd):
         return [f"{target(s.target)} += {expr(s.a)} * {expr(s.b)};"]
     if isinstance(s, Rescale):
         return [f"{target(s.target)} *= {expr(s.factor)};"]
     if isinstance(s, VectorStore):
-        return [f"lumos_store{s.width}(&{element(s.at)}, {expr(s.value)});"]
+        return [VECTOR_C["store"].format(w=s.width, at=element(s.at), x=expr(s.value))]
     if isinstance(s, Prefetch):
-        return [f"__builtin_prefetch(&{expr(s.at)});"]
+        return [VECTOR_C["prefetch"].format(at=expr(s.at))]
     if isinstance(s, Transpose):
-        return [f"lumos_transpose{s.width}({s.array});"]
+        return [VECTOR_C["transpose"].format(w=s.width, array=s.array)]
     if isinstance(s, Skip):
         return [f"if (!({int_cond(s.unless)})) continue;"]
     if isinstance(s, If):
