@@ -26,7 +26,6 @@ from lumos.compile.kernel.ir import (
     CombineWarps,
     Grid,
     KernelIR,
-    LaneReduce,
     Leader,
     Let,
     Loop,
@@ -40,6 +39,7 @@ from lumos.compile.kernel.ir import (
     ThreadTile,
     TileOffset,
     TileProduct,
+    WarpReduce,
     WarpToShared,
     needed,
 )
@@ -95,7 +95,7 @@ def warp_per_output(ir: KernelIR) -> KernelIR:
     body: list = [Grid("warp", (THREADS, 1, 1), batched, static, THREADS // WARP, 1, digits(ir.loops), guarded=True)]
     for stmt in ir.body:
         if isinstance(stmt, Reduce) and stmt.length >= WARP_REDUCE_FROM:
-            body.append(LaneReduce(stmt, "lane", WARP))
+            body.append(WarpReduce(stmt, "lane", WARP))
         else:
             body.append(Leader("lane", stmt) if isinstance(stmt, Store) else stmt)
     return replace(ir, body=body)
@@ -110,7 +110,7 @@ def block_per_output(ir: KernelIR) -> KernelIR:
                   Grid("block", (THREADS, 1, 1), batched, static, 1, 1, digits(ir.loops), guarded=True)]
     for stmt in ir.body:
         if isinstance(stmt, Reduce) and stmt.length >= WARP_REDUCE_FROM:
-            body += [LaneReduce(stmt, "threadIdx.x", THREADS),
+            body += [WarpReduce(stmt, "threadIdx.x", THREADS),
                      Barrier("partial may still hold the previous reduction's values"),
                      WarpToShared(stmt.acc, "partial"), Barrier(), CombineWarps(stmt.acc, stmt.op, "partial", warps)]
         else:

@@ -8,8 +8,13 @@ padding condition). Renderers only print it: `render_c` as OpenMP loops, `render
 output loops mapped to threads. Indices are structures too (`Var`, `Affine`, `Digit`, `RowOf`),
 so a pass can ask which loop a read depends on without looking at text.
 
-Printing an index or expression gives C syntax (CUDA C is the same for these), so both renderers
-share it; what differs between targets is in the renderers' tables.
+The CPU's fast kernels are IR too ("Vectors, register tiles and online softmax" below): vector
+loads and stores, unrolled loops, register tiles, a running max, sum and rescaled output row.
+IR-to-IR passes build them from a lowered kernel (kernel/tiles.py: the register-blocked matmul
+and the row-wise layouts; kernel/online_softmax.py: the fused attention).
+
+Nothing here prints: render/cstyle.py prints indices, expressions and statements in C syntax for
+both renderers (the IR knows no target's syntax).
 """
 
 from __future__ import annotations
@@ -30,31 +35,23 @@ class Var:
 
     name: str
 
-    def __str__(self) -> str:
-        return self.name
-
 
 @dataclass(frozen=True)
 class Lit:
     value: int
 
-    def __str__(self) -> str:
-        return str(self.value)
-
 
 @dataclass(frozen=True)
 class Affine:
-    """constant + Σ coef · index, with the trivial parts left out when printed."""
+    """constant + Σ coef · index (a printer leaves out the terms that are zero)."""
 
     constant: int
     terms: tuple[tuple[int, Index], ...]
 
-    def __str__(self) -> str:
-        parts = [str(index) if coef == 1 else f"{coef} * {index}" for coef, index in self.terms
-                 if coef != 0 and str(index) != "0"]
-        if self.constant or not parts:
-            parts.append(str(self.constant))
-        return parts[0] if len(parts) == 1 else "(" + " + ".join(parts) + ")"
+    @property
+    def live_terms(self) -> list[tuple[int, Index]]:
+        """The terms that are not zero whatever the loop indices."""
+        return [(coef, index) for coef, index in self.terms if coef != 0 and not is_zero(index)]
 
 
 @dataclass(frozen=True)
@@ -65,9 +62,6 @@ class Digit:
     stride: int
     size: int
 
-    def __str__(self) -> str:
-        return f"(({self.flat} / {self.stride}) % {self.size})"
-
 
 @dataclass(frozen=True)
 class RowOf:
@@ -77,13 +71,17 @@ class RowOf:
     rows: int
     """The table's row count: what a bounds check compares against."""
 
-    def __str__(self) -> str:
-        from lumos.compile.render.cstyle import expr  # C syntax, which every renderer shares
-
-        return f"(int){expr(self.value)}"
-
 
 Index = Var | Lit | Affine | Digit | RowOf
+
+
+def is_zero(index: Index) -> bool:
+    """Whether an index is 0 by its form (a literal 0, or a sum with nothing left in it)."""
+    if isinstance(index, Lit):
+        return index.value == 0
+    if isinstance(index, Affine):
+        return index.constant == 0 and not index.live_terms
+    return False
 
 
 def index_vars(index: Index) -> set[str]:
@@ -110,17 +108,10 @@ class Compare:
     """'>=' or '<'."""
     bound: int
 
-    def __str__(self) -> str:
-        return f"{self.index} {self.op} {self.bound}"
-
 
 Cond = tuple[Compare, ...]
 """A conjunction; () is 'always'. NEVER is the empty region (a mask with lo >= hi)."""
 NEVER: Cond = (Compare(Lit(0), "<", 0),)
-
-
-def cond_text(cond: Cond) -> str:
-    return "0" if cond == NEVER else " && ".join(map(str, cond))
 
 
 def conjoin(*conditions: Cond | None) -> Cond | None:
@@ -227,6 +218,8 @@ class Let:
     value: Expr
     guard: Cond | None = None
     init: float = 0.0
+    note: str = ""
+    """A comment printed after it (why it is a local)."""
 
 
 @dataclass
@@ -275,8 +268,9 @@ class Loop:
     """Shared out between threads (OpenMP on C; the grid on CUDA)."""
     vector: bool = False
     """Vectorized explicitly (omp simd)."""
-    bound: str | None = None
-    """The end as an expression when it is no constant (blocks of a symbolic batch: "(n + 3) / 4")."""
+    bound: IntExpr | None = None
+    """The end when it is no constant (blocks of a symbolic batch: (n + 3) / 4)."""
+    step: int = 1
 
 
 @dataclass
@@ -295,12 +289,6 @@ class KernelIR:
     compiler folds it away and vectorizes each copy."""
     schedule: KernelSchedule = field(default_factory=KernelSchedule)
 
-    @property
-    def comment(self) -> str:
-        node = self.node
-        origin = node.origin.replace("*/", "* /")
-        return f"{self.name}: %{node.id} {node.op.name}{list(node.shape)}, {self.ops} ops; {origin}"
-
 
 def product_factors(reduce: Reduce) -> tuple[Expr, Expr] | None:
     """A SUM of a product: the product's two operands (through the local it went into)."""
@@ -314,6 +302,275 @@ def product_factors(reduce: Reduce) -> tuple[Expr, Expr] | None:
     if isinstance(value, Binary) and value.op is Op.MUL:
         return value.a, value.b
     return None
+
+
+# ---------------------------------------------------------------------------------------------
+# -- Vectors, register tiles and online softmax
+# What the CPU's fast kernels are made of: kernel/tiles.py rewrites a lowered kernel into these
+# (the register-blocked matmul, the row-wise layouts), and the printer only prints them. They sit
+# in a KernelIR's body beside Let and Store; their integer arithmetic is spelled out (IntOp),
+# their arrays are locals of the kernel (Element).
+
+
+@dataclass(frozen=True)
+class IntOp:
+    """a op b on integers ('+', '-', '*', '/'): the fast kernels' own loop arithmetic."""
+
+    op: str
+    a: IntExpr
+    b: IntExpr
+
+
+@dataclass(frozen=True)
+class Element:
+    """array[at[0]][at[1]]…: an element of a local array (a register tile, a row of sums)."""
+
+    array: str
+    at: tuple[IntExpr, ...]
+
+
+@dataclass(frozen=True)
+class Clamp:
+    """`index` where it is below `bound`, else `last` (a block's rows past the last: the last)."""
+
+    index: IntExpr
+    bound: IntExpr
+    last: IntExpr
+
+
+IntExpr = Index | IntOp | Element | Clamp
+
+
+@dataclass(frozen=True)
+class IntCond:
+    """a op b on integers ('<', '<=', '!=')."""
+
+    op: str
+    a: IntExpr
+    b: IntExpr
+
+
+def less(a: IntExpr, b: IntExpr) -> IntCond:
+    return IntCond("<", a, b)
+
+
+@dataclass(frozen=True)
+class Identity:
+    """The first value of a reduction by `op`: 0 for SUM, -inf for MAX."""
+
+    op: Op
+
+
+@dataclass(frozen=True)
+class Arith:
+    """a op b ('+', '-', '*', '/') on floats or vectors of them, lane by lane."""
+
+    op: str
+    a: Expr
+    b: Expr
+
+
+@dataclass(frozen=True)
+class VectorLoad:
+    """`width` consecutive floats from `at` on (a buffer read or a local array's element); with
+    `first`, only the first `first` of them, the other lanes 0 (nothing read past them)."""
+
+    at: Load | Element
+    width: int
+    first: IntExpr | None = None
+
+
+@dataclass(frozen=True)
+class Splat:
+    """A vector of `width` lanes, each `value`."""
+
+    width: int
+    value: float = 0.0
+
+
+@dataclass(frozen=True)
+class FirstLanes:
+    """x's first n lanes, `fill` in the others (the last keys of a block, fewer than a vector)."""
+
+    x: Expr
+    n: IntExpr
+    fill: float
+    width: int
+
+
+@dataclass(frozen=True)
+class LaneReduce:
+    """The SUM or MAX (NaN wins) of a vector's lanes."""
+
+    op: Op
+    x: Expr
+    width: int
+
+
+@dataclass(frozen=True)
+class Exp2NonPositive:
+    """2^x for x <= 0 (a softmax's scores less their running max), of a float or lane by lane."""
+
+    x: Expr
+    width: int = 0
+
+
+@dataclass
+class Declare:
+    """A local: one value or an array (`dims`) of floats, ints or vectors of `width` floats;
+    with `value`, its first value. A register tile is an array of vectors (rows × vector columns)."""
+
+    name: str
+    dims: tuple[int, ...] = ()
+    width: int = 0
+    integer: bool = False
+    value: Expr | None = None
+    note: str = ""
+    constant: bool = False
+    long: bool = False
+    """A 64-bit integer (an offset into a buffer)."""
+
+
+@dataclass
+class Declares:
+    """Locals of one kind declared together."""
+
+    declares: list[Declare]
+
+
+@dataclass
+class IntLet:
+    """const int name = value: a loop index of the fast kernels' own; `also`: more of them, bound
+    at once (each in turn)."""
+
+    name: str
+    value: IntExpr
+    also: tuple[tuple[str, IntExpr], ...] = ()
+    long: bool = False
+    note: str = ""
+
+
+@dataclass
+class Assign:
+    target: Element | Ref | Load
+    """A local, or a buffer's element (the output)."""
+    value: Expr | IntExpr
+    note: str = ""
+
+
+@dataclass
+class Accumulate:
+    """target ⊕= value for the reduction op (SUM or MAX); lane by lane when `width`."""
+
+    op: Op
+    target: Element | Ref
+    value: Expr
+    width: int = 0
+
+
+@dataclass
+class Rescale:
+    """target *= factor: an online softmax's running output row when its running max grows."""
+
+    target: Element | Ref
+    factor: Expr
+
+
+@dataclass
+class Prefetch:
+    """Ask for the cache line of a read before it is needed."""
+
+    at: Load
+
+
+@dataclass
+class Transpose:
+    """The `width` vectors of `width` floats of `array` transposed in place (in registers)."""
+
+    array: str
+    width: int
+
+
+@dataclass
+class Scope:
+    """Statements in a block of their own (their locals end with it); `inline`: on one line."""
+
+    body: list
+    inline: bool = False
+
+
+@dataclass
+class If:
+    cond: tuple[IntCond, ...]
+    body: list
+    note: str = ""
+
+
+@dataclass
+class Skip:
+    """Go on with the loop's next iteration unless `cond` holds."""
+
+    unless: tuple[IntCond, ...]
+
+
+@dataclass
+class MulAdd:
+    """target += a · b (one FMA per lane when they are vectors)."""
+
+    target: Element | Ref
+    a: Expr
+    b: Expr
+
+
+@dataclass
+class VectorStore:
+    at: Element
+    width: int
+    value: Expr
+
+
+@dataclass
+class For:
+    """for var in [start, stop) by step, while `also` holds too. `unroll`: fully or by that factor;
+    `simd`: vectorized explicitly; `braces`: its body is a block even when it is one statement."""
+
+    var: str
+    stop: IntExpr | None
+    body: list
+    start: IntExpr | None = Lit(0)
+    step: int | None = None
+    """By this many (None: one at a time, var++)."""
+    also: IntCond | None = None
+    unroll: int = 0
+    simd: bool = False
+    braces: bool = False
+    test: IntCond | None = None
+    """The condition that goes on, when it is not var < stop (start None: var is declared outside)."""
+    reduction: tuple[Op, str] | None = None
+    """Vectorized as a reduction of this local by this op."""
+    note: str = ""
+
+
+TileStmt = Declare | Declares | IntLet | Assign | Accumulate | MulAdd | Rescale | VectorStore | Prefetch | Transpose | Scope | If | Skip | For
+"""The fast kernels' statements (beside Let, Reduce and Store)."""
+
+
+@dataclass
+class FusedAttention:
+    """A fused attention kernel as the printer takes it (kernel/online_softmax.py builds it):
+    `locals` per thread, the `loops` over queries (all shared out between threads; the query loop
+    steps by `per_block`) and the `body` per block of queries."""
+
+    name: str
+    node: Node
+    params: list[str]
+    keys: int
+    per_block: int
+    written: Node | None
+    """The node it was fused from when that one is stored in another dim order."""
+    locals: list
+    loops: list[Loop]
+    body: list
 
 
 @dataclass
@@ -438,7 +695,7 @@ class Leader:
 
 
 @dataclass
-class LaneReduce:
+class WarpReduce:
     """A reduction whose steps threads share: each takes every `stride`th step from its `lane`, then
     a warp's lanes combine by shuffles (lumos_warp_sum / _max), every lane ending with the result."""
 

@@ -105,7 +105,7 @@ def source_indices(view: View, idx: list[Index], shape: tuple[int, ...]) -> list
 
 def _simplify(index: Affine) -> Index:
     """A sum that is one index or one constant, as that index (prints the same, compares better)."""
-    live = [(coef, i) for coef, i in index.terms if coef != 0 and str(i) != "0"]
+    live = index.live_terms
     if not live:
         return Lit(index.constant)
     if index.constant == 0 and len(live) == 1 and live[0][0] == 1:
@@ -167,7 +167,7 @@ class Lowering:
     def compute(self, node: Node, idx: list[Index], guard: Cond | None = None) -> Expr:
         if self.uses.get(node, 0) <= 1 and node.op not in (Op.SUM, Op.MAX):
             return self.expression(node, idx, guard)
-        key = (node.id, tuple(map(str, idx)), guard, self.block)
+        key = (node.id, tuple(idx), guard, self.block)
         if key not in self.shared:
             value = self.expression(node, idx, guard)
             if node.op in (Op.SUM, Op.MAX):

@@ -299,7 +299,8 @@ def invariant_guard(body: list[Stmt], outer: set[str]) -> Compare | None:
                 counts[compare] = counts.get(compare, 0) + 1
     if not counts:
         return None
-    return max(sorted(counts, key=str), key=counts.get)
+    # Ties go to the first in the order of the printed conditions (name, then operator, then bound).
+    return max(sorted(counts, key=lambda c: (c.index.name, c.op, str(c.bound))), key=counts.get)
 
 
 def _conditions(stmts: list[Stmt]) -> list[Cond]:

@@ -1,899 +1,56 @@
 """The C renderer: one function per kernel, and a driver that runs them all in one native call.
 
-Kernels are printed from the kernel IR (kernel/ir.py; expressions and statements as
-render_cstyle.py prints them for C and CUDA alike) in one of four layouts, decided on the IR's
-structure (kernel/passes.py) and the kernel's schedule: plain (OpenMP shares out the outer
-output loops, the innermost runs the body per element, vectorized or versioned on an invariant
-padding guard), row-wise (the reduction loop outside the last output loop), the register-blocked
-matmul, and the fused online-softmax attention. The driver opens one OpenMP parallel region and
-calls every kernel in launch order; a kernel's `omp for` ends with a barrier only where a later
-kernel depends on it.
+A kernel is lowered (kernel/lower.py), rewritten by the IR pass its schedule asks for, and
+printed: kernel/tiles.py gives the register-blocked matmul and the row-wise layouts,
+kernel/online_softmax.py the fused attention, and otherwise the plain layout stays (OpenMP
+shares out the outer output loops, the innermost runs the body per element, vectorized or
+versioned on an invariant padding guard). Statements print as render/cstyle.py prints them for C
+and CUDA alike; this module adds the C frame (OpenMP loops, the signature) and the header
+(lumos_cpu.h). The driver opens one OpenMP parallel region and calls every kernel in launch
+order; a kernel's `omp for` ends with a barrier only where a later kernel depends on it.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from importlib import resources
 
 from lumos.compile.ir.graph import Graph, Node, Op
 from lumos.compile.kernel.ir import (
-    AttentionIR,
-    Binary,
     Compare,
-    Expr,
+    FusedAttention,
     KernelIR,
-    Let,
-    Load,
     Loop,
-    Num,
-    Reduce,
-    Ref,
-    RowOf,
-    expr_vars,
-    stmt_vars,
 )
 from lumos.compile.kernel.lower import lower_attention, lower_kernel
-from lumos.compile.kernel.passes import (
-    STAGED,
-    Matmul,
-    ScoreDot,
-    StagedKeys,
-    match_matmul,
-    match_scores,
-    row_wise,
-    stage_keys,
-    stride_along,
-)
-from lumos.compile.render.cstyle import C, block_lines, expr, initial, literal, update
+from lumos.compile.kernel.online_softmax import fused_attention
+from lumos.compile.kernel.tiles import cpu_layout
+from lumos.compile.render.cstyle import C, block_lines, comment_text, compare, int_expr, kernel_comment
 from lumos.compile.runtime.kernel_cache import UNIT_BREAK
 from lumos.compile.schedule.buffers import BufferPlan
 from lumos.compile.schedule.kernels import Kernel, KernelSchedule
 
-HEADER = """\
-#include <math.h>
-#include <omp.h>
-#include <stddef.h>
-#include <string.h>
-
-/* Kernels are seen by the driver in another translation unit (the cache compiles the units at
-   the same time), never outside the library. */
-#define LUMOS_KERNEL __attribute__((visibility("hidden")))
-/* A kernel whose schedule asks gcc to vectorize its loops in 16-float vectors (KernelSchedule.wide). */
-#if defined(__GNUC__) && !defined(__clang__)
-#define LUMOS_WIDE __attribute__((target("prefer-vector-width=512")))
-#else
-#define LUMOS_WIDE
-#endif
-
-/* 2^x without a library call, so that loops over it vectorize: x = n + f with n = rint(x) and
-   |f| <= 1/2, 2^f by its degree-7 Taylor polynomial (relative error < 1e-7), 2^n by building
-   the exponent bits. Results below 2^-126 flush to 0 (as masked attention scores should). */
-static inline float lumos_max(float a, float b) { return (b > a || b != b) ? b : a; }
-
-static inline float lumos_exp2f(float x) {
-  const float c = x < -127.0f ? -127.0f : (x > 128.0f ? 128.0f : x);  /* no libm calls: they stop vectorizing */
-  const float n = rintf(c);
-  const float f = c - n;
-  float p = 1.525273380405984e-05f;
-  p = p * f + 1.5403530393381608e-04f;
-  p = p * f + 1.3333558146428443e-03f;
-  p = p * f + 9.618129107628477e-03f;
-  p = p * f + 5.550410866482158e-02f;
-  p = p * f + 2.402265069591007e-01f;
-  p = p * f + 6.931471805599453e-01f;
-  p = p * f + 1.0f;
-  const int bits = ((int)n + 127) << 23;
-  float scale;
-  memcpy(&scale, &bits, sizeof scale);
-  float result = n <= -127.0f ? 0.0f : (n >= 128.0f ? INFINITY : p * scale);
-  return x != x ? x : result;
-}
-
-/* 2^x for x <= 0 or NaN only: a softmax's scores less their running max, times log2(e). Half the
-   instructions of lumos_exp2f, which is a third of a fused attention kernel at head size 16: no
-   upper clamp and no NaN test (NaN flows through the polynomial), rounding by adding 1.5 * 2^23
-   (c's integer part lands in t's low bits, so the exponent is built without a float-to-int
-   conversion), and a degree-5 polynomial fitted for relative error (2.4e-7 on |f| <= 1/2, at
-   most 2 ulp). Below 2^-127 it returns 0, as lumos_exp2f does. */
-static inline float lumos_exp2f_nonpositive(float x) {
-  const float c = x < -127.0f ? -127.0f : x;
-  const float t = c + 12582912.0f;
-  const float f = c - (t - 12582912.0f);
-  float p = 1.3276358367875218e-03f;
-  p = p * f + 9.67550277709961e-03f;
-  p = p * f + 5.550713092088699e-02f;
-  p = p * f + 2.4022120237350464e-01f;
-  p = p * f + 6.931469440460205e-01f;
-  p = p * f + 1.0000001192092896f;
-  unsigned bits;
-  memcpy(&bits, &t, sizeof bits);
-  bits = (bits - 0x4B400000u + 127u) << 23;  /* t's bits hold 0x4B400000 + n: 2^n's exponent */
-  float scale;
-  memcpy(&scale, &bits, sizeof scale);
-  return p * scale;
-}
-
-/* The register-blocked matmul's vectors: 8 floats, one AVX2 register. GCC's vector extension
-   lowers them to what the target has (two SSE registers, or scalars), so the code stays portable;
-   memcpy is how an unaligned vector load or store is spelled without intrinsics (it compiles to
-   one vmovups). a * w + c on them becomes one FMA where the target has it. */
-typedef float lumos_f8 __attribute__((vector_size(32)));
-static inline lumos_f8 lumos_load8(const float* p) { lumos_f8 v; memcpy(&v, p, sizeof v); return v; }
-static inline void lumos_store8(float* p, lumos_f8 v) { memcpy(p, &v, sizeof v); }
-/* 16 floats, one AVX-512 register: the register block's wider vectors (offered on AVX-512 hosts). */
-typedef float lumos_f16 __attribute__((vector_size(64)));
-static inline lumos_f16 lumos_load16(const float* p) { lumos_f16 v; memcpy(&v, p, sizeof v); return v; }
-static inline void lumos_store16(float* p, lumos_f16 v) { memcpy(p, &v, sizeof v); }
-typedef int lumos_i8 __attribute__((vector_size(32)));
-typedef int lumos_i16 __attribute__((vector_size(64)));
-/* For vectors of N floats (8, or 16 for the fused attention on AVX-512 hosts), given the
-   log2(N) shuffles that pair each lane with another (halves, then quarters, ...):
-   - lumos_maxN: lumos_max lane by lane (NaN wins): b where b > a or b is NaN, else a;
-   - lumos_max_lanesN / lumos_sum_lanesN: the largest (NaN wins) / the sum of v's lanes, in
-     log2(N) shuffle steps rather than a chain of N - 1 (gcc's reduction epilogue was that chain
-     of scalar adds per query, a fifth of the attention kernel at head size 16);
-   - lumos_exp2_nonpositiveN: lumos_exp2f_nonpositive lane by lane (the same steps; a select for
-     the clamp): the fused attention's softmax in whole vectors, with no scalar remainder loop. */
-#define LUMOS_VECTOR_LANES(N, ...)                                                         \
-  static const lumos_i##N lumos_lane_pairs##N[] = {__VA_ARGS__};                           \
-  static inline lumos_f##N lumos_max##N(lumos_f##N a, lumos_f##N b) {                      \
-    const lumos_i##N take = (b > a) | (b != b);                                            \
-    return (lumos_f##N)(((lumos_i##N)b & take) | ((lumos_i##N)a & ~take));                 \
-  }                                                                                        \
-  static inline float lumos_max_lanes##N(lumos_f##N v) {                                   \
-    for (int k = 0; k < (int)(sizeof lumos_lane_pairs##N / sizeof lumos_lane_pairs##N[0]); k++) \
-      v = lumos_max##N(v, __builtin_shuffle(v, lumos_lane_pairs##N[k]));                   \
-    return v[0];                                                                           \
-  }                                                                                        \
-  static inline float lumos_sum_lanes##N(lumos_f##N v) {                                   \
-    for (int k = 0; k < (int)(sizeof lumos_lane_pairs##N / sizeof lumos_lane_pairs##N[0]); k++) \
-      v += __builtin_shuffle(v, lumos_lane_pairs##N[k]);                                   \
-    return v[0];                                                                           \
-  }                                                                                        \
-  typedef unsigned lumos_u##N __attribute__((vector_size(4 * N)));                        \
-  static inline lumos_f##N lumos_exp2_nonpositive##N(lumos_f##N x) {                      \
-    const lumos_i##N low = x < (lumos_f##N){} - 127.0f;                                    \
-    const lumos_f##N c = (lumos_f##N)((low & (lumos_i##N)((lumos_f##N){} - 127.0f)) | (~low & (lumos_i##N)x)); \
-    const lumos_f##N t = c + 12582912.0f;                                                  \
-    const lumos_f##N f = c - (t - 12582912.0f);                                            \
-    lumos_f##N p = f * 1.3276358367875218e-03f + 9.67550277709961e-03f;                    \
-    p = p * f + 5.550713092088699e-02f;                                                    \
-    p = p * f + 2.4022120237350464e-01f;                                                   \
-    p = p * f + 6.931469440460205e-01f;                                                    \
-    p = p * f + 1.0000001192092896f;                                                       \
-    const lumos_u##N bits = ((lumos_u##N)t - 0x4B400000u + 127u) << 23;                    \
-    return p * (lumos_f##N)bits;                                                           \
-  }
-LUMOS_VECTOR_LANES(8, {4, 5, 6, 7, 0, 1, 2, 3}, {2, 3, 0, 1, 6, 7, 4, 5}, {1, 0, 3, 2, 5, 4, 7, 6})
-LUMOS_VECTOR_LANES(16, {8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7},
-                   {4, 5, 6, 7, 0, 1, 2, 3, 12, 13, 14, 15, 8, 9, 10, 11},
-                   {2, 3, 0, 1, 6, 7, 4, 5, 10, 11, 8, 9, 14, 15, 12, 13},
-                   {1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10, 13, 12, 15, 14})
-/* The first n (0 < n < lanes) floats at p and zeros, reading nothing past p + n - 1 (a masked load
-   where the target has one), and v's first n lanes with `fill` in the rest: the fused attention's
-   last keys, fewer than a vector. */
-#if defined(__AVX512F__)
-#include <immintrin.h>
-static inline lumos_f16 lumos_load16_first(const float* p, int n) {
-  return (lumos_f16)_mm512_maskz_loadu_ps((__mmask16)((1u << n) - 1u), p);
-}
-#else
-static inline lumos_f16 lumos_load16_first(const float* p, int n) {
-  lumos_f16 v = {0};
-  for (int k = 0; k < n; k++) v[k] = p[k];
-  return v;
-}
-#endif
-#if defined(__AVX512F__) && defined(__AVX512VL__)
-static inline lumos_f8 lumos_load8_first(const float* p, int n) {
-  return (lumos_f8)_mm256_maskz_loadu_ps((__mmask8)((1u << n) - 1u), p);
-}
-#else
-static inline lumos_f8 lumos_load8_first(const float* p, int n) {
-  lumos_f8 v = {0};
-  for (int k = 0; k < n; k++) v[k] = p[k];
-  return v;
-}
-#endif
-static inline lumos_f8 lumos_first8(lumos_f8 v, int n, float fill) {
-  const lumos_i8 keep = (lumos_i8){0, 1, 2, 3, 4, 5, 6, 7} < n;
-  return (lumos_f8)(((lumos_i8)v & keep) | ((lumos_i8)((lumos_f8){} + fill) & ~keep));
-}
-static inline lumos_f16 lumos_first16(lumos_f16 v, int n, float fill) {
-  const lumos_i16 keep = (lumos_i16){0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15} < n;
-  return (lumos_f16)(((lumos_i16)v & keep) | ((lumos_i16)((lumos_f16){} + fill) & ~keep));
-}
-"""
-
-
-def _transpose(n: int) -> str:
-    """C for lumos_transposeN: n vectors of n floats transposed in place, in log2(n) stages of
-    two-input shuffles (stage b swaps the off-diagonal b × b blocks of every 2b × 2b block): n
-    log2(n) shuffles for n² floats, where a scalar copy moves one float an instruction."""
-    stages = []
-    b = n // 2
-    while b:
-        low = [c + n - b if c & b else c for c in range(n)]
-        high = [c + n if c & b else c + b for c in range(n)]
-        stages.append(f"{{{{{', '.join(map(str, low))}}}, {{{', '.join(map(str, high))}}}}}")
-        b //= 2
-    return "\n".join([
-        f"static const lumos_i{n} lumos_transpose_masks{n}[{len(stages)}][2] = {{",
-        *(f"  {stage}," for stage in stages),
-        "};",
-        f"static inline void lumos_transpose{n}(lumos_f{n}* t) {{",
-        f"  #pragma GCC unroll {len(stages)}",
-        f"  for (int s = 0; s < {len(stages)}; s++) {{",
-        f"    const int b = {n // 2} >> s;",
-        f"    #pragma GCC unroll {n}",
-        f"    for (int i = 0; i < {n}; i++) {{",
-        "      if (i & b) continue;",
-        f"      const lumos_f{n} a = t[i], c = t[i + b];",
-        f"      t[i] = __builtin_shuffle(a, c, lumos_transpose_masks{n}[s][0]);",
-        f"      t[i + b] = __builtin_shuffle(a, c, lumos_transpose_masks{n}[s][1]);",
-        "    }",
-        "  }",
-        "}",
-    ])
-
-
-HEADER += "/* n vectors of n floats transposed in place: the fused attention's staged keys (render_attention). */\n"
-HEADER += _transpose(8) + "\n" + _transpose(16) + "\n"
-
-ATTENTION_BLOCK = 128
-"""Keys per block of a fused attention kernel (its schedule's `tile` overrides it): all of them up
-to 128, so that short sequences take one pass without rescaling (the fastest schedule the search
-found at 51 and 101 keys)."""
-PV_CHAINS = 8
-"""Independent sums a fused attention's P·V loop needs to keep two FMA units busy (4 cycles of
-latency each)."""
-ATTENTION_ACCUMULATORS = 16
-"""Vector registers a fused attention kernel's block of output rows may take by default: queries
-per block = 16 / (value width / 8), at most 8 (8 queries at head size 16, 4 at 32); its
-schedule's `rows` overrides it."""
-VECTOR = 8
-"""Floats per lumos_f8 vector of the register-blocked matmul (HEADER)."""
-BLOCK_UNROLL = 4
-"""The blocked matmul's reduction loop is unrolled this far: more independent loads in flight."""
-# ---------------------------------------------------------------------------------------------
-# The fused attention kernel, printed from the kernel IR (lower.lower_attention)
-
-
-def render_attention(kernel: Kernel, materialized: set[Node], params: dict[Node, str], schedule: KernelSchedule,
-                     barrier: bool = True) -> str:
-    """sum_j softmax(x)_j · v_j in one pass over j (online softmax, egraph/attention.py): a
-    running max, sum and output row per query; the scores x are computed inline (their dot
-    product too) and never stored. Keys go in blocks (schedule.tile) between rescalings, and
-    queries in blocks (schedule.rows) that share every load of a key's vectors."""
-    ir = lower_attention(kernel, materialized, params, schedule)
-    out, rows = ir.node, [(loop.var, loop.extent) for loop in ir.rows]
-    staged = stage_keys(ir, rows[-1][0]) if kernel.attention.keys_copy is not None else None
-    ir = staged.ir if staged is not None else ir
-    width, keys, scale = ir.width, ir.keys, literal(ir.scale)
-    score, score_lines = expr(ir.score), _lines(ir.score_stmts)
-    value, value_lines = expr(ir.value), _lines(ir.value_stmts)
-    out_index = str(ir.out)
-    block = min(schedule.tile or ATTENTION_BLOCK, keys)
-    query, queries = rows[-1]
-    # A block of queries shares each key's value row: as many independent accumulations as
-    # queries, where one query's sum over keys is one chain of dependent FMAs. Not when the
-    # values depend on the query (never for attention; the rule would still be legal).
-    shared = query not in expr_vars(ir.value).union(*(stmt_vars(s) for s in ir.value_stmts))
-    batch = out.batched and query == "i0"  # as many as given: no static size to block
-    # Vectors of 16 floats where the schedule asks (AVX-512 hosts) and the head splits into them.
-    vw = 16 if schedule.lanes == 16 and width % 16 == 0 else VECTOR
-    vec, load_vec, store_vec = f"lumos_f{vw}", f"lumos_load{vw}", f"lumos_store{vw}"
-    default_rows = max(1, min(8, ATTENTION_ACCUMULATORS // max(1, width // vw)))
-    per_block = min(schedule.rows or default_rows, queries) if shared and not batch else 1
-    # Inside a block, the query index is defined per query; a last, partial block repeats its
-    # last query rather than read past the end.
-    this_query = ([f"const int {query} = {query}_0 + q < {queries} ? {query}_0 + q : {queries - 1};"]
-                  if per_block > 1 else [])
-    stored = f"q < {per_block} && {query}_0 + q < {queries}" if per_block > 1 else "q < 1"
-    # The values as vectors when they are one contiguous read along the value width: then each
-    # query's output row is width / vw vector registers, and a key's value row is loaded once
-    # for the whole block of queries (as in the register-blocked matmul).
-    vectors = (not ir.value_stmts and width % vw == 0 and isinstance(ir.value, Load)
-               and not any(isinstance(i, RowOf) for i in ir.value.indices) and stride_along(ir.value, "dd") == 1)
-    lanes = width // vw
-    if vectors:
-        declare = f"{vec} o[{per_block}][{lanes}];"
-        clear = f"  for (int v = 0; v < {lanes}; v++) o[q][v] = ({vec}){{0}};"
-        rescale = f"    for (int v = 0; v < {lanes}; v++) o[q][v] *= corr[q];"
-
-        def add_keys(step: int) -> list[str]:
-            """The loop over the block's keys, `step` at a time: key jj + k summed into o (k = 0)
-            or o1 (k = 1); each key's value row is loaded once for every query of the block."""
-            loads = [f"    {vec} vv{k}[{lanes}];" for k in range(step)]
-            loads += [f"    #pragma GCC unroll {lanes}", f"    for (int v = 0; v < {lanes}; v++) {{",
-                      f"      const int dd = {vw} * v;"]
-            loads += [f"      {{ const int j = j0 + jj + {k}; vv{k}[v] = {load_vec}(&{value}); }}" for k in range(step)]
-            sums = [line for k in range(step) for line in (
-                f"      #pragma GCC unroll {lanes}",
-                f"      for (int v = 0; v < {lanes}; v++) {'o1' if k else 'o'}[q][v] += s[q][jj + {k}] * vv{k}[v];")]
-            return [f"  for (; jj + {step} <= jn; jj += {step}) {{", *loads, "    }",
-                    f"    #pragma GCC unroll {per_block}", f"    for (int q = 0; q < {per_block}; q++) {{",
-                    *sums, "    }", "  }"]
-
-        # Each output vector is a chain of dependent FMAs, one per key. Fewer than PV_CHAINS
-        # chains leave the FMA units waiting on their latency (perf on quickstart's attention at
-        # 4 queries a block, a head of 16: the P·V loop's 4 FMAs a key took 4 cycles), so there the
-        # keys alternate between two sets of sums: 5.50 → 4.89 ms for that kernel.
-        if per_block * lanes < PV_CHAINS:
-            accumulate = [f"  {vec} o1[{per_block}][{lanes}];", f"  #pragma GCC unroll {per_block}",
-                          f"  for (int q = 0; q < {per_block}; q++)",
-                          f"    for (int v = 0; v < {lanes}; v++) o1[q][v] = ({vec}){{0}};",
-                          "  int jj = 0;", *add_keys(2), *add_keys(1),
-                          f"  #pragma GCC unroll {per_block}", f"  for (int q = 0; q < {per_block}; q++)",
-                          f"    for (int v = 0; v < {lanes}; v++) o[q][v] += o1[q][v];"]
-        else:
-            accumulate = ["  int jj = 0;", *add_keys(1)]
-        store = [f"  float row[{width}];",
-                 f"  for (int v = 0; v < {lanes}; v++) {store_vec}(&row[{vw} * v], o[q][v]);",
-                 f"  for (int dd = 0; dd < {width}; dd++) out[{out_index}] = row[dd] / l[q];"]
-    else:
-        declare = f"float o[{per_block}][{width}];"
-        clear = f"  for (int dd = 0; dd < {width}; dd++) o[q][dd] = 0.0f;"
-        rescale = f"    for (int dd = 0; dd < {width}; dd++) o[q][dd] *= corr[q];"
-        accumulate = [
-            "  for (int jj = 0; jj < jn; jj++) {",
-            "    const int j = j0 + jj;",
-            f"    for (int q = 0; q < {per_block}; q++) {{",
-            "      const float p = s[q][jj];",
-            "      #pragma omp simd",
-            f"      for (int dd = 0; dd < {width}; dd++) {{",
-            *("        " + line for line in value_lines),
-            f"        o[q][dd] += p * {value};",
-            "      }",
-            "    }",
-            "  }",
-        ]
-        store = [f"  for (int dd = 0; dd < {width}; dd++) out[{out_index}] = o[q][dd] / l[q];"]
-    # Without a register-blocked product: each query's scores, vectorized across keys.
-    blocked = _blocked_scores(ir, query, queries, block, per_block, this_query, vw)
-    # The block's maximum score per query: found in registers with the scores when their
-    # epilogue ran on the product tiles (bmax), else one more pass over them.
-    block_max = (["    float bm = bmax[q];"] if blocked and blocked.max_found else [
-        "    float bm = -INFINITY;",
-        "    #pragma omp simd reduction(max:bm)",
-        "    for (int jj = 0; jj < jn; jj++) bm = lumos_max(bm, s[q][jj]);"])
-    scores = ["  " + line for line in (blocked.lines if blocked else None) or [
-        f"for (int q = 0; q < {per_block}; q++) {{", *this_query,
-        "  #pragma omp simd",
-        "  for (int jj = 0; jj < jn; jj++) {  /* a block of scores, kept in L1 */",
-        "    const int j = j0 + jj;",
-        *("    " + line for line in score_lines),
-        f"    s[q][jj] = {score};",
-        "  }",
-        "}"]]
-    scores_row = -(-block // vw) * vw  # whole vectors: the last keys store one
-    # The keys' rows come from memory, one cache line a key or so, a load the out-of-order window
-    # cannot hide: ask for the next head's (the next row outside the queries) while this one
-    # computes.
-    outer = rows[-2][0] if len(rows) > 1 else None
-    prefetch = [] if staged is None or outer is None else [
-        f"{{ const int {outer}_next = {outer} + 1;",
-        f"  {{ const int {outer} = {outer}_next, {staged.var} = 0;",
-        f"    for (int j = 0; j < {keys}; j++) __builtin_prefetch(&{expr(staged.key)});",
-        "  }",
-        "}"]
-    # The keys where their producer wrote them, laid out along the keys in this thread's buffer
-    # when the (batch, head) changes: a thread's static share of the rows takes each head's
-    # queries one block after another, so this runs about once per (batch, head).
-    stage = [] if staged is None else [
-        f"{{ const int j = 0, {staged.var} = 0;",
-        f"  const long at = {staged.key.offset};  /* where this (batch, head)'s keys start */",
-        "  if (at != staged_at) {",
-        "    staged_at = at;",
-        *("    " + line for line in _stage_lines(staged, keys, vw)),
-        *("    " + line for line in prefetch),
-        "  }",
-        "}"]
-    # Every access to o is in a fully unrolled loop, so that gcc keeps it in registers.
-    body = [
-        *stage,
-        f"float m[{per_block}], l[{per_block}], corr[{per_block}], s[{per_block}][{scores_row}];",
-        *(blocked.prefetch if blocked else []),
-        declare,
-        f"#pragma GCC unroll {per_block}",
-        f"for (int q = 0; q < {per_block}; q++) {{",
-        "  m[q] = -INFINITY;",
-        "  l[q] = 0.0f;",
-        clear,
-        "}",
-        f"for (int j0 = 0; j0 < {keys}; j0 += {block}) {{",
-        f"  const int jn = {keys} - j0 < {block} ? {keys} - j0 : {block};",
-        *scores,
-        f"  for (int q = 0; q < {per_block}; q++) {{",
-        *block_max,
-        "    const float mn = lumos_max(m[q], bm);",
-        f"    corr[q] = lumos_exp2f_nonpositive((m[q] - mn) * {scale});  /* the max-rescaling identity */",
-        "    float lq = l[q] * corr[q];",
-        # Whole vectors of exponentials, the padding's scores -inf (2^-inf is 0, so they add
-        # nothing; the register-blocked scores' last vector has them already): no scalar
-        # remainder (5 of 101 keys were 40 scalar exponentials per block).
-        f"    const int jv = (jn + {vw - 1}) / {vw} * {vw};",
-        *([] if blocked and blocked.max_found else ["    for (int jj = jn; jj < jv; jj++) s[q][jj] = -INFINITY;"]),
-        f"    {vec} lv = ({vec}){{0}};",
-        f"    for (int jj = 0; jj < jv; jj += {vw}) {{",
-        f"      const {vec} e = lumos_exp2_nonpositive{vw}(({load_vec}(&s[q][jj]) - mn) * {scale});",
-        f"      {store_vec}(&s[q][jj], e);",
-        "      lv += e;",
-        "    }",
-        f"    l[q] = lq + lumos_sum_lanes{vw}(lv);",
-        "    m[q] = mn;",
-        "  }",
-        f"  #pragma GCC unroll {per_block}",
-        f"  for (int q = 0; q < {per_block}; q++) {{",
-        rescale,
-        "  }",
-        *accumulate,
-        "}",
-        f"#pragma GCC unroll {per_block}",
-        f"for (int q = 0; q < {per_block}; q++) {{",
-        f"  if (!({stored})) continue;",
-        *("  " + line for line in this_query),
-        *store,
-        "}",
-    ]
-    signature = ["const int n", "float* restrict out"] + [f"const float* restrict {name}" for name in ir.params]
-    store = kernel.attention.store
-    written = "" if store is None else f", written as %{store.id}{list(store.shape)} (its dims reordered)"
-    lines = [f"/* {ir.name}: %{out.id} attention{list(out.shape)}{written}, online softmax over {keys} keys "
-             f"(scores never stored), {per_block} queries at a time; {out.origin.replace('*/', '* /')} */",
-             f"LUMOS_KERNEL void {ir.name}({', '.join(signature)}) {{"]
-    if staged is not None:
-        lines.append(f"float {STAGED}[{staged.depth * keys}];  /* this thread's (batch, head) of keys */")
-        lines.append("long staged_at = -1;")
-    collapse = f" collapse({len(rows)})" if len(rows) > 1 else ""
-    lines.append(f"#pragma omp for{collapse} schedule(static){'' if barrier else ' nowait'}")
-    for depth, (var, size) in enumerate(rows):
-        bound = "n" if out.batched and var == "i0" else size
-        step = f"{var}++"
-        if var == query and per_block > 1:
-            var, step = f"{var}_0", f"{var}_0 += {per_block}"
-        lines.append("  " * depth + f"for (int {var} = 0; {var} < {bound}; {step}) {{")
-    lines += ["  " * len(rows) + line for line in body]
-    lines += ["  " * d + "}" for d in range(len(rows) - 1, -1, -1)]
-    lines.append("}")
-    return "\n".join(lines)
-
-
-def _stage_lines(staged: StagedKeys, keys: int, vw: int) -> list[str]:
-    """Fill STAGED ([dim][key]) from where the keys are: vw keys × vw dims at a time, read as vw
-    vectors and transposed in registers (lumos_transpose), where the keys are contiguous along
-    their dims and the head splits into vectors; the rest one float at a time."""
-    r, depth, key = staged.var, staged.depth, expr(staged.key)
-    scalar = [f"for (int j = j0; j < {keys}; j++)",
-              f"  for (int {r} = 0; {r} < {depth}; {r}++) {STAGED}[{r} * {keys} + j] = {key};"]
-    if depth % vw or stride_along(staged.key, r) != 1:
-        return ["const int j0 = 0;", *scalar]
-    return [
-        "int j0 = 0;",
-        f"for (; j0 + {vw} <= {keys}; j0 += {vw})",
-        f"  for (int {r} = 0; {r} < {depth}; {r} += {vw}) {{",
-        f"    lumos_f{vw} t[{vw}];",
-        f"    #pragma GCC unroll {vw}",
-        f"    for (int k = 0; k < {vw}; k++) {{ const int j = j0 + k; t[k] = lumos_load{vw}(&{key}); }}",
-        f"    lumos_transpose{vw}(t);",
-        f"    #pragma GCC unroll {vw}",
-        f"    for (int k = 0; k < {vw}; k++) lumos_store{vw}(&{STAGED}[({r} + k) * {keys} + j0], t[k]);",
-        "  }",
-        *scalar]
-
-
-@dataclass
-class BlockedScores:
-    lines: list[str]
-    max_found: bool
-    """The lines leave the block's maximum score per query in bmax[q]."""
-    prefetch: list[str]
-    """Lines that ask for the next block of queries' rows (before the key blocks)."""
-
-
-def _blocked_scores(ir: AttentionIR, query: str, queries: int, block: int, per_block: int,
-                    this_query: list[str], vw: int = VECTOR) -> BlockedScores | None:
-    """The scores of the block's jn keys for the block of queries as register-blocked products
-    (per_block × lanes vector sums; each key vector loaded once for every query): tiles of up to
-    4 vectors of keys, then single vectors, then the last keys (fewer than a vector) as one
-    vector read with a lane mask (lumos_load16_first: zeros past them, nothing read there);
-    vectors of `vw` floats (8, or 16 on AVX-512). (The last keys one query at a time, a scalar dot
-    product each, took a fifth of the kernel at 51 keys; copied into a zero-padded vector per
-    block of queries, with their epilogue per score, a seventh at 101.) The score's epilogue
-    (scale, mask) runs on the tiles' vectors before they are stored, with the running maximum,
-    when it is made of sums and products of reads along the keys (_vector_epilogue; the last
-    keys' lanes past jn set to -inf); else per score after the tiles. Needs the score to be a dot
-    product q·k whose key operand is read contiguously along the keys; else None."""
-    if per_block < 2:
-        return None
-    scores = match_scores(ir, query)
-    if scores is None:
-        return None
-    dot, key, query_value = scores.dot, expr(scores.key), expr(scores.query_value)
-    score, epilogue = expr(ir.score), _lines(scores.epilogue)
-    in_registers = _vector_epilogue(scores, ir.score, vw)
-    in_registers_last = _vector_epilogue(scores, ir.score, vw, first="jn - t0")
-    r = dot.var
-    vec, load, store_vec, vmax = f"lumos_f{vw}", f"lumos_load{vw}", f"lumos_store{vw}", f"lumos_max{vw}"
-
-    def store(lanes: int, last: bool) -> list[str]:
-        vector = in_registers_last if last else in_registers
-        if not vector:
-            return [f"#pragma GCC unroll {per_block}",
-                    f"for (int q = 0; q < {per_block}; q++)",
-                    f"  for (int v = 0; v < {lanes}; v++) {store_vec}(&s[q][t0 + {vw} * v], sa[q][v]);"]
-        return [
-            f"#pragma GCC unroll {per_block}",
-            f"for (int q = 0; q < {per_block}; q++) {{",
-            *("  " + line for line in this_query),
-            f"  #pragma GCC unroll {lanes}",
-            f"  for (int v = 0; v < {lanes}; v++) {{",
-            f"    const int j = j0 + t0 + {vw} * v;",
-            f"    const {vec} {dot.acc} = sa[q][v];",
-            *("    " + line for line in vector[0]),
-            f"    const {vec} sv = {f'lumos_first{vw}({vector[1]}, jn - t0, -INFINITY)' if last else vector[1]};",
-            f"    {store_vec}(&s[q][t0 + {vw} * v], sv);",
-            f"    mx[q] = {vmax}(mx[q], sv);",
-            "  }",
-            "}",
-        ]
-
-    def tile(lanes: int, load: list[str], last: bool = False) -> list[str]:
-        """Scores of keys t0 … t0 + vw·lanes - 1; `load` sets kv[v], the key vector v of step r."""
-        return [
-            f"{vec} sa[{per_block}][{lanes}];",
-            f"#pragma GCC unroll {per_block}",
-            f"for (int q = 0; q < {per_block}; q++)",
-            f"  for (int v = 0; v < {lanes}; v++) sa[q][v] = ({vec}){{0}};",
-            f"for (int {r} = 0; {r} < {dot.length}; {r}++) {{",
-            f"  {vec} kv[{lanes}];  /* loaded once, used by every query of the block */",
-            f"  #pragma GCC unroll {lanes}",
-            f"  for (int v = 0; v < {lanes}; v++) {{",
-            *("    " + line for line in load),
-            "  }",
-            f"  #pragma GCC unroll {per_block}",
-            f"  for (int q = 0; q < {per_block}; q++) {{",
-            *("    " + line for line in this_query),
-            f"    const float x = {query_value};",
-            f"    #pragma GCC unroll {lanes}",
-            f"    for (int v = 0; v < {lanes}; v++) sa[q][v] += x * kv[v];",
-            "  }",
-            "}",
-            *store(lanes, last),
-        ]
-
-    def keys_at(lanes: int) -> list[str]:
-        return [f"for (; t0 + {lanes * vw} <= jn; t0 += {lanes * vw}) {{",
-                *("  " + line for line in tile(lanes, [f"const int j = j0 + t0 + {vw} * v;", f"kv[v] = {load}(&{key});"])),
-                "}"]
-
-    # Up to 16 accumulators: they and the key vectors stay in registers (AVX-512 has 32, AVX2 16).
-    lanes = max(1, min(4, 16 // per_block, block // vw))
-    negative_infinity = "{" + ", ".join(["-INFINITY"] * vw) + "}"
-    lines = [
-        "int t0 = 0;",
-        *([f"{vec} mx[{per_block}];  /* the running maximum of each query's scores, per lane */",
-           f"for (int q = 0; q < {per_block}; q++) mx[q] = ({vec}){negative_infinity};"] if in_registers else []),
-        *keys_at(lanes),
-        *(keys_at(1) if lanes > 1 else []),
-        "if (t0 < jn) {  /* the last keys: one vector, its lanes past them zero */",
-        *("  " + line for line in tile(1, [f"const int j = j0 + t0 + {vw} * v;", f"kv[v] = {load}_first(&{key}, jn - t0);"],
-                                       last=True)),
-        "}",
-    ]
-    if in_registers_last:  # every score's epilogue ran on its vector
-        lines += [f"float bmax[{per_block}];",
-                  f"for (int q = 0; q < {per_block}; q++) bmax[q] = lumos_max_lanes{vw}(mx[q]);"]
-    else:
-        lines += [
-            f"for (int q = 0; q < {per_block}; q++) {{",
-            *("  " + line for line in this_query),
-            "  #pragma omp simd",
-            "  for (int jj = 0; jj < jn; jj++) {",
-            "    const int j = j0 + jj;",
-            f"    const float {dot.acc} = s[q][jj];",
-            *("    " + line for line in epilogue),
-            f"    s[q][jj] = {score};",
-            "  }",
-            "}"]
-    # The queries' rows are first read by the block's first product, a load per query that the
-    # out-of-order window cannot hide (and no stride the prefetcher follows): ask for the next
-    # block's rows now, while this block computes (one thread on quickstart: about 10% faster).
-    prefetch = [] if not isinstance(scores.query_value, Load) else [
-        f"for (int q = 0; q < {per_block}; q++) {{  /* the next block of queries' rows */",
-        f"  const int {query} = {query}_0 + {per_block} + q < {queries} ? {query}_0 + {per_block} + q : {queries - 1};",
-        f"  const int {r} = 0;",
-        f"  __builtin_prefetch(&{query_value});",
-        "}"]
-    return BlockedScores(lines, max_found=bool(in_registers_last), prefetch=prefetch)
-
-
-def _vector_epilogue(scores: ScoreDot, score: Expr, vw: int = VECTOR, first: str = "") -> tuple[list[str], str] | None:
-    """The score's epilogue over a vector of vw keys' products (the accumulator a lumos_f8 or _f16): its
-    statements and the score, when they are sums and products of numbers, earlier values and
-    reads that do not move with the keys (one float for all vw) or move by one along them (one
-    vector load at key j; with `first`, only the first lanes are read, the rest 0); else None (a
-    select or a strided read would need per-lane code)."""
-    vectors = {scores.dot.acc}
-
-    def vector_expr(e: Expr) -> tuple[str, bool] | None:
-        """The C text of `e` over vw keys, and whether it is a vector (else one float for all)."""
-        if isinstance(e, Num):
-            return literal(e.value), False
-        if isinstance(e, Ref):
-            return (e.name, True) if e.name in vectors else None
-        if isinstance(e, Load):
-            if e.view is None or any(isinstance(i, RowOf) for i in e.indices):
-                return None
-            if "j" not in expr_vars(e):
-                return expr(e), False
-            if stride_along(e, "j") != 1:
-                return None
-            return (f"lumos_load{vw}_first(&{expr(e)}, {first})" if first else f"lumos_load{vw}(&{expr(e)})"), True
-        if isinstance(e, Binary) and e.op in (Op.ADD, Op.MUL, Op.SUM):
-            a, b = vector_expr(e.a), vector_expr(e.b)
-            if a is None or b is None:
-                return None
-            return f"({a[0]} {'*' if e.op is Op.MUL else '+'} {b[0]})", a[1] or b[1]
-        return None
-
-    lines = []
-    for stmt in scores.epilogue:
-        if not isinstance(stmt, Let) or stmt.guard is not None:
-            return None
-        value = vector_expr(stmt.value)
-        if value is None or not value[1]:  # a float for all keys stays in the per-score code
-            return None
-        vectors.add(stmt.name)
-        lines.append(f"const lumos_f{vw} {stmt.name} = {value[0]};")
-    final = vector_expr(score)
-    if final is None or not final[1]:
-        return None
-    return lines, final[0]
-
-
-# ---------------------------------------------------------------------------------------------
-# The row-wise layouts, printed from the kernel IR (kernel/passes.py decides them)
-
-
-def _lines(stmts) -> list[str]:
-    return block_lines(stmts, C)
-
-
-def row_wise_body(ir: KernelIR, schedule: KernelSchedule) -> tuple[list[Loop], list[str]] | None:
-    """The reduction loop outside the last output loop when that makes its reads contiguous (e.g.
-    x @ Wᵀ with W stored transposed, or P @ V): a row of outputs accumulated at once, one
-    vectorized pass per reduction step; with schedule.tile, a tile of columns summed in registers
-    over the whole reduction."""
-    layout = row_wise(ir, schedule.interchange)
-    if layout is None:
-        return None
-    reduce, last, size = layout.reduce, layout.last.var, layout.last.extent
-    row = f"{reduce.acc}_row"
-    value = expr(reduce.value)
-    step_update = update(reduce.op, f"{row}[{last}]", value)
-    init = initial(reduce.init)
-    prelude, per_step = _vectorized_prelude(layout.hoisted, layout.arrays, reduce)
-    inner, rest = _lines(layout.inner), _lines(layout.rest)
-    tile = schedule.tile
-    if tile and size % tile == 0 and size > tile:
-        # Register accumulators: a tile of columns is summed over the whole reduction at once.
-        acc = f"{reduce.acc}_tile"
-        lines = [
-            f"float {row}[{size}];",
-            *prelude,
-            f"for (int {last}_0 = 0; {last}_0 < {size}; {last}_0 += {tile}) {{",
-            f"  float {acc}[{tile}];",
-            f"  for (int jj = 0; jj < {tile}; jj++) {acc}[jj] = {init};",
-            f"  for (int {reduce.var} = 0; {reduce.var} < {reduce.length}; {reduce.var}++) {{",
-            *("    " + line for line in per_step),
-            "    #pragma omp simd",
-            f"    for (int jj = 0; jj < {tile}; jj++) {{",
-            f"      const int {last} = {last}_0 + jj;",
-            *("      " + line for line in inner),
-            f"      {update(reduce.op, f'{acc}[jj]', value)}",
-            "    }",
-            "  }",
-            f"  for (int jj = 0; jj < {tile}; jj++) {row}[{last}_0 + jj] = {acc}[jj];",
-            "}",
-        ]
-    else:
-        lines = [
-            f"float {row}[{size}];",
-            f"for (int {last} = 0; {last} < {size}; {last}++) {row}[{last}] = {init};",
-            *prelude,
-            f"for (int {reduce.var} = 0; {reduce.var} < {reduce.length}; {reduce.var}++) {{",
-            *("  " + line for line in per_step),
-            "  #pragma omp simd",
-            f"  for (int {last} = 0; {last} < {size}; {last}++) {{",
-            *("    " + line for line in inner),
-            f"    {step_update}",
-            "  }",
-            "}",
-        ]
-    lines += [f"for (int {last} = 0; {last} < {size}; {last}++) {{", f"  const float {reduce.acc} = {row}[{last}];",
-              *("  " + line for line in rest), "}"]
-    return ir.loops[:-1], lines
-
-
-def _vectorized_prelude(hoisted: list[Let], arrays: list[str] | None, reduce: Reduce) -> tuple[list[str], list[str]]:
-    """The per-step locals (e.g. GELU of the previous layer) computed for all steps first, in one
-    vectorized loop into arrays, instead of one scalar evaluation per step (arrays None: in place)."""
-    if arrays is None:
-        return [], _lines(hoisted)
-    r = reduce.var
-    prelude = [f"float {name}_steps[{reduce.length}];" for name in arrays]
-    prelude += ["#pragma omp simd", f"for (int {r} = 0; {r} < {reduce.length}; {r}++) {{",
-                *("  " + line for line in _lines(hoisted)), *(f"  {name}_steps[{r}] = {name};" for name in arrays), "}"]
-    return prelude, [f"const float {name} = {name}_steps[{r}];" for name in arrays]
-
-
-def register_block_body(ir: KernelIR, schedule: KernelSchedule) -> tuple[list[Loop], list[str]] | None:
-    """The register-blocked matmul micro-kernel (schedule.rows × schedule.tile): the kernel's one
-    reduction is a sum of `value · weight` where `weight` is a buffer read contiguous along the
-    output row and the same for every row of some outer loop `row` (x @ Wᵀ with W stored (in,
-    out), or P @ V; kernel_passes.match_matmul). Then a block of `rows` rows × `tile` columns is
-    summed at once in vector registers: per reduction step, `tile / 8` weight vectors are loaded
-    once and shared by the block's rows, and each row's value is loaded once and shared by its
-    columns, so the loop does rows·tile/8 FMAs per rows + tile/8 loads (the row-wise loop: one
-    FMA, one load and one store of its row accumulator each). With `schedule.lanes` 16 the
-    vectors are 16 floats (AVX-512): half the FMAs and loads for the same block.
-
-    Rows past the last are clamped to the last (computed, not stored), columns past the last
-    whole tile take one dot product each. The prologue (the value's locals: layer norm, GELU)
-    is computed once per row and step into arrays before the tiles; the epilogue (bias, GELU,
-    residual: the statements after the sum) runs per output on the summed tile. Returns the
-    loops (the row loop stepping by blocks, the column loop gone) and body, or None when the
-    kernel has no such shape (the schedule then renders as plain row-wise)."""
-    rows, tile = schedule.rows, schedule.tile
-    width = schedule.lanes or VECTOR
-    vec, load, store = (f"lumos_f{width}", f"lumos_load{width}", f"lumos_store{width}")
-    if not rows or not tile or tile % width or len(ir.loops) < 2:
-        return None
-    if not tile <= ir.loops[-1].extent:
-        return None
-    match = match_matmul(ir, rows)
-    if match is None:
-        return None
-    reduce, last, size = match.reduce, match.column.var, match.column.extent
-    row, extent = match.row.var, match.row.extent
-    bound = "n" if match.row.batch else str(extent)
-    blocks = f"({bound} + {rows - 1}) / {rows}" if bound == "n" else None
-    loops = [Loop(f"{row}_b", -(-extent // rows), bound=blocks) if loop is match.row else loop for loop in ir.loops[:-1]]
-    acc, r, steps = reduce.acc, reduce.var, reduce.length
-    m, v, lanes = f"{acc}_m", f"{acc}_v", tile // width
-    full = size - size % tile
-    rest = _lines(match.rest)  # the epilogue, once per output
-    weight, value = expr(match.weight), expr(match.value)
-    prologue, per_step = _block_prologue(match, m, rows)
-    lines = [
-        f"const int {row}_0 = {row}_b * {rows};",
-        f"int {row}_rows[{rows}];  /* rows past the last: the last again (computed, not stored) */",
-        f"for (int {m} = 0; {m} < {rows}; {m}++) {row}_rows[{m}] = {row}_0 + {m} < {bound} ? {row}_0 + {m} : {bound} - 1;",
-        *prologue,
-        f"for (int {last}_0 = 0; {last}_0 < {full}; {last}_0 += {tile}) {{",
-        f"  {vec} {acc}_blk[{rows}][{lanes}];  /* the block's sums: {rows * lanes} vector registers */",
-        f"  #pragma GCC unroll {rows}",
-        f"  for (int {m} = 0; {m} < {rows}; {m}++)",
-        f"    for (int {v} = 0; {v} < {lanes}; {v}++) {acc}_blk[{m}][{v}] = ({vec}){{0}};",
-        f"  #pragma GCC unroll {BLOCK_UNROLL}",
-        f"  for (int {r} = 0; {r} < {steps}; {r}++) {{",
-        f"    {vec} {acc}_w[{lanes}];  /* loaded once, used by every row of the block */",
-        f"    #pragma GCC unroll {lanes}",
-        f"    for (int {v} = 0; {v} < {lanes}; {v}++) {{",
-        f"      const int {last} = {last}_0 + {width} * {v};",
-        f"      {acc}_w[{v}] = {load}(&{weight});",
-        "    }",
-        f"    #pragma GCC unroll {rows}",
-        f"    for (int {m} = 0; {m} < {rows}; {m}++) {{",
-        f"      const int {row} = {row}_rows[{m}];",
-        *("      " + line for line in per_step),
-        f"      const float {acc}_x = {value};  /* used by every column of the block */",
-        f"      #pragma GCC unroll {lanes}",
-        f"      for (int {v} = 0; {v} < {lanes}; {v}++) {acc}_blk[{m}][{v}] += {acc}_x * {acc}_w[{v}];",
-        "    }",
-        "  }",
-        f"  float {acc}_tile[{rows}][{tile}];",
-        f"  for (int {m} = 0; {m} < {rows}; {m}++)",
-        f"    for (int {v} = 0; {v} < {lanes}; {v}++) {store}(&{acc}_tile[{m}][{width} * {v}], {acc}_blk[{m}][{v}]);",
-        f"  for (int {m} = 0; {m} < {rows} && {row}_0 + {m} < {bound}; {m}++) {{",
-        f"    const int {row} = {row}_0 + {m};",
-        f"    for (int {last} = {last}_0; {last} < {last}_0 + {tile}; {last}++) {{",
-        f"      const float {acc} = {acc}_tile[{m}][{last} - {last}_0];",
-        *("      " + line for line in rest),
-        "    }",
-        "  }",
-        "}",
-    ]
-    if full < size:  # the columns past the last whole tile: one dot product each
-        lines += [
-            f"for (int {m} = 0; {m} < {rows} && {row}_0 + {m} < {bound}; {m}++) {{",
-            f"  const int {row} = {row}_0 + {m};",
-            f"  for (int {last} = {full}; {last} < {size}; {last}++) {{",
-            f"    float {acc} = 0.0f;",
-            f"    for (int {r} = 0; {r} < {steps}; {r}++) {{",
-            *("      " + line for line in per_step),
-            f"      {acc} += {value} * {weight};",
-            "    }",
-            *("    " + line for line in rest),
-            "  }",
-            "}",
-        ]
-    return loops, lines
-
-
-def _block_prologue(match: Matmul, m: str, rows: int) -> tuple[list[str], list[str]]:
-    """The value's per-step locals (layer norm, GELU of the previous layer) for every row of the
-    block, computed once before the column tiles in one vectorized loop per row, into arrays
-    that the tiles read; per_step reads row `m`'s. Very long reductions compute them in place
-    instead (per_step is then the locals themselves)."""
-    hoisted = _lines(match.hoisted)
-    if match.prologue is None:
-        return [], hoisted
-    r, row, length = match.reduce.var, match.row.var, match.reduce.length
-    prologue = [f"float {name}_steps[{rows}][{length}];" for name in match.prologue]
-    prologue += [f"for (int {m} = 0; {m} < {rows}; {m}++) {{", f"  const int {row} = {row}_rows[{m}];",
-                 "  #pragma omp simd", f"  for (int {r} = 0; {r} < {length}; {r}++) {{",
-                 *("    " + line for line in hoisted),
-                 *(f"    {name}_steps[{m}][{r}] = {name};" for name in match.prologue), "  }", "}"]
-    return prologue, [f"const float {name} = {name}_steps[{m}][{r}];" for name in match.prologue]
-
-def barriers(graph: Graph, kernels: list[Kernel], plan: BufferPlan) -> list[bool]:
-    """Whether each kernel must end with a barrier: only when a later kernel, before the next
-    barrier, reads what it writes or writes what it (or another kernel since the last barrier)
-    reads or writes. Arena buffers conflict when their bytes overlap (memory is reused)."""
-    def region(node: Node) -> tuple:
-        if node in plan.buffers:
-            buffer = plan.buffers[node]
-            return ("arena", buffer.offset, buffer.offset + buffer.bytes)
-        return ("node", node.id, node.id + 1)  # inputs, outputs, tensors: one array each
-
-    def overlap(a: tuple, b: tuple) -> bool:
-        return a[0] == b[0] and a[1] < b[2] and b[1] < a[2]
-
-    keep = [True] * len(kernels)
-    in_flight: list[tuple[list[tuple], tuple]] = []  # (reads, write) of kernels since the last barrier
-    for index, kernel in enumerate(kernels):
-        reads, write = [region(node) for node in kernel.reads], region(kernel.node)
-        conflict = any(
-            any(overlap(r, earlier_write) for r in reads)  # reads what an earlier one writes
-            or any(overlap(write, r) for r in earlier_reads + [earlier_write])  # overwrites its inputs or output
-            for earlier_reads, earlier_write in in_flight
-        )
-        if conflict and index > 0:
-            keep[index - 1] = True
-            in_flight = []
-        elif index > 0:
-            keep[index - 1] = False
-        in_flight.append((reads, write))
-    return keep
-
+HEADER = (resources.files("lumos.compile.render") / "lumos_cpu.h").read_text()
+"""What every C library starts with (lumos_cpu.h beside this file): the vector types, 2^x without
+libm, lane reductions, masked loads, and lumos_transposeN (n vectors of n floats transposed in
+log2(n) stages of two-input shuffles; stage b swaps the off-diagonal b × b blocks of every
+2b × 2b block)."""
 
 def render_kernel(kernel: Kernel, materialized: set[Node], params: dict[Node, str],
                   schedule: KernelSchedule | None = None, barrier: bool = True) -> str:
     schedule = schedule or KernelSchedule()
     if kernel.attention is not None:
-        return render_attention(kernel, materialized, params, schedule, barrier)
-    ir = lower_kernel(kernel, materialized, params, schedule)
-    layout = register_block_body(ir, schedule) or row_wise_body(ir, schedule)
-    if layout is None:
-        return print_kernel(ir, barrier, schedule.wide)
-    loops, body = layout
-    lines = [f"/* {ir.comment} */", _signature(ir, schedule.wide)]
-    outer = loops[:-1] if len(loops) > 1 else loops
-    outer = outer[:schedule.collapse] if schedule.collapse else outer
-    return "\n".join(lines + _omp_loops(loops, len(outer), body, barrier))
-
-
-def _signature(ir: KernelIR, wide: bool = False) -> str:
-    params = ["const int n", "float* restrict out"] + [f"const float* restrict {name}" for name in ir.params]
-    return f"LUMOS_KERNEL {'LUMOS_WIDE ' if wide else ''}void {ir.name}({', '.join(params)}) {{"
+        ir = lower_attention(kernel, materialized, params, schedule)
+        attention = kernel.attention
+        return print_attention(fused_attention(ir, schedule, attention.keys_copy is not None, attention.store), barrier)
+    ir = cpu_layout(lower_kernel(kernel, materialized, params, schedule), schedule)
+    return print_kernel(ir, barrier, schedule.wide)
 
 
 def print_kernel(ir: KernelIR, barrier: bool = True, wide: bool = False) -> str:
     """A kernel IR in its plain layout: OpenMP shares out the parallel loops, the innermost loop
     runs the body per element (vectorized or versioned on an invariant guard as annotated);
     `wide`: in 16-float vectors (KernelSchedule.wide)."""
-    lines = [f"/* {ir.comment} */", _signature(ir, wide)]
+    lines = [f"/* {kernel_comment(ir)} */", _signature(ir, wide)]
     body = block_lines(ir.body, C)
     if not ir.loops:
         return "\n".join(lines + [f"#pragma omp single{'' if barrier else ' nowait'}", "{", *("  " + line for line in body), "}", "}"])
@@ -910,7 +67,8 @@ def _omp_loops(loops: list[Loop], parallel: int, body: list[str], barrier: bool,
     collapse = f" collapse({parallel})" if parallel > 1 else ""
     lines = [f"#pragma omp for{collapse} schedule(static){'' if barrier else ' nowait'}"]
     innermost = len(loops) > 1
-    bound = {loop.var: loop.bound or ("n" if loop.batch else loop.extent) for loop in loops}  # the batch: as many rows as given
+    # The batch: as many rows as given; blocks of rows: as many blocks as they make.
+    bound = {loop.var: int_expr(loop.bound) if loop.bound else "n" if loop.batch else loop.extent for loop in loops}
     for depth, loop in enumerate(loops[:-1] if innermost else loops):
         lines.append("  " * depth + f"for (int {loop.var} = 0; {loop.var} < {bound[loop.var]}; {loop.var}++) {{")
     depth = len(loops) - 1 if innermost else len(loops)
@@ -919,7 +77,7 @@ def _omp_loops(loops: list[Loop], parallel: int, body: list[str], barrier: bool,
         inner = ["#pragma omp simd"] if last.vector else []
         inner += [f"for (int {last.var} = 0; {last.var} < {bound[last.var]}; {last.var}++) {{", *("  " + line for line in body), "}"]
         if version_on is not None:
-            inner = [f"if ({version_on}) {{", *("  " + line for line in inner), "} else {", *("  " + line for line in inner), "}"]
+            inner = [f"if ({compare(version_on)}) {{", *("  " + line for line in inner), "} else {", *("  " + line for line in inner), "}"]
         lines += ["  " * depth + line for line in inner]
     else:
         lines += ["  " * depth + line for line in body]
@@ -927,12 +85,70 @@ def _omp_loops(loops: list[Loop], parallel: int, body: list[str], barrier: bool,
     return lines + ["}"]
 
 
+def print_attention(kernel: FusedAttention, barrier: bool = True) -> str:
+    """Its per-thread locals, then one `omp for` over all its query loops, then its body."""
+    out, written = kernel.node, kernel.written
+    stored = "" if written is None else f", written as %{written.id}{list(written.shape)} (its dims reordered)"
+    lines = [f"/* {kernel.name}: %{out.id} attention{list(out.shape)}{stored}, online softmax over {kernel.keys} keys "
+             f"(scores never stored), {kernel.per_block} queries at a time; {comment_text(out.origin)} */",
+             _signature(kernel), *_lines(kernel.locals)]
+    loops = kernel.loops
+    collapse = f" collapse({len(loops)})" if len(loops) > 1 else ""
+    lines.append(f"#pragma omp for{collapse} schedule(static){'' if barrier else ' nowait'}")
+    for depth, loop in enumerate(loops):
+        step = f"{loop.var}++" if loop.step == 1 else f"{loop.var} += {loop.step}"
+        lines.append("  " * depth + f"for (int {loop.var} = 0; {loop.var} < {'n' if loop.batch else loop.extent}; {step}) {{")
+    lines += ["  " * len(loops) + line for line in _lines(kernel.body)]
+    lines += ["  " * d + "}" for d in range(len(loops) - 1, -1, -1)]
+    return "\n".join(lines + ["}"])
+
+
+def _signature(ir: KernelIR, wide: bool = False) -> str:
+    params = ["const int n", "float* restrict out"] + [f"const float* restrict {name}" for name in ir.params]
+    return f"LUMOS_KERNEL {'LUMOS_WIDE ' if wide else ''}void {ir.name}({', '.join(params)}) {{"
+
+
+def _lines(stmts) -> list[str]:
+    return block_lines(stmts, C)
+
+
 def canonical_kernel_source(kernel: Kernel, materialized: set[Node], schedule: KernelSchedule | None = None) -> str:
     """The kernel's C with buffer and kernel names replaced by positional ones: identical layers
     (same computation on different weights and buffers) give the same text."""
-    params = {node: f"p{index}" for index, node in enumerate(kernel.reads)}
+    params = {node: f"p{position}" for position, node in enumerate(kernel.reads)}
     renamed = Kernel("kernel", kernel.node, kernel.fused, kernel.reads, kernel.attention)
     return render_kernel(renamed, materialized, params, schedule).split("\n", 1)[1]
+
+
+def barriers(graph: Graph, kernels: list[Kernel], plan: BufferPlan) -> list[bool]:
+    """Whether each kernel must end with a barrier: only when a later kernel, before the next
+    barrier, reads what it writes or writes what it (or another kernel since the last barrier)
+    reads or writes. Arena buffers conflict when their bytes overlap (memory is reused)."""
+    def region(node: Node) -> tuple:
+        if node in plan.buffers:
+            buffer = plan.buffers[node]
+            return ("arena", buffer.offset, buffer.offset + buffer.bytes)
+        return ("node", node.id, node.id + 1)  # inputs, outputs, tensors: one array each
+
+    def overlap(a: tuple, b: tuple) -> bool:
+        return a[0] == b[0] and a[1] < b[2] and b[1] < a[2]
+
+    keep = [True] * len(kernels)
+    in_flight: list[tuple[list[tuple], tuple]] = []  # (reads, write) of kernels since the last barrier
+    for position, kernel in enumerate(kernels):
+        reads, write = [region(node) for node in kernel.reads], region(kernel.node)
+        conflict = any(
+            any(overlap(r, earlier_write) for r in reads)  # reads what an earlier one writes
+            or any(overlap(write, r) for r in earlier_reads + [earlier_write])  # overwrites its inputs or output
+            for earlier_reads, earlier_write in in_flight
+        )
+        if conflict and position > 0:
+            keep[position - 1] = True
+            in_flight = []
+        elif position > 0:
+            keep[position - 1] = False
+        in_flight.append((reads, write))
+    return keep
 
 
 def render_library(graph: Graph, kernels: list[Kernel], materialized: set[Node], plan: BufferPlan,

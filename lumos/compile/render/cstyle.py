@@ -10,21 +10,56 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from lumos.compile.ir.graph import Op
+from lumos.compile.ir.graph import BINARY, REDUCE, UNARY, Op
 from lumos.compile.kernel.ir import (
+    NEVER,
+    Accumulate,
+    Affine,
+    Arith,
+    Assign,
     Binary,
+    Clamp,
+    Compare,
     Cond,
+    Declare,
+    Declares,
+    Digit,
+    Element,
+    Exp2NonPositive,
     Expr,
+    FirstLanes,
+    For,
+    Identity,
+    If,
+    Index,
+    IntCond,
+    IntExpr,
+    IntLet,
+    IntOp,
+    KernelIR,
+    LaneReduce,
     Let,
+    Lit,
     Load,
     Masked,
+    MulAdd,
     Num,
+    Prefetch,
     Reduce,
     Ref,
+    Rescale,
+    RowOf,
+    Scope,
+    Skip,
+    Splat,
     Stmt,
     Store,
+    TileStmt,
+    Transpose,
     Unary,
-    cond_text,
+    Var,
+    VectorLoad,
+    VectorStore,
 )
 
 UNARY_C = {
@@ -42,6 +77,9 @@ BINARY_C = {
     Op.SUM: "({} + {})",  # two terms of a written-out reduction
     Op.MAX: "lumos_max({}, {})",  # NaN wins, as in torch (each header defines it)
 }
+# A primitive without a printer fails here, at import, not in the middle of a compile.
+assert set(UNARY_C) == UNARY, f"UNARY_C must print exactly the unary ops; differs by {set(UNARY_C) ^ UNARY}"
+assert set(BINARY_C) == BINARY | REDUCE, f"BINARY_C must print the binary and reduce ops; differs by {set(BINARY_C) ^ (BINARY | REDUCE)}"
 
 
 def literal(value: float) -> str:
@@ -67,9 +105,58 @@ class Dialect:
     """The pragma that unrolls the next loop ({} = the factor)."""
     vector_reduce: str | None
     """The pragma that vectorizes a reduction loop ({op}, {acc}); None: none."""
+    simd: str | None = None
+    """The pragma that vectorizes a loop; None: none."""
 
 
-C = Dialect(restrict="restrict", unroll="#pragma GCC unroll {}", vector_reduce="#pragma omp simd reduction({op}:{acc})")
+C = Dialect(restrict="restrict", unroll="#pragma GCC unroll {}", vector_reduce="#pragma omp simd reduction({op}:{acc})",
+            simd="#pragma omp simd")
+
+
+def index(i: Index) -> str:
+    if isinstance(i, Var):
+        return i.name
+    if isinstance(i, Lit):
+        return str(i.value)
+    if isinstance(i, Affine):
+        parts = [index(term) if coef == 1 else f"{coef} * {index(term)}" for coef, term in i.live_terms]
+        if i.constant or not parts:
+            parts.append(str(i.constant))
+        return parts[0] if len(parts) == 1 else "(" + " + ".join(parts) + ")"
+    if isinstance(i, Digit):
+        return f"(({index(i.flat)} / {i.stride}) % {i.size})"
+    if isinstance(i, RowOf):
+        return f"(int){expr(i.value)}"
+    raise TypeError(f"not an index: {i!r}")
+
+
+PRECEDENCE = {"+": 1, "-": 1, "*": 2, "/": 2}
+
+
+def int_expr(e: IntExpr, outer: int = 0) -> str:
+    """An integer expression with parentheses only where precedence needs them."""
+    if isinstance(e, IntOp):
+        own = PRECEDENCE[e.op]
+        text = f"{int_expr(e.a, own)} {e.op} {int_expr(e.b, own + 1)}"
+        return f"({text})" if own < outer else text
+    if isinstance(e, Element):
+        return element(e)
+    if isinstance(e, Clamp):
+        return f"{int_expr(e.index)} < {int_expr(e.bound)} ? {int_expr(e.index)} : {int_expr(e.last)}"
+    return index(e)
+
+
+def element(e: Element) -> str:
+    return e.array + "".join(f"[{int_expr(i)}]" for i in e.at)
+
+
+def int_cond(c: IntCond | tuple[IntCond, ...]) -> str:
+    conds = c if isinstance(c, tuple) else (c,)
+    return " && ".join(f"{int_expr(part.a)} {part.op} {int_expr(part.b)}" for part in conds)
+
+
+def compare(c: Compare) -> str:
+    return f"{index(c.index)} {c.op} {c.bound}"
 
 
 def expr(e: Expr) -> str:
@@ -78,7 +165,7 @@ def expr(e: Expr) -> str:
     if isinstance(e, Ref):
         return e.name
     if isinstance(e, Load):
-        return f"{e.buffer}[{e.offset}]"
+        return f"{e.buffer}[{index(e.offset)}]"
     if isinstance(e, Unary):
         if e.op is Op.EXP2 and nonpositive(e.x):
             return f"lumos_exp2f_nonpositive({expr(e.x)})"
@@ -87,6 +174,55 @@ def expr(e: Expr) -> str:
         return BINARY_C[e.op].format(expr(e.a), expr(e.b))
     if isinstance(e, Masked):
         return f"(({cond(e.cond)}) ? {expr(e.x)} : 0.0f)"
+    if isinstance(e, Element):
+        return element(e)
+    if isinstance(e, Identity):
+        return initial(0.0 if e.op is Op.SUM else -math.inf)
+    return vector_expr(e)
+
+
+VECTOR_C = {
+    "type": "lumos_f{w}",
+    "load": "lumos_load{w}(&{at})",
+    "load_first": "lumos_load{w}_first(&{at}, {n})",
+    "store": "lumos_store{w}(&{at}, {x});",
+    "max": "{t} = lumos_max{w}({t}, {x});",
+    "first_lanes": "lumos_first{w}({x}, {n}, {fill})",
+    "sum_lanes": "lumos_sum_lanes{w}({x})",
+    "max_lanes": "lumos_max_lanes{w}({x})",
+    "exp2_nonpositive": "lumos_exp2_nonpositive{w}({x})",
+    "transpose": "lumos_transpose{w}({array});",
+    "prefetch": "__builtin_prefetch(&{at});",
+}
+"""The fast kernels' vectors of {w} floats as the C header spells them (lumos_cpu.h: GCC's vector
+extension); only the C renderer's passes build them."""
+
+
+def vector_expr(e: Expr, outer: int = 0) -> str:
+    """The fast kernels' expressions: vectors, and arithmetic with parentheses only where needed."""
+    if isinstance(e, Arith):
+        own = PRECEDENCE[e.op]
+        text = f"{vector_expr(e.a, own)} {e.op} {vector_expr(e.b, own + 1)}"
+        return f"({text})" if own < outer else text
+    if isinstance(e, VectorLoad):
+        if e.first is not None:
+            return VECTOR_C["load_first"].format(w=e.width, at=expr(e.at), n=int_expr(e.first))
+        return VECTOR_C["load"].format(w=e.width, at=expr(e.at))
+    if isinstance(e, Splat):
+        lanes = "0" if e.value == 0 else ", ".join([initial(e.value)] * e.width)
+        return f"({VECTOR_C['type'].format(w=e.width)}){{{lanes}}}"
+    if isinstance(e, FirstLanes):
+        return VECTOR_C["first_lanes"].format(w=e.width, x=expr(e.x), n=int_expr(e.n), fill=initial(e.fill))
+    if isinstance(e, LaneReduce):
+        return VECTOR_C["sum_lanes" if e.op is Op.SUM else "max_lanes"].format(w=e.width, x=expr(e.x))
+    if isinstance(e, Exp2NonPositive):
+        if e.width:
+            return VECTOR_C["exp2_nonpositive"].format(w=e.width, x=expr(e.x))
+        return f"lumos_exp2f_nonpositive({expr(e.x)})"
+    if isinstance(e, (IntOp, Clamp, Var, Lit)):
+        return int_expr(e)
+    if isinstance(e, (Num, Ref, Load, Unary, Binary, Masked, Element, Identity)):
+        return expr(e)
     raise TypeError(f"not an expression: {e!r}")
 
 
@@ -114,20 +250,100 @@ def nonnegative(e: Expr) -> bool:
 
 
 def cond(c: Cond) -> str:
-    return cond_text(c)
+    return "0" if c == NEVER else " && ".join(map(compare, c))
 
 
 def update(op: Op, acc: str, value: str) -> str:
     return f"{acc} += {value};" if op is Op.SUM else f"{acc} = lumos_max({acc}, {value});"
 
 
+def target(t: Element | Ref | Load) -> str:
+    return t.name if isinstance(t, Ref) else expr(t)
+
+
+def declared(s: Declare) -> str:
+    return f"{s.name}{''.join(f'[{d}]' for d in s.dims)}" + ("" if s.value is None else f" = {expr(s.value)}")
+
+
+def kind(s: Declare) -> str:
+    name = "long" if s.long else "int" if s.integer else VECTOR_C["type"].format(w=s.width) if s.width else "float"
+    return f"const {name}" if s.constant else name
+
+
+def tile_lines(s: TileStmt, dialect: Dialect) -> list[str]:
+    """The fast kernels' statements (kernel/ir.py's vectors, register tiles and online softmax)."""
+    if isinstance(s, Declare):
+        return [f"{kind(s)} {declared(s)};" + (f"  /* {s.note} */" if s.note else "")]
+    if isinstance(s, Declares):
+        return [f"{kind(s.declares[0])} {', '.join(map(declared, s.declares))};"]
+    if isinstance(s, IntLet):
+        bound = [(s.name, s.value), *s.also]
+        note = f"  /* {s.note} */" if s.note else ""
+        return [f"const {'long' if s.long else 'int'} {', '.join(f'{name} = {int_expr(value)}' for name, value in bound)};{note}"]
+    if isinstance(s, Assign):
+        return [f"{target(s.target)} = {expr(s.value)};" + (f"  /* {s.note} */" if s.note else "")]
+    if isinstance(s, Accumulate):
+        if s.width and s.op is Op.MAX:
+            return [VECTOR_C["max"].format(w=s.width, t=target(s.target), x=expr(s.value))]
+        return [update(s.op, target(s.target), expr(s.value))]
+    if isinstance(s, MulAdd):
+        return [f"{target(s.target)} += {expr(s.a)} * {expr(s.b)};"]
+    if isinstance(s, Rescale):
+        return [f"{target(s.target)} *= {expr(s.factor)};"]
+    if isinstance(s, VectorStore):
+        return [VECTOR_C["store"].format(w=s.width, at=element(s.at), x=expr(s.value))]
+    if isinstance(s, Prefetch):
+        return [VECTOR_C["prefetch"].format(at=expr(s.at))]
+    if isinstance(s, Transpose):
+        return [VECTOR_C["transpose"].format(w=s.width, array=s.array)]
+    if isinstance(s, Skip):
+        return [f"if (!({int_cond(s.unless)})) continue;"]
+    if isinstance(s, If):
+        note = f"  /* {s.note} */" if s.note else ""
+        return [f"if ({int_cond(s.cond)}) {{{note}", *indent(block_lines(s.body, dialect)), "}"]
+    if isinstance(s, Scope):
+        body = block_lines(s.body, dialect)
+        if s.inline:
+            return ["{ " + " ".join(body) + " }"]
+        return ["{ " + body[0], *indent(body[1:]), "}"]
+    if isinstance(s, For):
+        return for_lines(s, dialect)
+    raise TypeError(f"not a statement: {s!r}")
+
+
+def indent(lines: list[str]) -> list[str]:
+    return ["  " + line for line in lines]
+
+
+def for_lines(s: For, dialect: Dialect) -> list[str]:
+    """A loop; one statement of one line goes on the loop's line, one loop under it, else a block."""
+    pragmas = [dialect.unroll.format(s.unroll)] if s.unroll else []
+    pragmas += [dialect.simd] if s.simd else []
+    if s.reduction:
+        op, acc = s.reduction
+        pragmas.append(dialect.vector_reduce.format(op="+" if op is Op.SUM else "max", acc=acc))
+    test = int_cond(s.test) if s.test else f"{s.var} < {int_expr(s.stop)}" + (f" && {int_cond(s.also)}" if s.also else "")
+    step = f"{s.var}++" if s.step is None else f"{s.var} += {s.step}"
+    start = "" if s.start is None else f"int {s.var} = {int_expr(s.start)}"
+    head = f"for ({start}; {test}; {step})"
+    body = block_lines(s.body, dialect)
+    if len(s.body) == 1 and not s.braces and isinstance(s.body[0], For):
+        return [*pragmas, head, *indent(body)]
+    if len(s.body) == 1 and not s.braces and len(body) == 1:
+        return [*pragmas, f"{head} {body[0]}"]
+    note = f"  /* {s.note} */" if s.note else ""
+    return [*pragmas, head + " {" + note, *indent(body), "}"]
+
+
 def stmt_lines(s: Stmt, dialect: Dialect) -> list[str]:
     if isinstance(s, Let):
+        if s.note:
+            return [f"const float {s.name} = {expr(s.value)};  /* {s.note} */"]
         if s.guard:
             return [f"float {s.name} = {initial(s.init)};", f"if ({cond(s.guard)}) {s.name} = {expr(s.value)};"]
         return [f"const float {s.name} = {expr(s.value)};"]
     if isinstance(s, Store):
-        return [f"{s.buffer}[{s.offset}] = {expr(s.value)};"]
+        return [f"{s.buffer}[{index(s.offset)}] = {expr(s.value)};"]
     if isinstance(s, Reduce):
         lines = [f"float {s.acc} = {initial(s.init)};"]
         if s.guard:
@@ -142,7 +358,18 @@ def stmt_lines(s: Stmt, dialect: Dialect) -> list[str]:
         lines.append("  " + update(s.op, s.acc, expr(s.value)))
         lines += ["}", "}"]
         return lines
-    raise TypeError(f"not a statement: {s!r}")
+    return tile_lines(s, dialect)
+
+
+def comment_text(text: str) -> str:
+    """Text that can sit inside a /* comment */."""
+    return text.replace("*/", "* /")
+
+
+def kernel_comment(ir: KernelIR) -> str:
+    """What a kernel computes, for the comment above it."""
+    node = ir.node
+    return f"{ir.name}: %{node.id} {node.op.name}{list(node.shape)}, {ir.ops} ops; {comment_text(node.origin)}"
 
 
 def block_lines(stmts: list[Stmt], dialect: Dialect) -> list[str]:

@@ -22,7 +22,7 @@ from lumos.compile.kernel.gpu_attention import map_attention
 from lumos.compile.kernel.gpu_tiles import THREADS, map_threads
 from lumos.compile.kernel.lower import lower_attention, lower_kernel
 from lumos.compile.render.c import tensor_names
-from lumos.compile.render.cstyle import Dialect, cond, expr, initial, literal, stmt_lines, update
+from lumos.compile.render.cstyle import Dialect, cond, expr, index, initial, kernel_comment, literal, stmt_lines, update
 from lumos.compile.schedule.buffers import BufferPlan
 from lumos.compile.schedule.kernels import Kernel
 
@@ -134,7 +134,7 @@ def _bounds(bounds: list[ir.Loop]) -> str:
     return " && ".join(f"{loop.var} < {'n' if loop.batch else loop.extent}" for loop in bounds)
 
 
-def _lane_reduce(node: ir.LaneReduce) -> list[str]:
+def _warp_reduce(node: ir.WarpReduce) -> list[str]:
     """Each lane's share of the steps, then the lanes combined (outside the guard, which is the
     same for the whole warp, so every lane takes part in the shuffles)."""
     reduce = node.reduce
@@ -207,7 +207,7 @@ def _merge_lanes(node: ir.MergeLanes) -> list[str]:
     return ["const float mw = lumos_warp_max(m);  /* merge the lanes: rescale each to the warp's max */",
             f"const float c = m == -INFINITY ? 0.0f : lumos_exp2f((m - mw) * {literal(node.scale)});",
             "const float lw = lumos_warp_sum(l * c);", f"for (int dd = 0; dd < {node.width}; dd++) {{",
-            "  const float od = lumos_warp_sum(o[dd] * c);", f"  if (lane == 0) out[{node.out}] = od / lw;", "}"]
+            "  const float od = lumos_warp_sum(o[dd] * c);", f"  if (lane == 0) out[{index(node.out)}] = od / lw;", "}"]
 
 
 PRINTERS = {
@@ -216,7 +216,7 @@ PRINTERS = {
     ir.Barrier: lambda s: ["__syncthreads();" + (f"  /* {s.why} */" if s.why else "")],
     ir.Register: lambda s: [f"float {s.name} = {initial(s.init)};"],
     ir.Leader: lambda s: [f"if ({s.thread} == 0)", *_indent(_lines(s.body))],
-    ir.LaneReduce: _lane_reduce,
+    ir.WarpReduce: _warp_reduce,
     ir.WarpToShared: lambda s: [f"if (lane == 0) {s.partial}[warp] = {s.acc};"],
     ir.CombineWarps: _combine_warps,
     ir.SliceLoop: _slice_loop,
@@ -239,7 +239,7 @@ PRINTERS = {
                         *_indent(_body(s.body)), "}"],
     ir.MergeLanes: _merge_lanes,
     ir.SoftmaxStore: lambda s: [f"if ({_bounds([s.bound])})",
-                                f"  for (int dd = 0; dd < {s.width}; dd++) out[{s.out}] = o[dd] / l;"],
+                                f"  for (int dd = 0; dd < {s.width}; dd++) out[{index(s.out)}] = o[dd] / l;"],
 }
 
 
@@ -261,7 +261,7 @@ def gpu_kernel(kernel: Kernel, materialized: set[Node], params: dict[Node, str])
         keys = f"online softmax over {attention.keys} keys"
         return map_attention(attention), f"{kernel.name}: %{node.id} attention{list(node.shape)}, {keys}"
     lowered = lower_kernel(kernel, materialized, params, check_gathers=True)
-    return map_threads(lowered), lowered.comment
+    return map_threads(lowered), kernel_comment(lowered)
 
 
 def render_kernel(kernel: Kernel, materialized: set[Node], params: dict[Node, str]) -> tuple[str, ir.Grid]:

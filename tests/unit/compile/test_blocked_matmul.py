@@ -9,11 +9,12 @@ import numpy as np
 import pytest
 
 from lumos.compile.egraph.schedule import schedule_candidates
-from lumos.compile.ir.graph import Graph
+from lumos.compile.ir.graph import Graph, Op
 from lumos.compile.ir.hl_ops import Tensor, attention, mark_output
 from lumos.compile.ir.interpret import interpret
+from lumos.compile.kernel import tiles
+from lumos.compile.kernel.ir import Binary, For, MulAdd
 from lumos.compile.program import Options, compile_graph, load_program
-from lumos.compile.render import c as render_c
 from lumos.compile.render.c import render_library, tensor_names
 from lumos.compile.runtime.kernel_cache import gcc
 from lumos.compile.runtime.native import NativeProgram
@@ -94,19 +95,24 @@ def test_the_search_verifies_every_blocked_candidate(kernel_cache):
 
 
 def test_a_wrong_blocked_kernel_is_rejected_and_never_chosen(kernel_cache, monkeypatch):
-    """A bug only the micro-kernel has (its sums start from 1 in lane 0): every blocked candidate
-    is rejected by the check against the interpreter, and the program stays right."""
-    register_block = render_c.register_block_body
+    """A bug only the micro-kernel has (each product added twice to its sums): every blocked
+    candidate is rejected by the check against the interpreter, and the program stays right."""
+    register_block = tiles.register_block
+
+    def add_twice(stmts: list) -> None:
+        for stmt in stmts:
+            if isinstance(stmt, MulAdd):
+                stmt.a = Binary(Op.ADD, stmt.a, stmt.a)
+            elif isinstance(stmt, For):
+                add_twice(stmt.body)
 
     def broken(ir, schedule):
         blocked = register_block(ir, schedule)
-        if blocked is None:
-            return None
-        loops, lines = blocked
-        return loops, [line.replace("(lumos_f8){0}", "(lumos_f8){1.0f}").replace("(lumos_f16){0}", "(lumos_f16){1.0f}")
-                       for line in lines]
+        if blocked is not None:
+            add_twice(blocked.body)
+        return blocked
 
-    monkeypatch.setattr(render_c, "register_block_body", broken)
+    monkeypatch.setattr(tiles, "register_block", broken)
     graph, inputs = block_layer(3, 17, 19, 37)
     compilation = compile_graph(graph, kernel_cache, Options(search_budget_s=120, search_cache=False), inputs)
     blocked = [c for g in compilation.search.groups for c in g.candidates if c.schedule.rows]

@@ -413,8 +413,13 @@ def test_a_score_epilogue_runs_on_the_tiles_vectors_only_when_every_lane_is_a_pl
     along the keys is no single load: those keep the per-score pass (None)."""
     from lumos.compile.ir.graph import Op, View
     from lumos.compile.kernel.ir import Affine, Binary, Let, Load, Num, Reduce, Ref, Var
+    from lumos.compile.kernel.online_softmax import vector_epilogue
     from lumos.compile.kernel.passes import ScoreDot
-    from lumos.compile.render.c import _vector_epilogue
+    from lumos.compile.render.cstyle import C, block_lines, expr
+
+    def _vector_epilogue(scores: ScoreDot, score: Ref) -> tuple[list[str], str] | None:
+        found = vector_epilogue(scores, score)
+        return None if found is None else (block_lines(found[0], C), expr(found[1]))
 
     def mask(stride: int) -> Load:
         view = View((4, 17), (17 * stride, stride))

@@ -15,7 +15,6 @@ from lumos.compile.kernel.ir import (
     Affine,
     Barrier,
     Grid,
-    LaneReduce,
     Load,
     Masked,
     OnlineSoftmax,
@@ -30,6 +29,7 @@ from lumos.compile.kernel.ir import (
     StageTile,
     ThreadTile,
     TileProduct,
+    WarpReduce,
 )
 from lumos.compile.kernel.lower import lower_kernel
 from lumos.compile.program import Options, compile_graph
@@ -298,6 +298,6 @@ def test_long_reductions_are_lane_reductions_in_the_ir(tmp_path):
     mark_output(graph, "total", x.sum(-1))
     graph.prune()
     (mapped,), _ = _mapped(graph, tmp_path)
-    (reduce,) = [s for s in mapped.body if isinstance(s, LaneReduce)]
+    (reduce,) = [s for s in mapped.body if isinstance(s, WarpReduce)]
     assert reduce.stride == 256 and reduce.lane == "threadIdx.x"
     assert any(isinstance(s, Barrier) and s.why for s in mapped.body)  # partial is reused: wait first
