@@ -11,20 +11,14 @@ AttentionIR in, a KernelIR whose body says which thread computes what out; rende
 
 from __future__ import annotations
 
-from lumos.compile.kernel.gpu_tiles import THREADS, WARP, digits, rows
-from lumos.compile.kernel.ir import (
-    AttentionIR,
+from lumos.compile.kernel.gpu_ir import (
     Barrier,
     ClampedRow,
     Grid,
-    KernelIR,
-    Load,
-    Loop,
     MergeLanes,
     OnlineSoftmax,
     OverStaged,
     QueryRow,
-    RowOf,
     Shared,
     SharedRead,
     SliceLoop,
@@ -34,8 +28,9 @@ from lumos.compile.kernel.ir import (
     StageRows,
     Strided,
     TileOffset,
-    expr_vars,
 )
+from lumos.compile.kernel.gpu_tiles import THREADS, WARP, digits, rows
+from lumos.compile.kernel.ir import AttentionIR, KernelIR, Load, Loop, RowOf, expr_vars
 from lumos.compile.kernel.passes import match_scores, stride_along
 
 FLASH_QUERIES = 64

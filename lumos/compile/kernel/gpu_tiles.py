@@ -21,28 +21,22 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from lumos.compile.kernel.ir import (
+from lumos.compile.kernel.gpu_ir import (
     Barrier,
     CombineWarps,
     Grid,
-    KernelIR,
     Leader,
-    Let,
-    Loop,
-    Reduce,
-    Ref,
     Register,
     Shared,
     SliceLoop,
     StageTile,
-    Store,
     ThreadTile,
     TileOffset,
     TileProduct,
     WarpReduce,
     WarpToShared,
-    needed,
 )
+from lumos.compile.kernel.ir import KernelIR, Let, Loop, Reduce, Ref, Store, needed
 from lumos.compile.kernel.passes import match_matmul
 
 THREADS = 256

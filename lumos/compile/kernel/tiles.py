@@ -14,29 +14,31 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from lumos.compile.kernel.ir import (
+from lumos.compile.kernel.cpu_ir import (
     Accumulate,
     Assign,
-    Clamp,
     Declare,
-    Element,
     For,
     Identity,
-    IntExpr,
     IntLet,
+    MulAdd,
+    Splat,
+    VectorLoad,
+    VectorStore,
+)
+from lumos.compile.kernel.ir import (
+    Clamp,
+    Element,
+    IntExpr,
     IntOp,
     KernelIR,
     Let,
     Lit,
     Loop,
-    MulAdd,
     Num,
     Reduce,
     Ref,
-    Splat,
     Var,
-    VectorLoad,
-    VectorStore,
     less,
 )
 from lumos.compile.kernel.passes import Matmul, match_matmul, row_wise

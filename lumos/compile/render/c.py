@@ -15,12 +15,8 @@ from __future__ import annotations
 from importlib import resources
 
 from lumos.compile.ir.graph import Graph, Node, Op
-from lumos.compile.kernel.ir import (
-    Compare,
-    FusedAttention,
-    KernelIR,
-    Loop,
-)
+from lumos.compile.kernel.cpu_ir import FusedAttention
+from lumos.compile.kernel.ir import Compare, KernelIR, Loop
 from lumos.compile.kernel.lower import lower_attention, lower_kernel
 from lumos.compile.kernel.online_softmax import fused_attention
 from lumos.compile.kernel.tiles import cpu_layout

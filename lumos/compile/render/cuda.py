@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from importlib import resources
 
 from lumos.compile.ir.graph import Graph, Node, Op
-from lumos.compile.kernel import ir
+from lumos.compile.kernel import gpu_ir, ir
 from lumos.compile.kernel.gpu_attention import map_attention
 from lumos.compile.kernel.gpu_tiles import THREADS, map_threads
 from lumos.compile.kernel.lower import lower_attention, lower_kernel
@@ -109,7 +109,7 @@ def _lines(stmt) -> list[str]:
     return printer(stmt) if printer else stmt_lines(stmt, CUDA)
 
 
-def _grid(grid: ir.Grid) -> list[str]:
+def _grid(grid: gpu_ir.Grid) -> list[str]:
     frame = FRAMES[grid.kind]
     lines = ["const int " + ", ".join(f"{name} = {value}" for name, value in frame.names) + ";"] if frame.names else []
     lines.append(f"int u = {frame.unit.format(per=grid.per)};")
@@ -122,11 +122,11 @@ def _grid(grid: ir.Grid) -> list[str]:
     return lines
 
 
-def _offset(index: ir.TileOffset) -> str:
+def _offset(index: gpu_ir.TileOffset) -> str:
     return f"{index.tile} * {index.size} + {index.thread}" if index.size != 1 else f"{index.tile} + {index.thread}"
 
 
-def _binds(binds: list[tuple[str, ir.TileOffset]]) -> list[str]:
+def _binds(binds: list[tuple[str, gpu_ir.TileOffset]]) -> list[str]:
     return [f"const int {name} = {_offset(index)};" for name, index in binds]
 
 
@@ -134,7 +134,7 @@ def _bounds(bounds: list[ir.Loop]) -> str:
     return " && ".join(f"{loop.var} < {'n' if loop.batch else loop.extent}" for loop in bounds)
 
 
-def _warp_reduce(node: ir.WarpReduce) -> list[str]:
+def _warp_reduce(node: gpu_ir.WarpReduce) -> list[str]:
     """Each lane's share of the steps, then the lanes combined (outside the guard, which is the
     same for the whole warp, so every lane takes part in the shuffles)."""
     reduce = node.reduce
@@ -148,12 +148,12 @@ def _warp_reduce(node: ir.WarpReduce) -> list[str]:
                     f"{reduce.acc} = {combine}({reduce.acc});"]
 
 
-def _combine_warps(node: ir.CombineWarps) -> list[str]:
+def _combine_warps(node: gpu_ir.CombineWarps) -> list[str]:
     both = f"({node.acc} + {node.partial}[w])" if node.op is Op.SUM else f"lumos_max({node.acc}, {node.partial}[w])"
     return [f"{node.acc} = {node.partial}[0];", f"for (int w = 1; w < {node.warps}; w++) {node.acc} = {both};"]
 
 
-def _stage_tile(node: ir.StageTile) -> list[str]:
+def _stage_tile(node: gpu_ir.StageTile) -> list[str]:
     if node.prologue is None:
         compute = [f"if ({_bounds(node.bounds)}) {node.local} = {expr(node.value)};"]
     else:
@@ -163,17 +163,17 @@ def _stage_tile(node: ir.StageTile) -> list[str]:
                                                 f"{node.tile}[ty][tx] = {node.local};"]), "}"]
 
 
-def _slice_loop(node: ir.SliceLoop) -> list[str]:
+def _slice_loop(node: gpu_ir.SliceLoop) -> list[str]:
     var, length, step = node.var, node.length, node.step
     count = [f"const int {node.count} = {length} - {var} < {step} ? {length} - {var} : {step};"] if node.count else []
     return [f"for (int {var} = 0; {var} < {length}; {var} += {step}) {{", *_indent([*count, *_body(node.body)]), "}"]
 
 
-def _thread_tile(node: ir.ThreadTile) -> list[str]:
+def _thread_tile(node: gpu_ir.ThreadTile) -> list[str]:
     return [*_binds(node.binds), f"if ({_bounds(node.bounds)}) {{  /* {node.why} */", *_indent(_body(node.body)), "}"]
 
 
-def _softmax_state(node: ir.SoftmaxState) -> list[str]:
+def _softmax_state(node: gpu_ir.SoftmaxState) -> list[str]:
     zero = f"for (int dd = 0; dd < {node.width}; dd++) o[dd] = 0.0f;"
     if node.query is None:
         return [f"float m = -INFINITY, l = 0.0f, o[{node.width}];", zero]
@@ -182,7 +182,7 @@ def _softmax_state(node: ir.SoftmaxState) -> list[str]:
             f"for (int {q.var} = 0; {q.var} < {q.depth}; {q.var}++) qv[{q.var}] = {expr(q.value)};", zero]
 
 
-def _stage_rows(node: ir.StageRows) -> list[str]:
+def _stage_rows(node: gpu_ir.StageRows) -> list[str]:
     place = (f"jj = e % {node.rows}, {node.var} = e / {node.rows}" if node.along_keys
              else f"jj = e / {node.cols}, {node.var} = e % {node.cols}")
     return [f"for (int e = threadIdx.x; e < {node.rows * node.cols}; e += {node.threads}) {{  /* {node.why} */",
@@ -190,9 +190,9 @@ def _stage_rows(node: ir.StageRows) -> list[str]:
             f"  {node.tile}[jj][{node.var}] = jj < jn ? {expr(node.value)} : 0.0f;", "}"]
 
 
-def _online_softmax(node: ir.OnlineSoftmax) -> list[str]:
+def _online_softmax(node: gpu_ir.OnlineSoftmax) -> list[str]:
     scale, width = literal(node.scale), node.width
-    if isinstance(node.value, ir.SharedRead):
+    if isinstance(node.value, gpu_ir.SharedRead):
         read = node.value.tile + "".join(f"[{index}]" for index in node.value.indices)
         accumulate = [f"for (int dd = 0; dd < {width}; dd++) o[dd] = o[dd] * corr + p * {read};"]
     else:
@@ -203,7 +203,7 @@ def _online_softmax(node: ir.OnlineSoftmax) -> list[str]:
             f"const float p = lumos_exp2f((s - mn) * {scale});", "l = l * corr + p;", *accumulate, "m = mn;"]
 
 
-def _merge_lanes(node: ir.MergeLanes) -> list[str]:
+def _merge_lanes(node: gpu_ir.MergeLanes) -> list[str]:
     return ["const float mw = lumos_warp_max(m);  /* merge the lanes: rescale each to the warp's max */",
             f"const float c = m == -INFINITY ? 0.0f : lumos_exp2f((m - mw) * {literal(node.scale)});",
             "const float lw = lumos_warp_sum(l * c);", f"for (int dd = 0; dd < {node.width}; dd++) {{",
@@ -211,34 +211,34 @@ def _merge_lanes(node: ir.MergeLanes) -> list[str]:
 
 
 PRINTERS = {
-    ir.Grid: _grid,
-    ir.Shared: lambda s: [f"__shared__ float {s.name}" + "".join(f"[{d}]" for d in s.dims) + ";"],
-    ir.Barrier: lambda s: ["__syncthreads();" + (f"  /* {s.why} */" if s.why else "")],
-    ir.Register: lambda s: [f"float {s.name} = {initial(s.init)};"],
-    ir.Leader: lambda s: [f"if ({s.thread} == 0)", *_indent(_lines(s.body))],
-    ir.WarpReduce: _warp_reduce,
-    ir.WarpToShared: lambda s: [f"if (lane == 0) {s.partial}[warp] = {s.acc};"],
-    ir.CombineWarps: _combine_warps,
-    ir.SliceLoop: _slice_loop,
-    ir.StageTile: _stage_tile,
-    ir.TileProduct: lambda s: ["#pragma unroll",
+    gpu_ir.Grid: _grid,
+    gpu_ir.Shared: lambda s: [f"__shared__ float {s.name}" + "".join(f"[{d}]" for d in s.dims) + ";"],
+    gpu_ir.Barrier: lambda s: ["__syncthreads();" + (f"  /* {s.why} */" if s.why else "")],
+    gpu_ir.Register: lambda s: [f"float {s.name} = {initial(s.init)};"],
+    gpu_ir.Leader: lambda s: [f"if ({s.thread} == 0)", *_indent(_lines(s.body))],
+    gpu_ir.WarpReduce: _warp_reduce,
+    gpu_ir.WarpToShared: lambda s: [f"if (lane == 0) {s.partial}[warp] = {s.acc};"],
+    gpu_ir.CombineWarps: _combine_warps,
+    gpu_ir.SliceLoop: _slice_loop,
+    gpu_ir.StageTile: _stage_tile,
+    gpu_ir.TileProduct: lambda s: ["#pragma unroll",
                             f"for (int kk = 0; kk < {s.size}; kk++) {s.acc} += {s.a}[ty][kk] * {s.b}[kk][tx];"],
-    ir.ThreadTile: _thread_tile,
-    ir.ClampedRow: lambda s: [f"const int {s.at} = {_offset(s.index)};", f"const int {s.name} = {s.at} < {s.extent} ? "
+    gpu_ir.ThreadTile: _thread_tile,
+    gpu_ir.ClampedRow: lambda s: [f"const int {s.at} = {_offset(s.index)};", f"const int {s.name} = {s.at} < {s.extent} ? "
                               f"{s.at} : {s.extent - 1};  /* past the end: computed, not stored */"],
-    ir.SoftmaxState: _softmax_state,
-    ir.StageRows: _stage_rows,
-    ir.OverStaged: lambda s: ["for (int jj = 0; jj < jn; jj++) {", "  const int j = j0 + jj;",
+    gpu_ir.SoftmaxState: _softmax_state,
+    gpu_ir.StageRows: _stage_rows,
+    gpu_ir.OverStaged: lambda s: ["for (int jj = 0; jj < jn; jj++) {", "  const int j = j0 + jj;",
                               *_indent(_body(s.body)), "}"],
-    ir.StagedDot: lambda s: [f"float {s.acc} = 0.0f;", "#pragma unroll 8",
+    gpu_ir.StagedDot: lambda s: [f"float {s.acc} = 0.0f;", "#pragma unroll 8",
                           f"for (int {s.var} = 0; {s.var} < {s.depth}; {s.var}++) "
                           f"{s.acc} += qv[{s.var}] * {s.tile}[jj][{s.var}];"],
-    ir.OnlineSoftmax: _online_softmax,
-    ir.Strided: lambda s: [f"for (int {s.var} = {s.start}; {s.var} < {s.length}; {s.var} += {s.stride}) "
+    gpu_ir.OnlineSoftmax: _online_softmax,
+    gpu_ir.Strided: lambda s: [f"for (int {s.var} = {s.start}; {s.var} < {s.length}; {s.var} += {s.stride}) "
                            f"{{  /* {s.why} */",
                         *_indent(_body(s.body)), "}"],
-    ir.MergeLanes: _merge_lanes,
-    ir.SoftmaxStore: lambda s: [f"if ({_bounds([s.bound])})",
+    gpu_ir.MergeLanes: _merge_lanes,
+    gpu_ir.SoftmaxStore: lambda s: [f"if ({_bounds([s.bound])})",
                                 f"  for (int dd = 0; dd < {s.width}; dd++) out[{index(s.out)}] = o[dd] / l;"],
 }
 
@@ -264,10 +264,10 @@ def gpu_kernel(kernel: Kernel, materialized: set[Node], params: dict[Node, str])
     return map_threads(lowered), kernel_comment(lowered)
 
 
-def render_kernel(kernel: Kernel, materialized: set[Node], params: dict[Node, str]) -> tuple[str, ir.Grid]:
+def render_kernel(kernel: Kernel, materialized: set[Node], params: dict[Node, str]) -> tuple[str, gpu_ir.Grid]:
     """One kernel's CUDA source and its launch frame."""
     mapped, comment = gpu_kernel(kernel, materialized, params)
-    grid = next(stmt for stmt in mapped.body if isinstance(stmt, ir.Grid))
+    grid = next(stmt for stmt in mapped.body if isinstance(stmt, gpu_ir.Grid))
     comment = comment.replace("*/", "* /")
     source = "\n".join([f"/* {comment} ({grid.kind}) */", _signature(kernel.name, mapped.params) + " {",
                         *_indent(_body(mapped.body)), "}"])

@@ -13,7 +13,8 @@ from lumos.compile.ir.graph import Graph, Op
 from lumos.compile.ir.hl_ops import Tensor, attention, mark_output
 from lumos.compile.ir.interpret import interpret
 from lumos.compile.kernel import tiles
-from lumos.compile.kernel.ir import Binary, For, MulAdd
+from lumos.compile.kernel.cpu_ir import For, MulAdd
+from lumos.compile.kernel.ir import Binary
 from lumos.compile.program import Options, compile_graph, load_program
 from lumos.compile.render.c import render_library, tensor_names
 from lumos.compile.runtime.kernel_cache import gcc

@@ -99,7 +99,7 @@ def test_the_kernel_ir_prints_nothing_itself():
 def test_the_register_block_is_a_pass_that_returns_tiles_of_vectors():
     """schedule.rows × schedule.tile: the column loop is gone, the row loop steps by blocks, and
     the body sums a rows × (tile / 8) register tile of 8-float vectors."""
-    from lumos.compile.kernel.ir import Declare, For, MulAdd
+    from lumos.compile.kernel.cpu_ir import Declare, For, MulAdd
     from lumos.compile.kernel.tiles import register_block, row_wise_layout
     from lumos.compile.schedule.kernels import KernelSchedule
 

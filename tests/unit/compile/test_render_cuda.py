@@ -11,16 +11,10 @@ import pytest
 import torch
 
 from lumos.compile.frontend.lumos_model import lower_model
-from lumos.compile.kernel.ir import (
-    Affine,
+from lumos.compile.kernel.gpu_ir import (
     Barrier,
     Grid,
-    Load,
-    Masked,
     OnlineSoftmax,
-    Reduce,
-    Ref,
-    RowOf,
     Shared,
     SharedRead,
     SliceLoop,
@@ -31,6 +25,7 @@ from lumos.compile.kernel.ir import (
     TileProduct,
     WarpReduce,
 )
+from lumos.compile.kernel.ir import Affine, Load, Masked, Reduce, Ref, RowOf
 from lumos.compile.kernel.lower import lower_kernel
 from lumos.compile.program import Options, compile_graph
 from lumos.compile.render.cuda import HEADER, Launch, gpu_kernel
