@@ -35,11 +35,17 @@ class EagerFallbackWarning(UserWarning):
 
 
 class _Lowerable(OperatorSupportBase):
-    """A call the lowering table accepts; an item of a tuple (getitem) only where the op that
-    made the tuple is compiled too (a partition's inputs are tensors, never tuples)."""
+    """A call the lowering table accepts, on at least one input of the forward (a constant, as an
+    arange or a mask made of weights, is computed in eager and compiled into the partitions that
+    read it, never made a partition's output); an item of a tuple (getitem) only where the op
+    that made the tuple is compiled too (a partition's inputs are tensors, never tuples)."""
+
+    def __init__(self, constants: set[torch.fx.Node]):
+        super().__init__()
+        self.constants = constants
 
     def is_node_supported(self, submodules, node: torch.fx.Node) -> bool:
-        if node.op != "call_function" or not can_lower(node):
+        if node.op != "call_function" or node in self.constants or not can_lower(node):
             return False
         return all(self.is_node_supported(submodules, arg) for arg in node.all_input_nodes
                    if isinstance(arg.meta.get("val"), (tuple, list)))
@@ -57,10 +63,21 @@ def _computes(node: torch.fx.Node) -> bool:
     return not (isinstance(target, torch._ops.OpOverload) and target.is_view)
 
 
+def constant_nodes(graph: torch.fx.Graph) -> set[torch.fx.Node]:
+    """The nodes whose value does not depend on the forward's inputs: weights (get_attr) and what
+    the lowering table computes from them alone (an op it cannot lower, as torch.rand, may give
+    a new value each call: never a constant)."""
+    constants: set[torch.fx.Node] = set()
+    for node in graph.nodes:
+        if node.op == "get_attr" or (node.op == "call_function" and all(arg in constants for arg in node.all_input_nodes)
+                                     and can_lower(node)):
+            constants.add(node)
+    return constants
+
+
 def _worth_compiling(partition: Partition) -> bool:
-    """Computes something, from at least one tensor that is not a weight (else it is a constant)."""
-    outside = {arg for node in partition.nodes for arg in node.all_input_nodes if arg not in partition.nodes}
-    return any(_computes(node) for node in partition.nodes) and any(arg.op != "get_attr" for arg in outside)
+    """Computes something: not only views, copies and tuple items."""
+    return any(_computes(node) for node in partition.nodes)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -128,8 +145,6 @@ class PartitionedModule:
     """The compiled programs (CompiledModule), in graph order."""
     eager_ops: list[str] = field(default_factory=list)
     """The ops that run in eager, each with its source line (lumos_model.describe)."""
-    batch: None = None
-    """Static shapes only (the CompiledModule field, for callers that ask)."""
 
     @property
     def max_error(self) -> float:
@@ -145,7 +160,8 @@ def compile_partitioned(program, example_inputs: Sequence[torch.Tensor],
     """Cut the exported program around the ops the table cannot lower, compile each partition
     worth it with `compile_partition(module, example_inputs)`, and warn once about the rest."""
     graph_module = program.module()
-    partitioner = CapabilityBasedPartitioner(graph_module, _Lowerable(), allows_single_node_partition=True)
+    constants = constant_nodes(graph_module.graph)
+    partitioner = CapabilityBasedPartitioner(graph_module, _Lowerable(constants), allows_single_node_partition=True)
     partitions = [partition for partition in partitioner.propose_partitions() if _worth_compiling(partition)]
     eager_ops = [describe(node) for node in unsupported_nodes(graph_module.graph)]
     if partitions:
@@ -156,13 +172,13 @@ def compile_partitioned(program, example_inputs: Sequence[torch.Tensor],
     compiled = []
     for call in calls:
         submodule, args = getattr(graph_module, call.target), arguments[call.target]
-        weight_slots = [slot for slot, arg in enumerate(call.args) if arg.op == "get_attr"]
+        weight_slots = [slot for slot, arg in enumerate(call.args) if arg in constants]
         tensor_slots = [slot for slot in range(len(args)) if slot not in weight_slots]
         if any(args[slot].is_floating_point() and args[slot].dtype != torch.float32 for slot in tensor_slots):
             continue  # the compiler computes in float32: a float64 partition stays in eager
-        program_ = compile_partition(GraphWithWeights(submodule, args, weight_slots), [args[slot] for slot in tensor_slots])
-        setattr(graph_module, call.target, _CompiledPartition(program_, tensor_slots))
-        compiled.append(program_)
+        part = compile_partition(GraphWithWeights(submodule, args, weight_slots), [args[slot] for slot in tensor_slots])
+        setattr(graph_module, call.target, _CompiledPartition(part, tensor_slots))
+        compiled.append(part)
     warnings.warn(f"lumos: {len(eager_ops)} op(s) run in eager PyTorch, around {len(compiled)} compiled "
                   "partition(s); the compiler has no lowering for:\n" + "\n".join(f"  {op}" for op in eager_ops)
                   + "\n(compile with strict=True to refuse instead)", EagerFallbackWarning, stacklevel=3)

@@ -118,6 +118,32 @@ def test_torch_compile_backend_strict_refuses(fresh_dynamo, kernel_cache):
         fast(inputs(0))
 
 
+class PositionsAndTopK(nn.Module):
+    """A constant (arange) read on both sides of an unsupported op, and an unsupported op with
+    two results (topk: values and indices)."""
+
+    def __init__(self):
+        super().__init__()
+        self.linear = nn.Linear(5, C)
+
+    def forward(self, x):
+        positions = torch.arange(C).float()
+        hidden = torch.cumsum(self.linear(x) + positions, dim=1)
+        values, indices = hidden.topk(2, dim=-1)
+        return hidden * positions + values.sum(-1, keepdim=True), indices
+
+
+def test_constants_and_tuples_around_unsupported_ops(kernel_cache):
+    torch.manual_seed(0)
+    module = PositionsAndTopK()
+    with pytest.warns(EagerFallbackWarning, match="aten.topk"):
+        compiled = compile_module(module, (inputs(0),), kernel_cache)
+    assert len(compiled.partitions) == 2
+    for seed in (1, 2):  # several calls: a constant is compiled in, never left to a buffer
+        for got, want in zip(compiled(inputs(seed)), module(inputs(seed)), strict=True):
+            torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+
+
 # ---------------------------------------------------------------------------------------------
 # The fused fast path, with torch.backends.mha's flag on
 
