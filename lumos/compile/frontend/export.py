@@ -6,13 +6,18 @@
 The module's forward is exported at the example inputs, lowered with the aten lowerings of
 frontend.py (the table `LumosModel` uses; it is the list of supported ops), run through program.py's
 passes and checked against eager PyTorch at 1e-4. An op without a lowering stops the compile with
-`UnsupportedOp` naming the op and the line of the module's code it came from.
+An op without a lowering is cut out (frontend/partition.py): the supported partitions around it
+are compiled, the op runs in eager PyTorch between them, and one `EagerFallbackWarning` names each
+such op with its source line; `strict=True` refuses instead with `UnsupportedOp`, naming the op
+and the line of the module's code it came from.
 
-What is exported is PyTorch's math path, in eval mode (dropout is the identity) with
-`torch.backends.mha`'s fast path off: nn.TransformerEncoder and nn.MultiheadAttention otherwise
-run fused kernels (`_transformer_encoder_layer_fwd`, nested tensors for a padding mask) that no
-lowering can read. The graph is made functional (`run_decompositions({})`: `masked_fill_` becomes
-`masked_fill`, dropout disappears) but not decomposed, so linear, layer norm and attention stay whole.
+What is exported is PyTorch's math path, in eval mode (dropout is the identity): nn.TransformerEncoder
+and nn.MultiheadAttention run their fused fast path (`_transformer_encoder_layer_fwd`, nested
+tensors for a padding mask) only when no torch function mode is active, and `math_path` activates
+one for this thread (frontend/fast_path.py; the global `torch.backends.mha` flag is not touched).
+The graph is made functional (`masked_fill_` becomes `masked_fill`, dropout disappears) but not
+decomposed, so linear, layer norm and attention stay whole; only the fused fast-path kernels a
+graph may already hold (dynamo's) are rewritten into the ops they stand for.
 
 Values in the IR are float32: integer inputs (ids, exact below 2**24) and bool inputs (masks) are
 passed as floats, and each output is converted back to the dtype eager returns. Shapes are those
@@ -24,9 +29,8 @@ of rows runs (in chunks of the example's batch). Otherwise the shapes are static
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -34,7 +38,9 @@ import torch
 from torch import nn
 from torch.utils import _pytree as pytree
 
+from lumos.compile.frontend.fast_path import DECOMPOSITIONS, math_path
 from lumos.compile.frontend.lumos_model import UnsupportedOp, lower_program
+from lumos.compile.frontend.partition import PartitionedModule, compile_partitioned, unsupported_nodes
 from lumos.compile.ir.graph import Graph, mark_batch
 from lumos.compile.program import Compilation, Options, compile_graph, load_program
 from lumos.compile.runtime.kernel_cache import KernelCache
@@ -66,19 +72,6 @@ def build_program(graph: Graph, cache: KernelCache, options: Options,
 # Export
 
 
-@contextmanager
-def math_path(module: nn.Module) -> Iterator[None]:
-    """Eval mode and no fused MHA fast path while tracing (or checking) the module; both restored after."""
-    was_training, fast_path = module.training, torch.backends.mha.get_fastpath_enabled()
-    module.eval()
-    torch.backends.mha.set_fastpath_enabled(False)
-    try:
-        yield
-    finally:
-        torch.backends.mha.set_fastpath_enabled(fast_path)
-        module.train(was_training)
-
-
 def _check_inputs(example_inputs: Sequence) -> None:
     for index, value in enumerate(example_inputs):
         if not isinstance(value, torch.Tensor):
@@ -88,11 +81,12 @@ def _check_inputs(example_inputs: Sequence) -> None:
 
 
 def export_module(module: nn.Module, example_inputs: Sequence[torch.Tensor]):
-    """The module's inference forward at the example inputs' shapes, as a functional aten program."""
+    """The module's inference forward at the example inputs' shapes, as a functional aten program
+    (fused fast-path kernels rewritten, fast_path.DECOMPOSITIONS; nothing else decomposed)."""
     _check_inputs(example_inputs)
     with math_path(module), torch.no_grad():
         program = torch.export.export(module, tuple(example_inputs), strict=False)
-    return program.run_decompositions({})
+    return program.run_decompositions(DECOMPOSITIONS)
 
 
 def lower_module(module: nn.Module, example_inputs: Sequence[torch.Tensor]) -> tuple[Graph, object]:
@@ -101,12 +95,21 @@ def lower_module(module: nn.Module, example_inputs: Sequence[torch.Tensor]) -> t
     Inputs are named after the forward's arguments, outputs `output0`, `output1` … in the order of
     the flattened return value."""
     program = export_module(module, example_inputs)
+    return lower_exported(program), program
+
+
+def lower_exported(program) -> Graph:
+    """An exported program as a primitive graph (inputs named after the forward's arguments)."""
+    _check_functional(program)
     signature = program.graph_signature
-    odd = [spec.kind.name for spec in signature.output_specs if spec.kind.name != "USER_OUTPUT"]
+    outputs = [f"output{index}" for index in range(len(signature.user_outputs))]
+    return lower_program(program, list(signature.user_inputs), outputs)
+
+
+def _check_functional(program) -> None:
+    odd = [spec.kind.name for spec in program.graph_signature.output_specs if spec.kind.name != "USER_OUTPUT"]
     if odd:
         raise UnsupportedOp(f"the forward mutates state ({', '.join(odd)}); compile the module in a form without side effects")
-    outputs = [f"output{index}" for index in range(len(signature.user_outputs))]
-    return lower_program(program, list(signature.user_inputs), outputs), program
 
 
 def mark_symbolic_batch(graph: Graph, module: nn.Module, example_inputs: Sequence[torch.Tensor]) -> bool:
@@ -192,13 +195,24 @@ class CompiledModule:
 
 
 def compile_module(module: nn.Module, example_inputs: Sequence[torch.Tensor], cache: KernelCache | None = None,
-                   options: Options | None = None, verify: bool = True) -> CompiledModule:
+                   options: Options | None = None, verify: bool = True,
+                   strict: bool = False) -> CompiledModule | PartitionedModule:
     """Export, lower, fuse, plan, render and build `module` at the example inputs' shapes (the
     batch symbolic where it can be, unless `options.symbolic_batch` is off); with `verify`, check it
     against eager on those inputs, and on one row fewer and one more when the batch is symbolic
-    (VerificationError beyond 1e-4)."""
+    (VerificationError beyond 1e-4).
+
+    A module with ops no lowering reads is partitioned around them (partition.py: each supported
+    partition compiled and verified like this, static shapes, one EagerFallbackWarning);
+    `strict` refuses it instead with UnsupportedOp."""
     options = options or Options()
-    graph, program = lower_module(module, example_inputs)
+    program = export_module(module, example_inputs)
+    if not strict and unsupported_nodes(program.graph):
+        _check_functional(program)
+        partition_options = replace(options, symbolic_batch=False)
+        return compile_partitioned(program, example_inputs, lambda part, inputs: compile_module(
+            part, inputs, cache, partition_options, verify, strict=True))
+    graph = lower_exported(program)
     if options.symbolic_batch:
         mark_symbolic_batch(graph, module, example_inputs)
     # Program inputs are the graph's that survived pruning (an unused input is not passed).

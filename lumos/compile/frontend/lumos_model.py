@@ -424,11 +424,11 @@ LOWERINGS: dict[str, Callable] = {
     "aten.lift_fresh_copy.default": _identity,
     "<built-in function getitem>": lambda lower, values, index: values[index],
 }
-# nn.TransformerEncoder's and nn.MultiheadAttention's fused inference kernels (eval mode, no grad).
-FAST_PATH_OPS = {"aten._transformer_encoder_layer_fwd.default", "aten._native_multi_head_attention.default",
-                 "aten._nested_tensor_from_mask.default"}
-FAST_PATH_HINT = ("this is PyTorch's fused fast path of nn.TransformerEncoder/nn.MultiheadAttention: turn it off with "
-                  "torch.backends.mha.set_fastpath_enabled(False) before compiling")
+# nn.TransformerEncoder's nested-tensor path (a padding mask in eval mode, no grad): nothing dense to
+# lower it to. Its fused dense kernels are decomposed before lowering (frontend/fast_path.py).
+FAST_PATH_OPS = {"aten._nested_tensor_from_mask.default", "aten._nested_tensor_from_mask_left_aligned.default"}
+FAST_PATH_HINT = ("this is PyTorch's nested-tensor fast path of nn.TransformerEncoder (a padding mask in eval mode "
+                  "without grad); compile_module exports the math path instead")
 IGNORED = {"aten._assert_tensor_metadata.default", "aten._assert_scalar.default", "aten.sym_constrain_range_for_size.default"}
 
 
@@ -499,6 +499,34 @@ def lower_program(program, inputs: list[str], output_names: list[str]) -> Graph:
     graph.prune()
     check_graph(graph)
     return graph
+
+
+def can_lower(fx_node: torch.fx.Node) -> bool:
+    """Whether the table lowers this call_function node: its lowering is tried on a scratch graph
+    whose inputs have the node's input shapes (a lowering refuses some arguments, as dropout in
+    training mode, so the op's name alone does not say)."""
+    target = str(fx_node.target)
+    if target in IGNORED:
+        return True
+    if target not in LOWERINGS:
+        return False
+    graph = Graph()
+    env = {arg: _scratch_value(graph, arg.name, arg.meta.get("val")) for arg in fx_node.all_input_nodes}
+    try:
+        _lower_call(graph, fx_node, env)
+    except UnsupportedOp:
+        return False
+    return True
+
+
+def _scratch_value(graph: Graph, name: str, value) -> object:
+    """A stand-in for an fx node's value: an input of its shape for a tensor, a tuple of them for
+    a tuple (split's result), the value itself otherwise."""
+    if isinstance(value, torch.Tensor):
+        return Tensor.input(graph, name, tuple(int(size) for size in value.shape))
+    if isinstance(value, (tuple, list)):
+        return tuple(_scratch_value(graph, f"{name}.{index}", item) for index, item in enumerate(value))
+    return value
 
 
 def _placeholder(graph: Graph, program, spec, fx_node, user_inputs) -> Tensor:
