@@ -36,6 +36,8 @@ CONVOLUTIONS = {
     "conv2d_groups_same": (lambda: nn.Conv2d(4, 6, 3, groups=2, padding="same", bias=False), (3, 4, 5, 6)),
     "conv2d_depthwise": (lambda: nn.Conv2d(3, 3, 3, groups=3, padding=1), (2, 3, 5, 7)),
     "conv2d_pointwise": (lambda: nn.Conv2d(3, 5, 1), (2, 3, 5, 7)),
+    "conv1d_unbatched": (lambda: nn.Conv1d(3, 2, 2), (3, 17)),
+    "conv3d": (lambda: nn.Conv3d(2, 3, (2, 3, 1), stride=(1, 2, 1), padding=(1, 0, 1)), (2, 2, 3, 7, 2)),
 }
 
 
