@@ -465,13 +465,15 @@ def conv(x: Tensor, weight: Tensor, bias: Tensor | None, stride: Sequence[int],
 
 def index(x: Tensor, indices: Sequence[Tensor | None]) -> Tensor:
     """x[indices] with integer index tensors (torch's advanced indexing; None keeps an axis whole,
-    a negative index counts from the end). The indexed axes move first and flatten into the rows
-    of a table (a copy unless they already lead), the index tensors broadcast together to one row
-    id per element, and one GATHER reads those rows. The indexed result dims sit where the indexed
-    axes were when those are adjacent, else first (numpy's rule)."""
+    a negative index counts from the end): the index tensors broadcast together to one row id per
+    element, and one GATHER reads those rows of x seen as a table.
+
+    Indexed axes next to each other (x[:, ids]) keep their place: the table is x with every axis
+    up to the last indexed one as its rows (a view of a contiguous x), and a row id adds the
+    offset of the leading coordinates (a literal). Axes apart (x[a, :, b]) move first and flatten
+    into the rows (a copy of x), and the indexed dims come first in the result (numpy's rule)."""
     indices = list(indices) + [None] * (x.ndim - len(indices))
     axes = [d for d, ids in enumerate(indices) if ids is not None]
-    rest = [d for d in range(x.ndim) if d not in axes]
     sizes = [x.shape[d] for d in axes]
     shape = tuple(np.broadcast_shapes(*(indices[d].shape for d in axes)))
     rows = None
@@ -481,13 +483,17 @@ def index(x: Tensor, indices: Sequence[Tensor | None]) -> Tensor:
         stride = prod(sizes[k + 1:])
         term = ids * float(stride) if stride != 1 else ids
         rows = term if rows is None else rows + term
+    first, last = axes[0], axes[-1]
+    if axes == list(range(first, last + 1)):
+        lead, tail = x.shape[:first], x.shape[last + 1:]
+        if lead:  # (*lead, *shape): the leading coordinates' offset plus the indexed one
+            offsets = np.arange(prod(lead), dtype=np.float32).reshape(lead + (1,) * len(shape)) * prod(sizes)
+            rows = rows.reshape((1,) * len(lead) + shape) + literal(x.graph, "offsets", offsets)
+        table = x.reshape(prod(x.shape[:last + 1]), prod(tail))
+        return table.embedding(rows).reshape(lead + shape + tail)
+    rest = [d for d in range(x.ndim) if d not in axes]
     table = x.permute(axes + rest).reshape(prod(sizes), prod(x.shape[d] for d in rest))
-    out = table.embedding(rows).reshape(shape + tuple(x.shape[d] for d in rest))
-    first = axes[0]
-    if axes == list(range(first, first + len(axes))) and first > 0:
-        k = len(shape)
-        out = out.permute(list(range(k, k + first)) + list(range(k)) + list(range(k + first, out.ndim)))
-    return out
+    return table.embedding(rows).reshape(shape + tuple(x.shape[d] for d in rest))
 
 
 def take_along(x: Tensor, axis: int, ids: Tensor) -> Tensor:

@@ -76,7 +76,8 @@ def test_transposed_convolution_is_unsupported(kernel_cache):
 
 class Indexing(nn.Module):
     """x[:, idx] by a buffer, an input and a literal with a negative index; two index tensors on
-    axes that are not adjacent; index_select; gather along two axes with a shorter index."""
+    axes apart and on adjacent axes; the first axis; index_select; gather along two axes with a
+    shorter index."""
 
     def __init__(self):
         super().__init__()
@@ -88,6 +89,8 @@ class Indexing(nn.Module):
             x[:, ids] * 2.0,
             x[:, [2, 0, -1]],
             x[rows, :, rows[:2, None]],
+            x[:, ids[:2, None], ids[None, 2:]],
+            x[ids[:2]],
             torch.index_select(x, 1, ids[:2] + 3),
             torch.gather(x, 1, along),
             torch.gather(x, 2, columns),
