@@ -18,7 +18,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from lumos.compile.ir.graph import LITERAL_PREFIX, Graph, check_graph, mark_batch
+from lumos.compile.ir.graph import LITERAL_PREFIX, Graph, check_graph, mark_batch, prod
 from lumos.compile.ir import hl_ops
 from lumos.compile.ir.hl_ops import MASKED, Tensor, attention, cat, mark_output
 from lumos.core.errors import LumosError
@@ -344,6 +344,23 @@ def _index_select(lower: _Lowering, x, dim, ids):
     return hl_ops.index(x, [None] * (dim % x.ndim) + [ids])
 
 
+def _index_put(lower: _Lowering, x, indices, values, accumulate=False):
+    """x[indices] = values: integer indices through hl_ops.index_put; one bool mask with a single
+    value (x[mask] = 0, the common case) is a select."""
+    masks = [fx_arg for fx_arg in lower.fx_node.args[1] if _dtype(fx_arg) is torch.bool]
+    if not masks:
+        _ids(lower, lower.fx_node.args[1])
+        return hl_ops.index_put(x, indices, values, bool(accumulate))
+    mask = [index for index in indices if index is not None]
+    if len(mask) != 1 or len(masks) != 1 or prod(values.shape) != 1:
+        raise UnsupportedOp(f"index_put with a bool mask takes one mask and one value: {lower.where()}")
+    (mask,) = mask
+    start = next(d for d, index in enumerate(indices) if index is not None)
+    mask = mask.reshape((1,) * start + mask.shape + (1,) * (x.ndim - start - mask.ndim))
+    value = values.reshape(())
+    return x + mask * value if accumulate else mask.where(value, x)
+
+
 EMBEDDING_BAG_MODES = {0: "sum", 1: "mean", 2: "max"}
 
 
@@ -503,6 +520,7 @@ LOWERINGS: dict[str, Callable] = {
     "aten.cumsum.default": lambda lower, x, dim, **_: x.cumsum(dim),
     "aten.index_add.default": lambda lower, x, dim, ids, source, alpha=1: hl_ops.index_add(x, dim, ids, source, alpha),
     "aten.scatter_add.default": lambda lower, x, dim, ids, source: hl_ops.scatter_add(x, dim, ids, source),
+    "aten.index_put.default": _index_put,
     "<built-in function getitem>": lambda lower, values, index: values[index],
 }
 # nn.TransformerEncoder's and nn.MultiheadAttention's fused inference kernels (eval mode, no grad).

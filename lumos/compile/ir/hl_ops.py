@@ -463,15 +463,9 @@ def conv(x: Tensor, weight: Tensor, bias: Tensor | None, stride: Sequence[int],
 # -- indexing: through GATHER, or as a product with a one-hot pattern -----------------------------
 
 
-def index(x: Tensor, indices: Sequence[Tensor | None]) -> Tensor:
-    """x[indices] with integer index tensors (torch's advanced indexing; None keeps an axis whole,
-    a negative index counts from the end): the index tensors broadcast together to one row id per
-    element, and one GATHER reads those rows of x seen as a table.
-
-    Indexed axes next to each other (x[:, ids]) keep their place: the table is x with every axis
-    up to the last indexed one as its rows (a view of a contiguous x), and a row id adds the
-    offset of the leading coordinates (a literal). Axes apart (x[a, :, b]) move first and flatten
-    into the rows (a copy of x), and the indexed dims come first in the result (numpy's rule)."""
+def _flat_ids(x: Tensor, indices: Sequence[Tensor | None]) -> tuple[list[int], Tensor]:
+    """The indexed axes, and the index tensors broadcast together into one id per element: the
+    row-major offset within the indexed axes (negative indices counted from the end)."""
     indices = list(indices) + [None] * (x.ndim - len(indices))
     axes = [d for d, ids in enumerate(indices) if ids is not None]
     sizes = [x.shape[d] for d in axes]
@@ -483,8 +477,26 @@ def index(x: Tensor, indices: Sequence[Tensor | None]) -> Tensor:
         stride = prod(sizes[k + 1:])
         term = ids * float(stride) if stride != 1 else ids
         rows = term if rows is None else rows + term
+    return axes, rows
+
+
+def _adjacent(axes: list[int]) -> bool:
+    return axes == list(range(axes[0], axes[-1] + 1))
+
+
+def index(x: Tensor, indices: Sequence[Tensor | None]) -> Tensor:
+    """x[indices] with integer index tensors (torch's advanced indexing; None keeps an axis whole,
+    a negative index counts from the end): the index tensors broadcast together to one row id per
+    element, and one GATHER reads those rows of x seen as a table.
+
+    Indexed axes next to each other (x[:, ids]) keep their place: the table is x with every axis
+    up to the last indexed one as its rows (a view of a contiguous x), and a row id adds the
+    offset of the leading coordinates (a literal). Axes apart (x[a, :, b]) move first and flatten
+    into the rows (a copy of x), and the indexed dims come first in the result (numpy's rule)."""
+    axes, rows = _flat_ids(x, indices)
+    sizes, shape = [x.shape[d] for d in axes], rows.shape
     first, last = axes[0], axes[-1]
-    if axes == list(range(first, last + 1)):
+    if _adjacent(axes):
         lead, tail = x.shape[:first], x.shape[last + 1:]
         if lead:  # (*lead, *shape): the leading coordinates' offset plus the indexed one
             offsets = np.arange(prod(lead), dtype=np.float32).reshape(lead + (1,) * len(shape)) * prod(sizes)
@@ -494,6 +506,26 @@ def index(x: Tensor, indices: Sequence[Tensor | None]) -> Tensor:
     rest = [d for d in range(x.ndim) if d not in axes]
     table = x.permute(axes + rest).reshape(prod(sizes), prod(x.shape[d] for d in rest))
     return table.embedding(rows).reshape(shape + tuple(x.shape[d] for d in rest))
+
+
+def index_put(x: Tensor, indices: Sequence[Tensor | None], values: Tensor, accumulate: bool = False) -> Tensor:
+    """x with x[indices] = values (+= with `accumulate`), integer index tensors as in `index`. A
+    product with the one-hot pattern of the ids over the indexed positions (N positions, K ids:
+    N·K multiply-adds per element of the other axes); a written position keeps none of x. Ids
+    that repeat add up (torch leaves which one wins undefined without `accumulate`)."""
+    axes, ids = _flat_ids(x, indices)
+    rest = [d for d in range(x.ndim) if d not in axes]
+    order = list(range(x.ndim)) if _adjacent(axes) else axes + rest
+    lead = x.shape[:axes[0]] if _adjacent(axes) else ()
+    tail = tuple(x.shape[d] for d in order[len(lead) + len(axes):])
+    positions_count, count = prod(x.shape[d] for d in axes), prod(ids.shape)
+    blocks = x.permute(order).reshape(lead + (positions_count, prod(tail)))  # (*lead, N, R)
+    onehot = positions(x.graph, positions_count).reshape(-1, 1).eq(ids.reshape(1, count))  # (N, K)
+    written = values.broadcast_to(lead + ids.shape + tail).reshape(lead + (count, prod(tail)))  # (*lead, K, R)
+    added = onehot.matmul(written)  # (*lead, N, R)
+    out = blocks + added if accumulate else blocks * (1.0 - onehot.sum(-1, keepdim=True).minimum(1.0)) + added
+    out = out.reshape(tuple(x.shape[d] for d in order))
+    return out.permute([order.index(d) for d in range(x.ndim)])
 
 
 def take_along(x: Tensor, axis: int, ids: Tensor) -> Tensor:
