@@ -18,8 +18,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from lumos.compile.ir.graph import LITERAL_PREFIX, Graph, check_graph, mark_batch, prod
 from lumos.compile.ir import hl_ops
+from lumos.compile.ir.graph import LITERAL_PREFIX, Graph, check_graph, mark_batch, prod
 from lumos.compile.ir.hl_ops import MASKED, Tensor, attention, cat, mark_output
 from lumos.core.errors import LumosError
 from lumos.data.contract import Batch, FeatureSpec
