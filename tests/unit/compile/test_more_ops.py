@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch import nn
 
-from lumos.compile.frontend.export import compile_module, export_module, verify_module
+from lumos.compile.frontend.export import CompiledModule, compile_module, export_module, verify_module
 from lumos.compile.frontend.lumos_model import UnsupportedOp, lower_program
 from lumos.compile.ir.interpret import interpret
 
@@ -19,11 +19,12 @@ def seeded(seed: int) -> torch.Generator:
     return torch.Generator().manual_seed(seed)
 
 
-def check(module: nn.Module, inputs, kernel_cache) -> None:
+def check(module: nn.Module, inputs, kernel_cache) -> CompiledModule:
     """Compiled (and so verified) on inputs(0), then verified on inputs(1)."""
     compiled = compile_module(module, inputs(0), kernel_cache)
     error = verify_module(compiled, module, [inputs(1)])
     assert error < 1e-4 and compiled.max_error < 1e-4
+    return compiled
 
 
 # ---------------------------------------------------------------------------------------------
@@ -65,7 +66,8 @@ class ConvNet(nn.Module):
 
 def test_stacked_convolutions_match_eager(kernel_cache):
     torch.manual_seed(0)
-    check(ConvNet(), lambda seed: (torch.randn(3, 3, 7, 9, generator=seeded(seed)),), kernel_cache)
+    compiled = check(ConvNet(), lambda seed: (torch.randn(3, 3, 7, 9, generator=seeded(seed)),), kernel_cache)
+    assert compiled.batch == 3  # the windows read each image's rows only: any batch runs (checked at 2 and 4)
 
 
 def test_transposed_convolution_is_unsupported(kernel_cache):
