@@ -441,7 +441,8 @@ def conv(x: Tensor, weight: Tensor, bias: Tensor | None, stride: Sequence[int],
     kernel offset) windows, and the patches contracted with the weight by the matmul (a sum of a
     product over C / groups · kernel elements). That contraction reads the windows as one axis,
     which no single view can say: the patches are copied once (the im2col matrix, kernel-size times
-    the input; a 1×1 kernel without stride stays a view)."""
+    the input; a 1×1 kernel without stride stays a view), and with padding the padded input before
+    that (see `unfold`)."""
     spatial = x.ndim - 2
     kernel = weight.shape[2:]
     if any(before or after for before, after in padding):
