@@ -18,7 +18,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from lumos.compile.ir.graph import LITERAL_PREFIX, Graph, check_graph, mark_batch
+from lumos.compile.ir import hl_ops
+from lumos.compile.ir.graph import LITERAL_PREFIX, Graph, check_graph, mark_batch, prod
 from lumos.compile.ir.hl_ops import MASKED, Tensor, attention, cat, mark_output
 from lumos.core.errors import LumosError
 from lumos.data.contract import Batch, FeatureSpec
@@ -220,7 +221,7 @@ def _finite(value: float) -> float:
 
 
 def _equal(a, b) -> Tensor:
-    return 1.0 - (a < b) - (a > b)
+    return a.eq(b)
 
 
 def _boolean(lowering: Callable) -> Callable:
@@ -291,6 +292,86 @@ def _flatten(x: Tensor, start: int = 0, end: int = -1) -> Tensor:
 def _log_softmax(x: Tensor, dim: int) -> Tensor:
     shifted = x - x.max(dim, keepdim=True)
     return shifted - shifted.exp().sum(dim, keepdim=True).log()
+
+
+def _per_axis(value, axes: int) -> tuple[int, ...]:
+    """A conv argument given once for every spatial axis, or per axis."""
+    values = [value] if isinstance(value, int) else list(value)
+    return tuple(int(v) for v in (values * axes if len(values) == 1 else values))
+
+
+def _conv(lower: _Lowering, x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
+    """conv1d/2d/3d: ir/hl_ops.py's conv (im2col in views and a matmul); "same" pads the extra
+    zero of an odd total at the end, as torch does."""
+    spatial = weight.ndim - 2
+    unbatched = x.ndim == spatial + 1
+    if unbatched:
+        x = x.unsqueeze(0)
+    stride, dilation = _per_axis(stride, spatial), _per_axis(dilation, spatial)
+    if padding == "valid":
+        pads = ((0, 0),) * spatial
+    elif padding == "same":
+        totals = [step * (size - 1) for step, size in zip(dilation, weight.shape[2:], strict=True)]
+        pads = tuple((total // 2, total - total // 2) for total in totals)
+    else:
+        pads = tuple((p, p) for p in _per_axis(padding, spatial))
+    out = hl_ops.conv(x, weight, bias, stride, pads, dilation, int(groups))
+    return out.squeeze(0) if unbatched else out
+
+
+def _convolution(lower: _Lowering, x, weight, bias, stride, padding, dilation, transposed, output_padding, groups):
+    if transposed:
+        raise UnsupportedOp(f"transposed convolution is not supported: {lower.where()}")
+    return _conv(lower, x, weight, bias, stride, padding, dilation, groups)
+
+
+def _ids(lower: _Lowering, *fx_args) -> None:
+    """Index tensors must be integers (a bool mask selects a data-dependent number of elements)."""
+    for fx_arg in fx_args:
+        for item in fx_arg if isinstance(fx_arg, list | tuple) else [fx_arg]:
+            dtype = _dtype(item)
+            if dtype is not None and (dtype.is_floating_point or dtype is torch.bool):
+                raise UnsupportedOp(f"indexing by a {dtype} tensor (only integer indices): {lower.where()}")
+
+
+def _index(lower: _Lowering, x, indices):
+    _ids(lower, lower.fx_node.args[1])
+    return hl_ops.index(x, indices)
+
+
+def _index_select(lower: _Lowering, x, dim, ids):
+    _ids(lower, lower.fx_node.args[2])
+    return hl_ops.index(x, [None] * (dim % x.ndim) + [ids])
+
+
+def _index_put(lower: _Lowering, x, indices, values, accumulate=False):
+    """x[indices] = values: integer indices through hl_ops.index_put; one bool mask with a single
+    value (x[mask] = 0, the common case) is a select."""
+    masks = [fx_arg for fx_arg in lower.fx_node.args[1] if _dtype(fx_arg) is torch.bool]
+    if not masks:
+        _ids(lower, lower.fx_node.args[1])
+        return hl_ops.index_put(x, indices, values, bool(accumulate))
+    mask = [index for index in indices if index is not None]
+    if len(mask) != 1 or len(masks) != 1 or prod(values.shape) != 1:
+        raise UnsupportedOp(f"index_put with a bool mask takes one mask and one value: {lower.where()}")
+    (mask,) = mask
+    start = next(d for d, index in enumerate(indices) if index is not None)
+    mask = mask.reshape((1,) * start + mask.shape + (1,) * (x.ndim - start - mask.ndim))
+    value = values.reshape(())
+    return x + mask * value if accumulate else mask.where(value, x)
+
+
+EMBEDDING_BAG_MODES = {0: "sum", 1: "mean", 2: "max"}
+
+
+def _embedding_bag(lower: _Lowering, table, ids, offsets, scale_grad_by_freq=False, mode=0, sparse=False,
+                   per_sample_weights=None, include_last_offset=False, padding_idx=None):
+    """(output, None, None, None): aten's bookkeeping outputs (offset2bag, bag sizes, argmax
+    indices) serve the backward and are left out."""
+    padding_idx = None if padding_idx is None or padding_idx < 0 else int(padding_idx)
+    out = hl_ops.embedding_bag(table, ids, offsets, EMBEDDING_BAG_MODES[int(mode)], per_sample_weights,
+                               padding_idx, bool(include_last_offset))
+    return out, None, None, None
 
 
 LOWERINGS: dict[str, Callable] = {
@@ -422,6 +503,24 @@ LOWERINGS: dict[str, Callable] = {
         x.shape[:dim % x.ndim] + _sizes(sizes) + x.shape[dim % x.ndim + 1:]),
     "aten.flatten.using_ints": lambda lower, x, start=0, end=-1: _flatten(x, start, end),
     "aten.lift_fresh_copy.default": _identity,
+    # more ops (issue 64): convolution, indexing, bags, scans, scatters, in views and existing primitives
+    "aten.convolution.default": _convolution,
+    "aten.conv1d.default": _conv,
+    "aten.conv2d.default": _conv,
+    "aten.conv3d.default": _conv,
+    "aten.conv1d.padding": _conv,
+    "aten.conv2d.padding": _conv,
+    "aten.conv3d.padding": _conv,
+    "aten.index.Tensor": _index,
+    "aten.index_select.default": _index_select,
+    "aten.gather.default": lambda lower, x, dim, ids, sparse_grad=False: hl_ops.take_along(x, dim, ids),
+    "aten.embedding_bag.default": _embedding_bag,
+    "aten.embedding_bag.padding_idx": _embedding_bag,
+    "aten._embedding_bag.default": _embedding_bag,
+    "aten.cumsum.default": lambda lower, x, dim, **_: x.cumsum(dim),
+    "aten.index_add.default": lambda lower, x, dim, ids, source, alpha=1: hl_ops.index_add(x, dim, ids, source, alpha),
+    "aten.scatter_add.default": lambda lower, x, dim, ids, source: hl_ops.scatter_add(x, dim, ids, source),
+    "aten.index_put.default": _index_put,
     "<built-in function getitem>": lambda lower, values, index: values[index],
 }
 # nn.TransformerEncoder's nested-tensor path (a padding mask in eval mode, no grad): nothing dense to

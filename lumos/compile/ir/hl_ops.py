@@ -129,6 +129,22 @@ class Tensor:
     def pad(self, pads: Sequence[tuple[int, int]]) -> Tensor:
         return self._with(self.view.pad(tuple(pads)))
 
+    def unfold(self, axis: int, size: int, step: int = 1, dilation: int = 1) -> Tensor:
+        """Sliding windows along `axis` (torch's Tensor.unfold, with a dilation): the axis becomes
+        the windows' start and a new last axis of `size` walks each window. A view: every element
+        is read by each window that holds it, nothing is copied. A padded (masked) operand is
+        copied first, since a mask bounds each axis alone and a window axis adds two of them."""
+        source = self.contiguous() if self.view.mask is not None else self
+        axis = _normalize_axis(axis, source.ndim)
+        view = source.view
+        windows = (view.shape[axis] - dilation * (size - 1) - 1) // step + 1
+        if windows < 1:
+            raise ValueError(f"a window of {size} (dilation {dilation}) does not fit in axis {axis} of {view.shape}")
+        shape = view.shape[:axis] + (windows,) + view.shape[axis + 1:] + (size,)
+        strides = view.strides[:axis] + (view.strides[axis] * step,) + view.strides[axis + 1:] \
+            + (view.strides[axis] * dilation,)
+        return source._with(View(shape, strides, view.offset))
+
     def contiguous(self) -> Tensor:
         """A copy in row-major order: the one place a view becomes a node (x + 0)."""
         if self.view.is_identity:
@@ -239,6 +255,9 @@ class Tensor:
         huge b (masked scores)."""
         return self * if_true + (1.0 - self) * if_false
 
+    def eq(self, other) -> Tensor:
+        return 1.0 - (self < other) - (self > other)
+
     def maximum(self, other) -> Tensor:
         return (self < other).where(other, self)
 
@@ -341,6 +360,16 @@ class Tensor:
     def masked_fill(self, mask: Tensor, value: float) -> Tensor:
         return mask.where(value, self)
 
+    def cumsum(self, axis: int) -> Tensor:
+        """A product with an upper-triangular 0/1 literal T (T[j, i] = j <= i) over the axis moved
+        last: L² multiply-adds per row of length L instead of L, and an L×L literal in the plan, in
+        exchange for no new primitive (a scan would be one) and the matmul's kernels. Fine for the
+        sequence lengths of this project (hundreds), not for an axis of many thousands."""
+        axis = _normalize_axis(axis, self.ndim)
+        length = self.shape[axis]
+        upper = literal(self.graph, "triangle", np.triu(np.ones((length, length), np.float32)))
+        return self.transpose(axis, -1).matmul(upper).transpose(axis, -1)
+
 
 def cat(tensors: Sequence[Tensor], axis: int) -> Tensor:
     """Each part padded with zeros to the full length along `axis`, then added."""
@@ -373,3 +402,220 @@ def mark_output(graph: Graph, name: str, tensor: Tensor) -> None:
         node = node + 0.0
     graph.outputs[name] = node.node
     graph.output_shapes[name] = tensor.shape
+
+
+# -- literals -------------------------------------------------------------------------------------
+
+
+def literal(graph: Graph, kind: str, values: np.ndarray) -> Tensor:
+    """A constant that belongs to the graph (positions, one-hot patterns), named after what it is
+    and the node count, so that every literal of one lowering gets its own name."""
+    return Tensor.constant(graph, f"{LITERAL_PREFIX}{kind}{len(graph.nodes)}", values)
+
+
+def positions(graph: Graph, length: int) -> Tensor:
+    """0, 1, …, length - 1 as a literal."""
+    return literal(graph, "positions", np.arange(length, dtype=np.float32))
+
+
+def literal_value(tensor: Tensor) -> np.ndarray | None:
+    """The values of a tensor known while lowering (a literal or a scalar), else None (an input, a
+    weight bound later, anything computed)."""
+    node = tensor.node
+    if node.is_scalar_const:
+        source = np.float32(node.arg)
+    elif node.op is Op.CONST and node.arg.startswith(LITERAL_PREFIX):
+        source = tensor.graph.tensors[node.arg]
+    else:
+        return None
+    return read_view(np.asarray(source, np.float32).reshape(node.shape), tensor.view)
+
+
+# -- convolution ----------------------------------------------------------------------------------
+
+
+def conv(x: Tensor, weight: Tensor, bias: Tensor | None, stride: Sequence[int],
+         padding: Sequence[tuple[int, int]], dilation: Sequence[int], groups: int = 1) -> Tensor:
+    """An n-d convolution of x (N, C, *spatial) by weight (O, C / groups, *kernel), by im2col in
+    views: x padded with zeros (a masked view), each spatial axis unfolded into (output position,
+    kernel offset) windows, and the patches contracted with the weight by the matmul (a sum of a
+    product over C / groups · kernel elements). That contraction reads the windows as one axis,
+    which no single view can say: the patches are copied once (the im2col matrix, kernel-size times
+    the input; a 1×1 kernel without stride stays a view), and with padding the padded input before
+    that (see `unfold`)."""
+    spatial = x.ndim - 2
+    kernel = weight.shape[2:]
+    if any(before or after for before, after in padding):
+        x = x.pad(((0, 0), (0, 0)) + tuple(padding))
+    for d in range(spatial):
+        x = x.unfold(2 + d, kernel[d], stride[d], dilation[d])  # (N, C, *out, *kernel) once all are done
+    batch, channels = x.shape[:2]
+    out_sizes = x.shape[2:2 + spatial]
+    patches = x.reshape((batch, groups, channels // groups) + x.shape[2:])  # (N, G, C/G, *out, *kernel)
+    order = (0, 1, *range(3, 3 + spatial), 2, *range(3 + spatial, 3 + 2 * spatial))
+    patches = patches.permute(order).reshape(batch, groups, prod(out_sizes), -1)  # (N, G, P, C/G·K)
+    filters = weight.reshape(groups, weight.shape[0] // groups, -1)  # (G, O/G, C/G·K)
+    out = filters.matmul(patches.transpose(-1, -2))  # (N, G, O/G, P): the channels' order, no copy to reshape
+    out = out.reshape((batch, weight.shape[0]) + out_sizes)
+    if bias is not None:
+        out = out + bias.reshape((-1,) + (1,) * spatial)
+    return out
+
+
+# -- indexing: through GATHER, or as a product with a one-hot pattern -----------------------------
+
+
+def _flat_ids(x: Tensor, indices: Sequence[Tensor | None]) -> tuple[list[int], Tensor]:
+    """The indexed axes, and the index tensors broadcast together into one id per element: the
+    row-major offset within the indexed axes (negative indices counted from the end)."""
+    indices = list(indices) + [None] * (x.ndim - len(indices))
+    axes = [d for d, ids in enumerate(indices) if ids is not None]
+    sizes = [x.shape[d] for d in axes]
+    shape = tuple(np.broadcast_shapes(*(indices[d].shape for d in axes)))
+    rows = None
+    for k, d in enumerate(axes):
+        ids = indices[d]
+        ids = (ids + (ids < 0.0) * float(x.shape[d])).broadcast_to(shape)
+        stride = prod(sizes[k + 1:])
+        term = ids * float(stride) if stride != 1 else ids
+        rows = term if rows is None else rows + term
+    return axes, rows
+
+
+def _adjacent(axes: list[int]) -> bool:
+    return axes == list(range(axes[0], axes[-1] + 1))
+
+
+def index(x: Tensor, indices: Sequence[Tensor | None]) -> Tensor:
+    """x[indices] with integer index tensors (torch's advanced indexing; None keeps an axis whole,
+    a negative index counts from the end): the index tensors broadcast together to one row id per
+    element, and one GATHER reads those rows of x seen as a table.
+
+    Indexed axes next to each other (x[:, ids]) keep their place: the table is x with every axis
+    up to the last indexed one as its rows (a view of a contiguous x), and a row id adds the
+    offset of the leading coordinates (a literal). Axes apart (x[a, :, b]) move first and flatten
+    into the rows (a copy of x), and the indexed dims come first in the result (numpy's rule)."""
+    axes, rows = _flat_ids(x, indices)
+    sizes, shape = [x.shape[d] for d in axes], rows.shape
+    first, last = axes[0], axes[-1]
+    if _adjacent(axes):
+        lead, tail = x.shape[:first], x.shape[last + 1:]
+        if lead:  # (*lead, *shape): the leading coordinates' offset plus the indexed one
+            offsets = np.arange(prod(lead), dtype=np.float32).reshape(lead + (1,) * len(shape)) * prod(sizes)
+            rows = rows.reshape((1,) * len(lead) + shape) + literal(x.graph, "offsets", offsets)
+        table = x.reshape(prod(x.shape[:last + 1]), prod(tail))
+        return table.embedding(rows).reshape(lead + shape + tail)
+    rest = [d for d in range(x.ndim) if d not in axes]
+    table = x.permute(axes + rest).reshape(prod(sizes), prod(x.shape[d] for d in rest))
+    return table.embedding(rows).reshape(shape + tuple(x.shape[d] for d in rest))
+
+
+def index_put(x: Tensor, indices: Sequence[Tensor | None], values: Tensor, accumulate: bool = False) -> Tensor:
+    """x with x[indices] = values (+= with `accumulate`), integer index tensors as in `index`. A
+    product with the one-hot pattern of the ids over the indexed positions (N positions, K ids:
+    N·K multiply-adds per element of the other axes); a written position keeps none of x. Ids
+    that repeat add up (torch leaves which one wins undefined without `accumulate`)."""
+    axes, ids = _flat_ids(x, indices)
+    rest = [d for d in range(x.ndim) if d not in axes]
+    order = list(range(x.ndim)) if _adjacent(axes) else axes + rest
+    lead = x.shape[:axes[0]] if _adjacent(axes) else ()
+    tail = tuple(x.shape[d] for d in order[len(lead) + len(axes):])
+    positions_count, count = prod(x.shape[d] for d in axes), prod(ids.shape)
+    blocks = x.permute(order).reshape(lead + (positions_count, prod(tail)))  # (*lead, N, R)
+    onehot = positions(x.graph, positions_count).reshape(-1, 1).eq(ids.reshape(1, count))  # (N, K)
+    written = values.broadcast_to(lead + ids.shape + tail).reshape(lead + (count, prod(tail)))  # (*lead, K, R)
+    added = onehot.matmul(written)  # (*lead, N, R)
+    out = blocks + added if accumulate else blocks * (1.0 - onehot.sum(-1, keepdim=True).minimum(1.0)) + added
+    out = out.reshape(tuple(x.shape[d] for d in order))
+    return out.permute([order.index(d) for d in range(x.ndim)])
+
+
+def take_along(x: Tensor, axis: int, ids: Tensor) -> Tensor:
+    """torch.gather: out[..., i, ...] = x[..., ids[..., i, ...], ...] along `axis`, where the other
+    axes of ids are positions in x (ids may be shorter there). One GATHER of single elements: x
+    flattened into a (size, 1) table, each element's row its flat offset, ids times the axis's
+    stride plus the offset of its other coordinates (a literal)."""
+    axis = _normalize_axis(axis, x.ndim)
+    strides = [prod(x.shape[d + 1:]) for d in range(x.ndim)]
+    offsets = np.zeros(ids.shape, np.float32)
+    for d in range(x.ndim):
+        if d != axis:
+            offsets += (np.arange(ids.shape[d], dtype=np.float32) * strides[d]).reshape(
+                (1,) * d + (-1,) + (1,) * (ids.ndim - d - 1))
+    rows = ids * float(strides[axis]) + literal(x.graph, "offsets", offsets)
+    return x.reshape(-1, 1).embedding(rows).reshape(ids.shape)
+
+
+def index_add(x: Tensor, axis: int, ids: Tensor, source: Tensor, alpha: float = 1.0) -> Tensor:
+    """torch.index_add: source's slices k along `axis` added to x's slices ids[k]. A product with
+    the one-hot (K, N) pattern ids[k] == n: K·N multiply-adds per row instead of K, so that
+    repeated ids add up with no scatter primitive."""
+    axis = _normalize_axis(axis, x.ndim)
+    onehot = ids.reshape(-1, 1).eq(positions(x.graph, x.shape[axis]).reshape(1, -1))  # (K, N)
+    added = source.transpose(axis, -1).matmul(onehot).transpose(axis, -1)
+    return x + (added if alpha == 1 else added * float(alpha))
+
+
+def scatter_add(x: Tensor, axis: int, ids: Tensor, source: Tensor) -> Tensor:
+    """torch.scatter_add: out[..., ids[..., j, ...], ...] += source[..., j, ...] along `axis` (only
+    ids' extent of source counts). A sum over j of the one-hot pattern ids[..., j] == n times the
+    source: N·J multiply-adds per position of the other axes instead of J."""
+    axis = _normalize_axis(axis, x.ndim)
+    source = source.shrink([(0, size) for size in ids.shape])
+    length = x.shape[axis]
+    ids_last, source_last = ids.transpose(axis, -1), source.transpose(axis, -1)  # (..., J)
+    onehot = ids_last.unsqueeze(-2).eq(positions(x.graph, length).reshape(length, 1))  # (..., N, J)
+    added = (onehot * source_last.unsqueeze(-2)).sum(-1).transpose(axis, -1)  # ids' shape, N along axis
+    return x + added.pad([(0, full - size) for full, size in zip(x.shape, added.shape, strict=True)])
+
+
+def embedding_bag(table: Tensor, ids: Tensor, offsets: Tensor, mode: str, weights: Tensor | None = None,
+                  padding_idx: int | None = None, include_last_offset: bool = False) -> Tensor:
+    """torch's embedding_bag: the rows of `table` (V, C) at the flat `ids` (N,), reduced per bag
+    (sum, mean or max; `weights` scale each row of a sum; rows at `padding_idx` count in no bag;
+    an empty bag gives 0). Bag b holds ids[offsets[b]:offsets[b + 1]].
+
+    Bags of one size known while lowering (offsets a literal arange: a 2-d input) are a reshape
+    and a reduction. Otherwise a (bags, N) 0/1 membership from the offsets selects the rows: a
+    sum is its product with the rows (a matmul, bags·N·C multiply-adds instead of N·C), a max a
+    masked max over all N rows."""
+    rows = table.embedding(ids)  # (N, C)
+    count = ids.shape[0]
+    starts = offsets.slice(0, 0, offsets.shape[0] - 1) if include_last_offset else offsets
+    bags = starts.shape[0]
+    keep = None if padding_idx is None else 1.0 - ids.eq(float(padding_idx))  # (N,)
+    # `member` (0/1, shaped like the grouped rows but one column) says which rows count in a bag.
+    known = literal_value(offsets)
+    size = count // bags if bags and count % bags == 0 else 0
+    if known is not None and size and np.array_equal(known[:bags], np.arange(0, count, size)) \
+            and (not include_last_offset or known[-1] == count):
+        layout = (bags, size, 1)  # a row per id, in its bag
+        grouped = rows.reshape(bags, size, -1)  # (bags, L, C)
+        member = None
+    else:
+        layout = (1, count, 1)  # every id, in every bag
+        if include_last_offset:
+            ends = offsets.slice(0, 1, offsets.shape[0])
+        else:  # the next bag's start, and N for the last
+            last = Tensor.full(offsets.graph, float(count), (1,))
+            ends = cat([offsets.slice(0, 1, bags), last], 0) if bags > 1 else last
+        position = positions(table.graph, count).reshape(1, count)
+        member = (1.0 - (position < starts.reshape(bags, 1))) * (position < ends.reshape(bags, 1))  # (bags, N)
+        member = member.reshape(bags, count, 1)
+        grouped = rows.reshape(1, count, -1).broadcast_to((bags,) + rows.shape)  # (bags, N, C)
+    if keep is not None:
+        member = keep.reshape(layout) if member is None else member * keep.reshape(layout)
+    if mode == "max":
+        if member is None:
+            return grouped.max(1)
+        filled = member.where(grouped, MASKED).max(1)
+        return filled * (0.0 < member.sum(1))  # an empty bag is 0, not MASKED
+    scale = member
+    if weights is not None:
+        scale = weights.reshape(layout) if scale is None else scale * weights.reshape(layout)
+    total = (grouped * scale).sum(1) if scale is not None else grouped.sum(1)
+    if mode == "sum":
+        return total
+    if member is None:
+        return total * (1.0 / size)
+    return total / member.sum(1).maximum(1.0)

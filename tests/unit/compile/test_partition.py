@@ -29,7 +29,7 @@ class CumulativeBetweenLinears(nn.Module):
         self.second = nn.Linear(C, 3)
 
     def forward(self, x):
-        hidden = torch.cumsum(self.first(x).relu(), dim=1)
+        hidden = torch.cumprod(self.first(x).relu(), dim=1)
         winner = hidden.argmax(-1, keepdim=True)
         return self.second(hidden) * winner
 
@@ -43,7 +43,7 @@ def fallback_warnings(caught) -> list[str]:
 
 
 def assert_names_the_ops(message: str) -> None:
-    for op, code in (("aten.cumsum", "torch.cumsum(self.first(x)"), ("aten.argmax", "hidden.argmax(-1")):
+    for op, code in (("aten.cumprod", "torch.cumprod(self.first(x)"), ("aten.argmax", "hidden.argmax(-1")):
         line = next(line for line in message.splitlines() if op in line)
         assert "test_partition.py" in line and "line " in line and code in line
 
@@ -78,7 +78,7 @@ def test_compile_module_partitions_around_unsupported_ops(kernel_cache):
 
 
 def test_compile_module_strict_refuses(kernel_cache):
-    with pytest.raises(UnsupportedOp, match=r"aten\.cumsum.*test_partition\.py"):
+    with pytest.raises(UnsupportedOp, match=r"aten\.cumprod.*test_partition\.py"):
         compile_module(CumulativeBetweenLinears(), (inputs(0),), kernel_cache, strict=True)
 
 
@@ -88,13 +88,13 @@ class ViewsAfterCumsum(nn.Module):
         self.linear = nn.Linear(5, C)
 
     def forward(self, x):
-        return torch.cumsum(self.linear(x), dim=1).transpose(0, 1).reshape(-1)
+        return torch.cumprod(self.linear(x), dim=1).transpose(0, 1).reshape(-1)
 
 
 def test_a_partition_of_views_only_stays_in_eager(kernel_cache):
     torch.manual_seed(0)
     module = ViewsAfterCumsum()
-    with pytest.warns(EagerFallbackWarning, match="aten.cumsum"):
+    with pytest.warns(EagerFallbackWarning, match="aten.cumprod"):
         compiled = compile_module(module, (inputs(0),), kernel_cache)
     assert len(compiled.partitions) == 1  # the linear layer; transpose and reshape run in eager
     torch.testing.assert_close(compiled(inputs(1)), module(inputs(1)), atol=1e-4, rtol=1e-4)
@@ -114,7 +114,7 @@ def test_torch_compile_backend_partitions_around_unsupported_ops(fresh_dynamo, k
 
 def test_torch_compile_backend_strict_refuses(fresh_dynamo, kernel_cache):
     fast = torch.compile(CumulativeBetweenLinears().eval(), backend=make_backend(kernel_cache, strict=True))
-    with pytest.raises(Exception, match=r"aten\.cumsum.*test_partition\.py"), torch.no_grad():
+    with pytest.raises(Exception, match=r"aten\.cumprod.*test_partition\.py"), torch.no_grad():
         fast(inputs(0))
 
 
@@ -128,7 +128,7 @@ class PositionsAndTopK(nn.Module):
 
     def forward(self, x):
         positions = torch.arange(C).float()
-        hidden = torch.cumsum(self.linear(x) + positions, dim=1)
+        hidden = torch.cumprod(self.linear(x) + positions, dim=1)
         values, indices = hidden.topk(2, dim=-1)
         return hidden * positions + values.sum(-1, keepdim=True), indices
 
