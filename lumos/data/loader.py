@@ -1,7 +1,8 @@
 """The training loader: one version of `<dataset>.sequences` → padded `Batch`es, without Spark.
 
-The files of the version come from the Delta log (`lumos.data.delta_log`) and are read with
-pyarrow, one Parquet row group at a time, only the columns the `FeatureSpec` names (plus `split`).
+The files of the version come from its Delta log, read by delta-rs (`lumos.data.delta_snapshot`),
+and are read with pyarrow, one Parquet row group at a time, only the columns the `FeatureSpec`
+names (plus `split`).
 Histories become padded (B, T) tensors by offset arithmetic on the Arrow list columns (offsets +
 flat values → one numpy gather per column), never a Python loop over rows. Rows of other splits
 are skipped by index, never copied out by a filter.
@@ -61,7 +62,7 @@ import torch
 
 from lumos.core.errors import UsageError
 from lumos.data.contract import Batch, FeatureSpec
-from lumos.data.delta_log import DeltaSnapshot
+from lumos.data.delta_snapshot import DeltaSnapshot
 
 # ---------------------------------------------------------------------------------------------
 # The plan: which rows each rank reads, in which order
@@ -409,7 +410,7 @@ class SequenceLoader:
         self.chunk_rows = math.ceil(chunk_rows / global_batch) * global_batch
         self.pin_memory = torch.cuda.is_available() if pin_memory is None else pin_memory
         self.columns = _spec_columns(spec)
-        self._paths = [data_file.path for data_file in snapshot.files]
+        self._paths = list(snapshot.files)
         self._metadata = [pq.read_metadata(path) for path in self._paths]
         self._row_groups = _split_row_groups(self._paths, self._metadata, self.columns, split, str(snapshot))
         self._rows_per_group = np.array([group.rows for group in self._row_groups], dtype=np.int64)

@@ -8,24 +8,21 @@ import json
 from dataclasses import asdict
 from typing import Any
 
-import pyarrow.parquet as pq
-
 from lumos.core.errors import UsageError
 from lumos.core.registry import resolve_model
 from lumos.core.runs import CODE_VERSION_TAG, CONFIG_HASH_TAG, DATA_TAG, RECIPE_HASH_TAG, SEED_TAG, training_run
-from lumos.core.tables import TableRef
+from lumos.core.tables import TableRef, open_delta_table, table_location
 from lumos.core.tracking import tracking_client
 from lumos.core.workspace import Workspace
-from lumos.data.delta_log import DeltaSnapshot
-from lumos.data.table_metadata import resolve, snapshot, table_history, version_lineage
+from lumos.data.table_metadata import resolve, table_history, version_lineage
 from lumos.infer.predictions import PARTITION
 
 
 def trace_prediction(workspace: Workspace, table: TableRef, user_id: str, as_of: datetime.date) -> dict[str, Any]:
     """Everything that made one prediction row, read from Delta logs, Parquet footers and MLflow
-    (no Spark: the row is read with pyarrow from the files of its partition)."""
+    (no Spark: delta-rs reads the row from the files of its partition)."""
     table = resolve(workspace, table)
-    model = _predicted_by(snapshot(workspace, table), user_id, as_of)
+    model = _predicted_by(table_location(workspace, table), table.version, user_id, as_of)
     if model is None:
         raise UsageError(f"{table} has no prediction for user {user_id!r} as of {as_of}")
     commit = _partition_commit(workspace, table, as_of)
@@ -48,13 +45,13 @@ def trace_prediction(workspace: Workspace, table: TableRef, user_id: str, as_of:
     }
 
 
-def _predicted_by(version: DeltaSnapshot, user_id: str, as_of: datetime.date) -> str | None:
+def _predicted_by(location: str, version: int, user_id: str, as_of: datetime.date) -> str | None:
     """The model named on `user_id`'s row in partition `as_of` of `version`; None without one."""
-    # Partition values live in the log, not in the files: pick the partition's files there.
-    files = [data_file.path for data_file in version.files if data_file.partition_values.get(PARTITION) == as_of.isoformat()]
-    if not files:
-        return None
-    rows = pq.read_table(files, columns=["model"], filters=[("user_id", "=", user_id)], partitioning=None)
+    import pyarrow.compute as pc
+
+    # Partition values live in the log, not in the files: delta-rs picks the partition's files.
+    rows = open_delta_table(location, version).to_pyarrow_dataset().to_table(
+        columns=["model"], filter=(pc.field(PARTITION) == pc.scalar(as_of)) & (pc.field("user_id") == user_id))
     return rows["model"][0].as_py() if rows.num_rows else None
 
 

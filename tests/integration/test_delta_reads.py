@@ -15,10 +15,21 @@ import pyarrow.parquet as pq
 import pytest
 from deltalake import DeltaTable as RustDeltaTable
 
+from lumos.core.errors import UsageError
 from lumos.core.lineage import LineageRecord
-from lumos.core.tables import TableRef, read_table, table_location, write_arrow_table, write_table
+from lumos.core.tables import (
+    TableRef,
+    logged_history,
+    parse_lineage,
+    read_table,
+    table_location,
+    write_arrow_table,
+    write_table,
+)
 from lumos.core.workspace import init_workspace, open_workspace
+from lumos.data.delta_snapshot import open_snapshot
 from lumos.data.synthetic import SyntheticSpec
+from lumos.data.table_metadata import describe_table
 from lumos.infer.predictions import write_partition
 
 DATASET = "quickstart"
@@ -106,7 +117,11 @@ def test_deltalake_reads_every_version_as_spark_does(spark, workspace, name):
         assert table.version() == version
         assert sorted(table.file_uris()) == files, (name, version)
         assert table.to_pyarrow_dataset().count_rows() == rows, (name, version)
-        assert table.schema().to_arrow() is not None
+        # And Lumos's readers, built on it: the loader's file listing, `lumos data show`.
+        assert list(open_snapshot(location, version).files) == files, (name, version)
+        assert describe_table(workspace, TableRef(DATASET, name, version))["rows"] == rows, (name, version)
+    assert {entry.version: entry.lineage for entry in logged_history(location)} == {
+        version: parse_lineage(metadata) for version, metadata in history.items()}
     # No feature that the file-level readers (pyarrow on the listed files) would have to apply.
     protocol = latest.protocol()
     assert "deletionVectors" not in (protocol.reader_features or [])
@@ -124,3 +139,13 @@ def test_lumos_tables_cover_overwrites_a_checkpoint_and_a_schema_change(spark, w
     day = f"as_of={DAYS[1].isoformat()}"
     first, second = ({uri for uri in table.file_uris() if day in uri} for table in (before, newest))
     assert first and second and not first & second
+
+
+def test_a_version_with_deletion_vectors_is_refused_by_the_file_listing(spark, tmp_path):
+    # Lumos writes none (above); a table someone else deleted rows from with Spark could have them.
+    path = str(tmp_path / "deleted")
+    spark.range(10, numPartitions=1).write.format("delta").option("delta.enableDeletionVectors", "true").save(path)
+    spark.sql(f"DELETE FROM delta.`{path}` WHERE id = 3")
+    assert len(open_snapshot(path, 0).files) == 1
+    with pytest.raises(UsageError, match="deletion vectors"):
+        open_snapshot(path)

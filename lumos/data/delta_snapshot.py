@@ -1,0 +1,55 @@
+"""The Parquet files of one version of a local Delta table, for readers that open them with pyarrow.
+
+delta-rs (`deltalake`, through `lumos.core.tables.open_delta_table`) replays the log. The
+training loader and the vocab reader then read the listed files directly, one row group at a
+time, so they miss what Delta applies on top of a file: deletion vectors (rows deleted beside an
+unchanged file) and column mapping (Parquet column names that differ from the table's). A
+snapshot refuses both. Lumos's writers use neither (`tests/integration/test_delta_reads.py`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from lumos.core.errors import UsageError
+from lumos.core.tables import open_delta_table
+
+
+@dataclass(frozen=True)
+class DeltaSnapshot:
+    """One version of a table: its live data files and partitioning."""
+
+    table_path: str
+    version: int
+    files: tuple[str, ...]
+    """Absolute local paths of its Parquet files, sorted."""
+    partition_columns: tuple[str, ...] = ()
+
+    def __str__(self) -> str:
+        return f"{self.table_path}@{self.version}"
+
+
+def open_snapshot(table_path: str | Path, version: int | None = None) -> DeltaSnapshot:
+    """The files of `version` of a local table (the latest when None)."""
+    table = open_delta_table(str(table_path), version)
+    files = sorted(table.file_uris())
+    if any("://" in path for path in files):
+        raise UsageError(f"{table_path}: only local tables can be read without Spark")
+    _refuse_what_the_files_alone_miss(table, str(table_path))
+    return DeltaSnapshot(str(table_path), table.version(), tuple(files), tuple(table.metadata().partition_columns))
+
+
+def _refuse_what_the_files_alone_miss(table, name: str) -> None:
+    if "deletionVectors" in (table.protocol().reader_features or ()) and table.deletion_vectors().read_all().num_rows:
+        raise UsageError(
+            f"{name}@{table.version()} has files with deletion vectors, which a reader of its Parquet files "
+            "would not apply. Rewrite the table without them (disable delta.enableDeletionVectors and run "
+            "REORG TABLE … APPLY (PURGE)), or read it with Spark"
+        )
+    mode = table.metadata().configuration.get("delta.columnMapping.mode", "none")
+    if mode != "none":
+        raise UsageError(
+            f"{name}: column mapping mode {mode!r} (Parquet column names differ from the table's); "
+            "only mode 'none' can be read from its files; read the table with Spark"
+        )
