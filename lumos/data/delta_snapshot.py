@@ -11,20 +11,32 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import unquote
 
-from lumos.core.errors import UsageError
+from lumos.core.errors import LumosError, UsageError
 from lumos.core.tables import open_delta_table
 
 
 @dataclass(frozen=True)
+class DataFile:
+    path: str
+    """Absolute local path of the Parquet file."""
+    size: int
+    """Size in bytes, as the log records it."""
+
+
+@dataclass(frozen=True)
 class DeltaSnapshot:
-    """One version of a table: its live data files and partitioning."""
+    """One version of a table: its live data files (sorted by path) and partitioning."""
 
     table_path: str
     version: int
-    files: tuple[str, ...]
-    """Absolute local paths of its Parquet files, sorted."""
+    files: tuple[DataFile, ...]
     partition_columns: tuple[str, ...] = ()
+
+    @property
+    def size_bytes(self) -> int:
+        return sum(data_file.size for data_file in self.files)
 
     def __str__(self) -> str:
         return f"{self.table_path}@{self.version}"
@@ -32,12 +44,21 @@ class DeltaSnapshot:
 
 def open_snapshot(table_path: str | Path, version: int | None = None) -> DeltaSnapshot:
     """The files of `version` of a local table (the latest when None)."""
+    import pyarrow as pa
+
     table = open_delta_table(str(table_path), version)
-    files = sorted(table.file_uris())
-    if any("://" in path for path in files):
-        raise UsageError(f"{table_path}: only local tables can be read without Spark")
     _refuse_what_the_files_alone_miss(table, str(table_path))
-    return DeltaSnapshot(str(table_path), table.version(), tuple(files), tuple(table.metadata().partition_columns))
+    adds = pa.table(table.get_add_actions(flatten=False))
+    files = []
+    # delta-rs lists the URIs (decoded, absolute) and the add actions (as logged) in one order.
+    for uri, logged, size in zip(table.file_uris(), adds["path"].to_pylist(), adds["size_bytes"].to_pylist(), strict=True):
+        if Path(uri).name != Path(unquote(logged)).name:
+            raise LumosError(f"{table_path}: delta-rs listed {uri} beside the add action of {logged}")
+        if "://" in uri:
+            raise UsageError(f"{table_path}: {uri} is not a local file; only local tables can be read without Spark")
+        files.append(DataFile(uri, size))
+    return DeltaSnapshot(str(table_path), table.version(), tuple(sorted(files, key=lambda data_file: data_file.path)),
+                         tuple(table.metadata().partition_columns))
 
 
 def _refuse_what_the_files_alone_miss(table, name: str) -> None:

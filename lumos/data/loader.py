@@ -410,7 +410,7 @@ class SequenceLoader:
         self.chunk_rows = math.ceil(chunk_rows / global_batch) * global_batch
         self.pin_memory = torch.cuda.is_available() if pin_memory is None else pin_memory
         self.columns = _spec_columns(spec)
-        self._paths = list(snapshot.files)
+        self._paths = [data_file.path for data_file in snapshot.files]
         self._metadata = [pq.read_metadata(path) for path in self._paths]
         self._row_groups = _split_row_groups(self._paths, self._metadata, self.columns, split, str(snapshot))
         self._rows_per_group = np.array([group.rows for group in self._row_groups], dtype=np.int64)

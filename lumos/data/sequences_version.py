@@ -89,7 +89,7 @@ def vocab_sizes(vocab: DeltaSnapshot) -> dict[str, int]:
     """Feature → max id + 1 over the vocab table's rows."""
     if not vocab.files:
         return {}
-    table = pq.read_table(list(vocab.files), columns=["feature", "id"])
+    table = pq.read_table([data_file.path for data_file in vocab.files], columns=["feature", "id"])
     maxima = table.group_by("feature").aggregate([("id", "max")])
     return {feature: int(top) + 1 for feature, top in zip(maxima["feature"].to_pylist(), maxima["id_max"].to_pylist(), strict=True)}
 
@@ -136,7 +136,7 @@ def _snapshot(table: DeltaSnapshot | str | Path) -> DeltaSnapshot:
 def _arrow_schema(snapshot: DeltaSnapshot) -> pa.Schema:
     if not snapshot.files:
         raise UsageError(f"{snapshot} has no data files")
-    return pq.read_schema(snapshot.files[0])
+    return pq.read_schema(snapshot.files[0].path)
 
 
 def _is_list_of(kind: pa.DataType, predicate) -> bool:

@@ -81,4 +81,4 @@ def test_committed_files_become_a_version_that_replaces_the_table(spark, workspa
     delta_history = spark.sql(f"DESCRIBE HISTORY delta.`{folder}`").where("version = 3").first()
     assert delta_history["operationParameters"]["mode"] == "Overwrite"
     files = open_snapshot(folder).files
-    assert len(files) == 1 and pq.read_table(files[0]).column("id").to_pylist() == [7]
+    assert len(files) == 1 and pq.read_table(files[0].path).column("id").to_pylist() == [7]

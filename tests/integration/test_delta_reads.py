@@ -118,7 +118,7 @@ def test_deltalake_reads_every_version_as_spark_does(spark, workspace, name):
         assert sorted(table.file_uris()) == files, (name, version)
         assert table.to_pyarrow_dataset().count_rows() == rows, (name, version)
         # And Lumos's readers, built on it: the loader's file listing, `lumos data show`.
-        assert list(open_snapshot(location, version).files) == files, (name, version)
+        assert [data_file.path for data_file in open_snapshot(location, version).files] == files, (name, version)
         assert describe_table(workspace, TableRef(DATASET, name, version))["rows"] == rows, (name, version)
     assert {entry.version: entry.lineage for entry in logged_history(location)} == {
         version: parse_lineage(metadata) for version, metadata in history.items()}

@@ -67,7 +67,7 @@ def test_snapshots_list_the_files_spark_reads_at_every_version(spark, tmp_path, 
     for version in (0, 1, 3, 7, 9, 10, 11, 12):
         snapshot = open_snapshot(path, version)
         assert snapshot.version == version
-        assert list(snapshot.files) == spark_files(spark, path, version), version
+        assert [data_file.path for data_file in snapshot.files] == spark_files(spark, path, version), version
 
 
 def test_snapshots_decode_partition_paths_like_spark(spark, tmp_path):
@@ -76,8 +76,8 @@ def test_snapshots_decode_partition_paths_like_spark(spark, tmp_path):
     frame.write.format("delta").partitionBy("k").save(path)
     snapshot = open_snapshot(path)
     assert snapshot.partition_columns == ("k",)
-    assert list(snapshot.files) == spark_files(spark, path, 0)
-    assert all(Path(file).is_file() for file in snapshot.files)
+    assert [data_file.path for data_file in snapshot.files] == spark_files(spark, path, 0)
+    assert all(Path(data_file.path).is_file() for data_file in snapshot.files)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -37,7 +37,10 @@ def test_a_snapshot_lists_each_version_s_live_files(tmp_path):
     assert (first.version, second.version, latest.version) == (0, 1, 2)
     assert len(first.files) == 1 and len(second.files) == 2 and set(first.files) < set(second.files)
     assert not set(latest.files) & set(second.files)  # the overwrite removed them
-    assert list(second.files) == sorted(second.files) and all(Path(path).is_absolute() for path in second.files)
+    paths = [data_file.path for data_file in second.files]
+    assert paths == sorted(paths) and all(Path(path).is_absolute() for path in paths)
+    assert [data_file.size for data_file in second.files] == [Path(path).stat().st_size for path in paths]
+    assert second.size_bytes == sum(Path(path).stat().st_size for path in paths)
     assert str(latest) == f"{tmp_path}@2" and latest.partition_columns == ()
 
 
@@ -46,7 +49,7 @@ def test_partition_folders_with_odd_values_are_the_files_on_disk(tmp_path):
     write_deltalake(tmp_path, table, partition_by=["k"])
     snapshot = open_snapshot(tmp_path)
     assert snapshot.partition_columns == ("k",) and len(snapshot.files) == 4
-    assert all(Path(path).is_file() for path in snapshot.files)
+    assert all(Path(data_file.path).is_file() for data_file in snapshot.files)
 
 
 def test_the_history_carries_each_commit_s_lineage_newest_first(tmp_path):
