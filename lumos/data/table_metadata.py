@@ -16,7 +16,6 @@ from lumos.core.errors import UsageError
 from lumos.core.lineage import LineageRecord
 from lumos.core.tables import TABLE_REF, TableRef, TableVersion, logged_history, open_delta_table, table_location
 from lumos.core.workspace import Workspace
-from lumos.data.delta_snapshot import DeltaSnapshot, open_snapshot
 
 LOG_FOLDER = "_delta_log"
 
@@ -49,11 +48,6 @@ def resolve(workspace: Workspace, ref: TableRef) -> TableRef:
     if ref.version > latest:
         raise UsageError(f"{ref} does not exist: the latest version of {ref.name} is {latest}")
     return ref
-
-
-def snapshot(workspace: Workspace, ref: TableRef) -> DeltaSnapshot:
-    """The live files, schema and partitioning of `ref`'s version (latest when it names none)."""
-    return open_snapshot(table_location(workspace, ref), resolve(workspace, ref).version)
 
 
 def version_lineage(workspace: Workspace, ref: TableRef) -> LineageRecord | None:
