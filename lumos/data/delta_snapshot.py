@@ -9,8 +9,9 @@ snapshot refuses both. Lumos's writers use neither (`tests/integration/test_delt
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 from urllib.parse import unquote
 
 from lumos.core.errors import LumosError, UsageError
@@ -23,6 +24,8 @@ class DataFile:
     """Absolute local path of the Parquet file."""
     size: int
     """Size in bytes, as the log records it."""
+    partition_values: dict[str, Any] = field(default_factory=dict)
+    """Its partition's values, typed as the column is (a date column's are dates)."""
 
 
 @dataclass(frozen=True)
@@ -48,15 +51,18 @@ def open_snapshot(table_path: str | Path, version: int | None = None) -> DeltaSn
 
     table = open_delta_table(str(table_path), version)
     _refuse_what_the_files_alone_miss(table, str(table_path))
-    adds = pa.table(table.get_add_actions(flatten=False))
+    # From the Arrow stream: pa.table(...) would first check for a pandas frame, importing pandas (0.5 s).
+    adds = pa.RecordBatchReader.from_stream(table.get_add_actions(flatten=False)).read_all()
+    partitions = adds["partition"].to_pylist() if "partition" in adds.column_names else [{}] * adds.num_rows
     files = []
     # delta-rs lists the URIs (decoded, absolute) and the add actions (as logged) in one order.
-    for uri, logged, size in zip(table.file_uris(), adds["path"].to_pylist(), adds["size_bytes"].to_pylist(), strict=True):
+    for uri, logged, size, values in zip(table.file_uris(), adds["path"].to_pylist(), adds["size_bytes"].to_pylist(),
+                                         partitions, strict=True):
         if Path(uri).name != Path(unquote(logged)).name:
             raise LumosError(f"{table_path}: delta-rs listed {uri} beside the add action of {logged}")
         if "://" in uri:
             raise UsageError(f"{table_path}: {uri} is not a local file; only local tables can be read without Spark")
-        files.append(DataFile(uri, size))
+        files.append(DataFile(uri, size, values or {}))
     return DeltaSnapshot(str(table_path), table.version(), tuple(sorted(files, key=lambda data_file: data_file.path)),
                          tuple(table.metadata().partition_columns))
 

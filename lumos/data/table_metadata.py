@@ -16,6 +16,7 @@ from lumos.core.errors import UsageError
 from lumos.core.lineage import LineageRecord
 from lumos.core.tables import TABLE_REF, TableRef, TableVersion, logged_history, open_delta_table, table_location
 from lumos.core.workspace import Workspace
+from lumos.data.delta_snapshot import open_snapshot
 
 LOG_FOLDER = "_delta_log"
 
@@ -60,15 +61,19 @@ def version_lineage(workspace: Workspace, ref: TableRef) -> LineageRecord | None
 
 def describe_table(workspace: Workspace, ref: TableRef) -> dict[str, Any]:
     """One version's lineage, schema and row count, as plain data."""
+    # Not pyarrow.dataset (delta-rs's to_pyarrow_dataset): it imports pandas, half a second.
+    import pyarrow.parquet as pq
+
     pinned = resolve(workspace, ref)
-    table = open_delta_table(table_location(workspace, pinned), pinned.version)
+    location = table_location(workspace, pinned)
+    table, files = open_delta_table(location, pinned.version), open_snapshot(location, pinned.version).files
     lineage = version_lineage(workspace, pinned)
     return {
         "table": pinned.name,
         "version": pinned.version,
-        "location": table_location(workspace, pinned),
+        "location": location,
         # Row counts are in every Parquet footer: no data page is read.
-        "rows": table.to_pyarrow_dataset().count_rows(),
+        "rows": sum(pq.ParquetFile(data_file.path).metadata.num_rows for data_file in files),
         "schema": [{"name": field["name"], "type": _simple_type(field["type"])}
                    for field in json.loads(table.schema().to_json())["fields"]],
         "lineage": json.loads(lineage.to_json()) if lineage else None,
