@@ -35,9 +35,9 @@ def test_a_snapshot_lists_each_version_s_live_files(tmp_path):
     write(tmp_path, [4, 5, 6], "overwrite", 2)
     first, second, latest = open_snapshot(tmp_path, 0), open_snapshot(tmp_path, 1), open_snapshot(tmp_path)
     assert (first.version, second.version, latest.version) == (0, 1, 2)
-    assert len(first.files) == 1 and len(second.files) == 2 and set(first.files) < set(second.files)
-    assert not set(latest.files) & set(second.files)  # the overwrite removed them
-    paths = [data_file.path for data_file in second.files]
+    first_paths, paths, latest_paths = ([data_file.path for data_file in snapshot.files] for snapshot in (first, second, latest))
+    assert len(first_paths) == 1 and len(paths) == 2 and set(first_paths) < set(paths)
+    assert not set(latest_paths) & set(paths)  # the overwrite removed them
     assert paths == sorted(paths) and all(Path(path).is_absolute() for path in paths)
     assert [data_file.size for data_file in second.files] == [Path(path).stat().st_size for path in paths]
     assert second.size_bytes == sum(Path(path).stat().st_size for path in paths)
@@ -50,6 +50,7 @@ def test_partition_folders_with_odd_values_are_the_files_on_disk(tmp_path):
     snapshot = open_snapshot(tmp_path)
     assert snapshot.partition_columns == ("k",) and len(snapshot.files) == 4
     assert all(Path(data_file.path).is_file() for data_file in snapshot.files)
+    assert sorted((data_file.partition_values["k"] or "") for data_file in snapshot.files) == sorted(["a b", "x/y%z", "é=+&?#", ""])
 
 
 def test_the_history_carries_each_commit_s_lineage_newest_first(tmp_path):
