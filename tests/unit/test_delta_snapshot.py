@@ -89,3 +89,16 @@ def test_column_mapping_other_than_none_is_refused(tmp_path):
     assert open_snapshot(tmp_path, 0).version == 0
     with pytest.raises(UsageError, match=rf"{tmp_path.name}.*column mapping mode 'name'"):
         open_snapshot(tmp_path)
+
+
+def test_reproduce_checks_a_delta_input_against_its_latest_version(tmp_path):
+    from lumos.core.lineage import LineageInput
+    from lumos.experiments.reproduce import check_inputs
+
+    write(tmp_path / "events", [1], "overwrite", 0)
+    read = LineageInput("delta", str(tmp_path / "events"), 0)
+    assert check_inputs([read]) == ([], [])
+    write(tmp_path / "events", [2], "append", 1)
+    assert check_inputs([read]) == ([f"{tmp_path / 'events'}: the Delta table is at version 1; version 0 was read"], [])
+    gone = LineageInput("delta", str(tmp_path / "absent"), 0)
+    assert check_inputs([gone]) == ([f"{tmp_path / 'absent'}: the Delta table is gone (version 0 was read)"], [])
