@@ -31,7 +31,7 @@ import torch
 from lumos.core.config import load_config
 from lumos.core.tables import TableRef, table_location
 from lumos.core.workspace import open_workspace
-from lumos.data.delta_log import active_files
+from lumos.data.delta_snapshot import open_snapshot
 from lumos.data.sequences_version import ingest_lineage, open_sequences
 from lumos.eval.evaluate import evaluate
 from lumos.eval.leaderboard import Subject
@@ -90,7 +90,7 @@ def id_order_check(data_version: str) -> dict[str, dict[str, float]]:
     workspace = open_workspace(EXAMPLE)
     sequences = open_sequences(workspace, TableRef.parse(data_version))
     _, vocab_ref = ingest_lineage(workspace, sequences.ref)
-    vocab = pq.read_table([f.path for f in active_files(table_location(workspace, vocab_ref), vocab_ref.version).files])
+    vocab = pq.read_table([f.path for f in open_snapshot(table_location(workspace, vocab_ref), vocab_ref.version).files])
     items = vocab.filter(pc.equal(vocab["feature"], sequences.spec.item_feature)).to_pydict()
     raw = np.full(sequences.spec.item_vocab_size, "", dtype=object)
     raw[items["id"]] = items["token"]

@@ -4,16 +4,19 @@ synthetic quickstart data."""
 from __future__ import annotations
 
 import json
-from typing import Annotated
+from collections.abc import Callable
+from typing import Annotated, TypeVar
 
 import typer
 
 from lumos.cli.options import JsonOption
 from lumos.cli.output import echo, emit_json, handles_errors, print_table, progress, state
-from lumos.core.tables import TableRef
-from lumos.core.workspace import open_workspace
+from lumos.core.tables import TableRef, TableVersion
+from lumos.core.workspace import Workspace, open_workspace
 from lumos.data.synthetic import SyntheticSpec
 from lumos.data.table_metadata import describe_table, list_tables, table_history
+
+T = TypeVar("T")
 
 app = typer.Typer(help="Versioned tables: list, history with lineage, details; synthetic data.", no_args_is_help=True)
 
@@ -40,21 +43,8 @@ def history(
     json_output: JsonOption = False,
 ) -> None:
     """Every version of a table, newest first, with the lineage that made it."""
-    ref = TableRef.parse(table)
-    workspace = open_workspace(state(ctx).workspace_dir)
-    with progress(f"reading the history of {ref.name}"):
-        entries = table_history(workspace, ref)
-    if json_output:
-        emit_json({"table": ref.name, "versions": [_entry_json(entry) for entry in entries]})
-        return
-    rows = []
-    for entry in entries:
-        lineage = entry.lineage
-        inputs = ", ".join(f"{i.uri}@{i.version}" for i in lineage.inputs) if lineage else ""
-        rows.append((entry.version, entry.timestamp, lineage.stage if lineage else entry.operation,
-                     lineage.config_hash[:19] if lineage else "", inputs, _short_stats(lineage.stats) if lineage else ""))
-    print_table(f"{ref.name}: {len(entries)} version(s)", ["version", "written", "stage", "config hash", "inputs", "stats"], rows)
-    echo("full recipe and lineage of one version: lumos data show " + f"{ref.name}@VERSION")
+    _answer(ctx, table, lambda ref: f"reading the history of {ref.name}", table_history, json_output,
+            lambda ref, entries: {"table": ref.name, "versions": [_entry_json(entry) for entry in entries]}, _print_history)
 
 
 @app.command("show")
@@ -65,13 +55,42 @@ def show(
     json_output: JsonOption = False,
 ) -> None:
     """One version's lineage (recipe, hash, inputs, stats), schema and row count."""
+    _answer(ctx, table, lambda ref: f"reading {ref}", describe_table, json_output, lambda ref, details: details, _print_details)
+
+
+def _answer(
+    ctx: typer.Context,
+    table: str,
+    doing: Callable[[TableRef], str],
+    read: Callable[[Workspace, TableRef], T],
+    json_output: bool,
+    to_json: Callable[[TableRef, T], dict],
+    render: Callable[[TableRef, T], None],
+) -> None:
+    """The skeleton of the table verbs: parse the table, read it from the workspace (`doing(ref)`
+    says what under the spinner), then print it as JSON or for a person."""
     ref = TableRef.parse(table)
     workspace = open_workspace(state(ctx).workspace_dir)
-    with progress(f"reading {ref}"):
-        details = describe_table(workspace, ref)
+    with progress(doing(ref)):
+        result = read(workspace, ref)
     if json_output:
-        emit_json(details)
-        return
+        emit_json(to_json(ref, result))
+    else:
+        render(ref, result)
+
+
+def _print_history(ref: TableRef, entries: list[TableVersion]) -> None:
+    rows = []
+    for entry in entries:
+        lineage = entry.lineage
+        inputs = ", ".join(f"{i.uri}@{i.version}" for i in lineage.inputs) if lineage else ""
+        rows.append((entry.version, entry.timestamp, lineage.stage if lineage else entry.operation,
+                     lineage.config_hash[:19] if lineage else "", inputs, _short_stats(lineage.stats) if lineage else ""))
+    print_table(f"{ref.name}: {len(entries)} version(s)", ["version", "written", "stage", "config hash", "inputs", "stats"], rows)
+    echo("full recipe and lineage of one version: lumos data show " + f"{ref.name}@VERSION")
+
+
+def _print_details(ref: TableRef, details: dict) -> None:
     echo(f"[bold]{details['table']}@{details['version']}[/bold]  {details['rows']} rows  ({details['location']})", markup=True)
     print_table("schema", ["column", "type"], [(c["name"], c["type"]) for c in details["schema"]])
     echo("lineage:")
@@ -133,13 +152,12 @@ def trace(
     from lumos.cli.infer import parse_date
     from lumos.infer.trace import trace_prediction
 
-    ref = TableRef.parse(table)
-    workspace = open_workspace(state(ctx).workspace_dir)
-    with progress(f"tracing {user} in {ref}"):
-        result = trace_prediction(workspace, ref, user, parse_date(as_of, "--as-of"))
-    if json_output:
-        emit_json(result)
-        return
+    day = parse_date(as_of, "--as-of")
+    _answer(ctx, table, lambda ref: f"tracing {user} in {ref}", lambda workspace, ref: trace_prediction(workspace, ref, user, day),
+            json_output, lambda ref, result: result, lambda ref, result: _print_trace(result, user, as_of))
+
+
+def _print_trace(result: dict, user: str, as_of: str) -> None:
     commit, run, data = result["prediction"]["commit"], result["run"], result["data"]
     rows = [
         ("prediction", f"{result['prediction']['table']} version {commit['version']}, engine {commit['engine']}, "

@@ -7,6 +7,7 @@ they touch a path, and no SQL is built from them: every access goes through the 
 
 from __future__ import annotations
 
+import datetime
 import re
 from dataclasses import dataclass
 
@@ -205,18 +206,43 @@ def table_history(spark, workspace: Workspace, ref: TableRef, limit: int | None 
 
 
 def logged_history(location: str, limit: int | None = None) -> list[TableVersion]:
-    """`table_history` of a local table, read from its Delta log without Spark."""
-    from lumos.data.delta_log import history
+    """`table_history` of a local table, read from its Delta log by delta-rs, without Spark.
 
+    The timestamp is the commit's own (its commitInfo), which Delta writes just before the
+    commit file: Spark's DESCRIBE HISTORY shows the file's modification time, a moment later."""
+    commits = sorted(open_delta_table(location).history(limit), key=lambda commit: commit["version"], reverse=True)
     return [
         TableVersion(
-            version=commit.version,
-            timestamp=commit.timestamp.strftime("%Y-%m-%dT%H:%M:%SZ"),
-            operation=commit.operation,
-            lineage=parse_lineage(commit.user_metadata),
+            version=commit["version"],
+            timestamp=_utc_text(commit.get("timestamp")),
+            operation=commit.get("operation", ""),
+            lineage=parse_lineage(commit.get("userMetadata")),
         )
-        for commit in history(location, limit)
+        for commit in commits
     ]
+
+
+def open_delta_table(location: str, version: int | None = None):
+    """One version (the latest when None) of the local Delta table at `location`, read by delta-rs
+    (`deltalake.DeltaTable`): its files, schema and history, with no JVM. Writers use Spark."""
+    from deltalake import DeltaTable
+    from deltalake.exceptions import DeltaError, TableNotFoundError
+
+    try:
+        return DeltaTable(location, version=version)
+    except TableNotFoundError as error:
+        raise UsageError(f"{location} is not a Delta table (no readable _delta_log)") from error
+    except DeltaError:
+        latest = DeltaTable(location).version() if version is not None else None
+        if latest is not None and version > latest:
+            raise UsageError(f"{location} has no version {version}; its versions are 0 … {latest}") from None
+        raise
+
+
+def _utc_text(epoch_ms: int | None) -> str:
+    if epoch_ms is None:
+        return ""
+    return datetime.datetime.fromtimestamp(epoch_ms / 1000, datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def latest_version(spark, workspace: Workspace, ref: TableRef) -> int:

@@ -1,7 +1,8 @@
 """The training loader: one version of `<dataset>.sequences` → padded `Batch`es, without Spark.
 
-The files of the version come from the Delta log (`lumos.data.delta_log`) and are read with
-pyarrow, one Parquet row group at a time, only the columns the `FeatureSpec` names (plus `split`).
+The files of the version come from its Delta log, read by delta-rs (`lumos.data.delta_snapshot`),
+and are read with pyarrow, one Parquet row group at a time, only the columns the `FeatureSpec`
+names (plus `split`).
 Histories become padded (B, T) tensors by offset arithmetic on the Arrow list columns (offsets +
 flat values → one numpy gather per column), never a Python loop over rows. Rows of other splits
 are skipped by index, never copied out by a filter.
@@ -61,7 +62,7 @@ import torch
 
 from lumos.core.errors import UsageError
 from lumos.data.contract import Batch, FeatureSpec
-from lumos.data.delta_log import DeltaSnapshot
+from lumos.data.delta_snapshot import DeltaSnapshot
 
 # ---------------------------------------------------------------------------------------------
 # The plan: which rows each rank reads, in which order

@@ -17,10 +17,10 @@ import pyarrow.parquet as pq
 
 from lumos.core.errors import UsageError
 from lumos.core.lineage import LineageRecord
-from lumos.core.tables import TableRef, table_location
+from lumos.core.tables import TableRef, logged_history, table_location
 from lumos.core.workspace import Workspace
 from lumos.data.contract import TIME_FEATURES, FeatureSpec
-from lumos.data.delta_log import DeltaSnapshot, active_files, commit_info
+from lumos.data.delta_snapshot import DeltaSnapshot, open_snapshot
 
 # Columns of the sequences table that are neither features nor targets.
 KEY_COLUMNS = ("user_id", "split", "as_of", "length")
@@ -108,19 +108,19 @@ class SequencesVersion:
 def open_sequences(workspace: Workspace, ref: TableRef) -> SequencesVersion:
     """Resolve `dataset.sequences[@version]` in a local workspace, with its recipe, vocab version
     (both from the commit's lineage) and FeatureSpec."""
-    snapshot = active_files(table_location(workspace, ref), ref.version)
+    snapshot = open_snapshot(table_location(workspace, ref), ref.version)
     pinned = ref.at(snapshot.version)
     lineage, vocab_ref = ingest_lineage(workspace, pinned)
-    vocab = active_files(table_location(workspace, vocab_ref), vocab_ref.version)
+    vocab = open_snapshot(table_location(workspace, vocab_ref), vocab_ref.version)
     spec = feature_spec_for(snapshot, vocab, lineage.config)
     return SequencesVersion(pinned, snapshot, lineage.config, spec)
 
 
 def ingest_lineage(workspace: Workspace, pinned: TableRef) -> tuple[LineageRecord, TableRef]:
     """The ingest lineage in the commit of sequences version `pinned`, and the vocab version it names."""
-    info = commit_info(table_location(workspace, pinned), pinned.version) or {}
+    commits = logged_history(table_location(workspace, pinned))
     try:
-        lineage = LineageRecord.from_json(info["userMetadata"])
+        (lineage,) = [commit.lineage for commit in commits if commit.version == pinned.version and commit.lineage]
         return lineage, TableRef.parse(lineage.stats["tables"]["vocab"])
     except (KeyError, TypeError, ValueError) as error:
         raise UsageError(
@@ -130,7 +130,7 @@ def ingest_lineage(workspace: Workspace, pinned: TableRef) -> tuple[LineageRecor
 
 
 def _snapshot(table: DeltaSnapshot | str | Path) -> DeltaSnapshot:
-    return table if isinstance(table, DeltaSnapshot) else active_files(table)
+    return table if isinstance(table, DeltaSnapshot) else open_snapshot(table)
 
 
 def _arrow_schema(snapshot: DeltaSnapshot) -> pa.Schema:

@@ -2,8 +2,8 @@
 version with its lineage, one version's schema and row count.
 
 `lumos data list|history|show|trace` answer from here in well under a second, where starting
-Spark took 20-40 s. The log is replayed by `lumos.data.delta_log` (the same reader the training
-loader uses), so only local workspaces are supported; writers keep using Spark.
+Spark took 20-40 s. The log is read by delta-rs (`deltalake`, as the training loader's file
+listing is), so only local workspaces are supported; writers keep using Spark.
 """
 
 from __future__ import annotations
@@ -14,9 +14,11 @@ from typing import Any
 
 from lumos.core.errors import UsageError
 from lumos.core.lineage import LineageRecord
-from lumos.core.tables import TABLE_REF, TableRef, TableVersion, logged_history, table_location
+from lumos.core.tables import TABLE_REF, TableRef, TableVersion, logged_history, open_delta_table, table_location
 from lumos.core.workspace import Workspace
-from lumos.data.delta_log import LOG_FOLDER, DeltaSnapshot, active_files, latest_version
+from lumos.data.delta_snapshot import open_snapshot
+
+LOG_FOLDER = "_delta_log"
 
 # Delta's JSON names of primitive types → Spark's simpleString, as `describe_table` reports them.
 _SIMPLE_TYPE = {"long": "bigint", "integer": "int", "short": "smallint", "byte": "tinyint"}
@@ -41,17 +43,12 @@ def table_history(workspace: Workspace, ref: TableRef, limit: int | None = None)
 
 def resolve(workspace: Workspace, ref: TableRef) -> TableRef:
     """Pin a ref to an exact, existing version (the latest when it names none)."""
-    latest = latest_version(require_table(workspace, ref))
+    latest = open_delta_table(require_table(workspace, ref)).version()
     if ref.version is None:
         return ref.at(latest)
     if ref.version > latest:
         raise UsageError(f"{ref} does not exist: the latest version of {ref.name} is {latest}")
     return ref
-
-
-def snapshot(workspace: Workspace, ref: TableRef) -> DeltaSnapshot:
-    """The live files, schema and partitioning of `ref`'s version (latest when it names none)."""
-    return active_files(table_location(workspace, ref), resolve(workspace, ref).version)
 
 
 def version_lineage(workspace: Workspace, ref: TableRef) -> LineageRecord | None:
@@ -64,18 +61,21 @@ def version_lineage(workspace: Workspace, ref: TableRef) -> LineageRecord | None
 
 def describe_table(workspace: Workspace, ref: TableRef) -> dict[str, Any]:
     """One version's lineage, schema and row count, as plain data."""
-    import pyarrow.parquet as pq  # here, not above: `lumos data list` should not pay for pyarrow
+    # Not pyarrow.dataset (delta-rs's to_pyarrow_dataset): it imports pandas, half a second.
+    import pyarrow.parquet as pq
 
     pinned = resolve(workspace, ref)
-    version = active_files(table_location(workspace, pinned), pinned.version)
+    location = table_location(workspace, pinned)
+    table, files = open_delta_table(location, pinned.version), open_snapshot(location, pinned.version).files
     lineage = version_lineage(workspace, pinned)
     return {
         "table": pinned.name,
         "version": pinned.version,
-        "location": table_location(workspace, pinned),
+        "location": location,
         # Row counts are in every Parquet footer: no data page is read.
-        "rows": sum(pq.ParquetFile(data_file.path).metadata.num_rows for data_file in version.files),
-        "schema": [{"name": field["name"], "type": _simple_type(field["type"])} for field in version.schema["fields"]],
+        "rows": sum(pq.ParquetFile(data_file.path).metadata.num_rows for data_file in files),
+        "schema": [{"name": field["name"], "type": _simple_type(field["type"])}
+                   for field in json.loads(table.schema().to_json())["fields"]],
         "lineage": json.loads(lineage.to_json()) if lineage else None,
     }
 

@@ -32,10 +32,9 @@ from lumos.core.errors import GateError, UsageError
 from lumos.core.lineage import LineageInput, LineageRecord, code_version
 from lumos.core.progress import Report
 from lumos.core.runs import DATA_TAG, download_checkpoint, training_run
-from lumos.core.tables import TableRef, content_hash, hash_algorithm, read_table
+from lumos.core.tables import TableRef, content_hash, hash_algorithm, open_delta_table, read_table
 from lumos.core.tracking import tracking_client
 from lumos.core.workspace import Workspace
-from lumos.data.delta_log import latest_version
 from lumos.data.recipe import IngestRecipe
 from lumos.data.sequences_version import ingest_lineage
 from lumos.data.sources import fingerprint
@@ -181,7 +180,7 @@ def check_inputs(inputs: list[LineageInput]) -> tuple[list[str], list[str]]:
     for item in inputs:
         if item.kind == "delta":
             try:
-                now = latest_version(item.uri)
+                now = open_delta_table(item.uri).version()
             except Exception:  # noqa: BLE001 - any failure to read the log means the table is not there
                 changed.append(f"{item.uri}: the Delta table is gone (version {item.version} was read)")
                 continue

@@ -8,24 +8,22 @@ import json
 from dataclasses import asdict
 from typing import Any
 
-import pyarrow.parquet as pq
-
 from lumos.core.errors import UsageError
 from lumos.core.registry import resolve_model
 from lumos.core.runs import CODE_VERSION_TAG, CONFIG_HASH_TAG, DATA_TAG, RECIPE_HASH_TAG, SEED_TAG, training_run
-from lumos.core.tables import TableRef
+from lumos.core.tables import TableRef, table_location
 from lumos.core.tracking import tracking_client
 from lumos.core.workspace import Workspace
-from lumos.data.delta_log import DeltaSnapshot
-from lumos.data.table_metadata import resolve, snapshot, table_history, version_lineage
+from lumos.data.delta_snapshot import DeltaSnapshot, open_snapshot
+from lumos.data.table_metadata import resolve, table_history, version_lineage
 from lumos.infer.predictions import PARTITION
 
 
 def trace_prediction(workspace: Workspace, table: TableRef, user_id: str, as_of: datetime.date) -> dict[str, Any]:
     """Everything that made one prediction row, read from Delta logs, Parquet footers and MLflow
-    (no Spark: the row is read with pyarrow from the files of its partition)."""
+    (no Spark: delta-rs reads the row from the files of its partition)."""
     table = resolve(workspace, table)
-    model = _predicted_by(snapshot(workspace, table), user_id, as_of)
+    model = _predicted_by(open_snapshot(table_location(workspace, table), table.version), user_id, as_of)
     if model is None:
         raise UsageError(f"{table} has no prediction for user {user_id!r} as of {as_of}")
     commit = _partition_commit(workspace, table, as_of)
@@ -50,12 +48,18 @@ def trace_prediction(workspace: Workspace, table: TableRef, user_id: str, as_of:
 
 def _predicted_by(version: DeltaSnapshot, user_id: str, as_of: datetime.date) -> str | None:
     """The model named on `user_id`'s row in partition `as_of` of `version`; None without one."""
+    # pyarrow.parquet file by file, not pyarrow.dataset: that imports pandas, half a second.
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
     # Partition values live in the log, not in the files: pick the partition's files there.
-    files = [data_file.path for data_file in version.files if data_file.partition_values.get(PARTITION) == as_of.isoformat()]
-    if not files:
-        return None
-    rows = pq.read_table(files, columns=["model"], filters=[("user_id", "=", user_id)], partitioning=None)
-    return rows["model"][0].as_py() if rows.num_rows else None
+    for data_file in version.files:
+        if data_file.partition_values.get(PARTITION) == as_of:
+            rows = pq.ParquetFile(data_file.path).read(columns=["user_id", "model"])
+            models = rows.filter(pc.equal(rows["user_id"], user_id))["model"]
+            if len(models):
+                return models[0].as_py()
+    return None
 
 
 def _partition_commit(workspace: Workspace, table: TableRef, as_of: datetime.date) -> tuple[int, dict[str, Any]]:

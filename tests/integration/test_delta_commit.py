@@ -22,7 +22,7 @@ from lumos.core.tables import (
     write_table,
 )
 from lumos.core.workspace import open_workspace
-from lumos.data.delta_log import active_files
+from lumos.data.delta_snapshot import open_snapshot
 
 SCHEMA = "id int, tags array<int>"
 
@@ -74,11 +74,11 @@ def test_committed_files_become_a_version_that_replaces_the_table(spark, workspa
     assert all(properties[key] == value for key, value in LOG_RETENTION.items())
 
     # The commit reads like a DataFrame overwrite, with the lineage: in Delta's history and in
-    # the log Lumos's loader replays.
+    # the log that Lumos's readers (delta-rs) read.
     history = table_history(spark, workspace, ref)
     assert history[0].version == 3 and history[0].operation == "WRITE"
     assert history[0].lineage.record_id == record.record_id
     delta_history = spark.sql(f"DESCRIBE HISTORY delta.`{folder}`").where("version = 3").first()
     assert delta_history["operationParameters"]["mode"] == "Overwrite"
-    files = active_files(folder).files
+    files = open_snapshot(folder).files
     assert len(files) == 1 and pq.read_table(files[0].path).column("id").to_pylist() == [7]

@@ -25,10 +25,9 @@ from typer.testing import CliRunner
 
 from lumos.cli.app import app
 from lumos.core.config import from_dict, load_config, to_toml
-from lumos.core.tables import TableRef, table_location
+from lumos.core.tables import TableRef, open_delta_table, table_location
 from lumos.core.tracking import tracking_client
 from lumos.core.workspace import open_workspace
-from lumos.data.delta_log import commit_info
 from lumos.data.synthetic import SyntheticSpec
 from lumos.infer.predictions import RunInProgress, partition_lock
 from lumos.quickstart import RECIPES
@@ -77,7 +76,7 @@ def poison_sequences(spark, project: Path) -> str:
     from pyspark.sql import functions as F
 
     location = table_location(open_workspace(project), TableRef.parse("quickstart.sequences"))
-    lineage = commit_info(location, 0)["userMetadata"]
+    (lineage,) = [commit["userMetadata"] for commit in open_delta_table(location).history() if commit["version"] == 0]
     frame = spark.read.format("delta").option("versionAsOf", 0).load(location)
     poisoned = F.crc32(F.col("user_id")) % 50 == 0
     nan = F.lit(float("nan")).cast(frame.schema["user_tenure_days"].dataType)

@@ -1,4 +1,4 @@
-"""The Delta log reader and the training loader against real Spark + Delta tables.
+"""The Delta file listing (delta-rs) and the training loader against real Spark + Delta tables.
 
 The loader's batches are checked against a row-by-row reference built from
 `spark.read.format("delta").option("versionAsOf", v)`: every tensor of every row, exactly.
@@ -18,7 +18,7 @@ from lumos.core.config import load_config
 from lumos.core.tables import TableRef
 from lumos.core.workspace import open_workspace
 from lumos.data.contract import Batch, FeatureSpec
-from lumos.data.delta_log import active_files, latest_version
+from lumos.data.delta_snapshot import open_snapshot
 from lumos.data.ingest import run_ingest
 from lumos.data.loader import SequenceLoader
 from lumos.data.recipe import IngestRecipe
@@ -31,7 +31,7 @@ SEQUENCES = TableRef("quickstart", "sequences", 0)
 
 
 # ---------------------------------------------------------------------------------------------
-# The Delta log reader against Spark's own file listing
+# The Delta file listing against Spark's own
 
 
 def spark_files(spark, path: str, version: int) -> list[str]:
@@ -49,7 +49,7 @@ def small_delta_snapshots(spark):
     spark.conf.unset(key) if saved is None else spark.conf.set(key, saved)
 
 
-def test_delta_log_lists_the_files_spark_reads_at_every_version(spark, tmp_path, small_delta_snapshots):
+def test_snapshots_list_the_files_spark_reads_at_every_version(spark, tmp_path, small_delta_snapshots):
     from delta.tables import DeltaTable
 
     path = str(tmp_path / "numbers")
@@ -63,18 +63,18 @@ def test_delta_log_lists_the_files_spark_reads_at_every_version(spark, tmp_path,
         else:
             rows.write.format("delta").mode("overwrite").save(path)
     assert (tmp_path / "numbers" / "_delta_log" / f"{10:020d}.checkpoint.parquet").is_file()
-    assert latest_version(path) == 12
+    assert open_snapshot(path).version == 12
     for version in (0, 1, 3, 7, 9, 10, 11, 12):
-        snapshot = active_files(path, version)
+        snapshot = open_snapshot(path, version)
         assert snapshot.version == version
         assert [data_file.path for data_file in snapshot.files] == spark_files(spark, path, version), version
 
 
-def test_delta_log_decodes_partition_paths_like_spark(spark, tmp_path):
+def test_snapshots_decode_partition_paths_like_spark(spark, tmp_path):
     path = str(tmp_path / "partitioned")
     frame = spark.createDataFrame([(1, "a b"), (2, "x/y%z"), (3, "é=+&?#"), (4, None)], "id int, k string")
     frame.write.format("delta").partitionBy("k").save(path)
-    snapshot = active_files(path)
+    snapshot = open_snapshot(path)
     assert snapshot.partition_columns == ("k",)
     assert [data_file.path for data_file in snapshot.files] == spark_files(spark, path, 0)
     assert all(Path(data_file.path).is_file() for data_file in snapshot.files)
@@ -289,11 +289,11 @@ def test_an_old_version_reads_its_own_rows_after_an_overwrite(spark, table):
     path = table.snapshot.table_path
     newer = spark.read.format("delta").option("versionAsOf", 0).load(path).where(F.col("user_id") < "u0000050")
     newer.repartition(3).write.format("delta").mode("overwrite").save(path)
-    latest = latest_version(path)
+    latest = open_snapshot(path).version
     assert latest >= 1
 
-    old = SequenceLoader(active_files(path, 0), table.spec, 32, num_workers=2)
-    new = SequenceLoader(active_files(path, latest), table.spec, 32, num_workers=2)
+    old = SequenceLoader(open_snapshot(path, 0), table.spec, 32, num_workers=2)
+    new = SequenceLoader(open_snapshot(path, latest), table.spec, 32, num_workers=2)
     assert old.rows > new.rows
     assert loaded_rows(old) == reference_rows(spark, path, 0, table.spec)
     assert loaded_rows(new) == reference_rows(spark, path, latest, table.spec)
