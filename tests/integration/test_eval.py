@@ -119,7 +119,7 @@ def raw_test_outputs(project: Path, run: str) -> dict[str, np.ndarray | list]:
             output = model(batch)
             rows["item_scores"].append(output.item_query.double().numpy() @ table.T + bias)
             rows["next_item"] += batch.next_item.tolist()
-            rows["history"] += [set(items[real].tolist()) for items, real in zip(batch.tokens["item"], batch.mask)]
+            rows["history"] += [set(items[real].tolist()) for items, real in zip(batch.tokens["item"], batch.mask, strict=True)]
             rows["act_7d"].append(batch.act[:, horizon].numpy())
             rows["p_act_7d"].append(1 / (1 + np.exp(-output.act_logits[:, horizon].double().numpy())))
     return {name: np.concatenate(values) if name in ("item_scores", "act_7d", "p_act_7d") else values
