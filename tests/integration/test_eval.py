@@ -5,20 +5,27 @@ from __future__ import annotations
 import csv
 import io
 import json
+import math
 import shutil
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from typer.testing import CliRunner
 
 from lumos.cli.app import app
 from lumos.core.config import from_dict, load_config
+from lumos.core.runs import download_checkpoint
+from lumos.core.tables import TableRef
 from lumos.core.workspace import open_workspace
 from lumos.data.ingest import run_ingest
+from lumos.data.loader import SequenceLoader
 from lumos.data.recipe import IngestRecipe
+from lumos.data.sequences_version import open_sequences
 from lumos.data.synthetic import SyntheticSpec, generate_quickstart
 from lumos.quickstart import RECIPES
+from lumos.train.checkpoint import load_model
 from lumos.train.config import TrainConfig
 from lumos.train.run import train
 
@@ -79,6 +86,74 @@ def test_eval_all_logs_every_task_with_baselines(project):
     assert by_task["will_purchase_7d"]["baseline_metrics"]["auc_roc"] == pytest.approx(0.5)
     assert by_task["segment_probe"]["baseline"] is None and "accuracy" in by_task["segment_probe"]["metrics"]
     assert all(item["data"] == "quickstart.sequences@0" for item in summary["results"])
+
+    # The values, recomputed from the model's raw outputs on the test split with numpy.
+    test_rows = raw_test_outputs(project, run_id(project, "longer"))
+    ranks = reference_ranks(test_rows["item_scores"], test_rows)
+    assert by_task["next_item"]["rows"] == len(ranks) > 0
+    assert by_task["next_item"]["metrics"] == pytest.approx(reference_retrieval_metrics(ranks), rel=1e-9, abs=1e-12)
+    popularity = np.broadcast_to(-np.arange(test_rows["item_scores"].shape[1], dtype=float), test_rows["item_scores"].shape)
+    assert by_task["next_item"]["baseline_metrics"] == pytest.approx(
+        reference_retrieval_metrics(reference_ranks(popularity, test_rows)), rel=1e-9, abs=1e-12)
+    purchase = by_task["will_purchase_7d"]["metrics"]
+    assert by_task["will_purchase_7d"]["rows"] == len(test_rows["act_7d"])
+    assert purchase["auc_roc"] == pytest.approx(pairwise_auc(test_rows["act_7d"], test_rows["p_act_7d"]), rel=1e-9)
+    assert purchase["accuracy"] == pytest.approx(np.mean((test_rows["p_act_7d"] >= 0.5) == test_rows["act_7d"]), rel=1e-9)
+
+
+def raw_test_outputs(project: Path, run: str) -> dict[str, np.ndarray | list]:
+    """The test split's targets and labels, and the model's raw outputs on it: item scores as
+    item_query · item table + item bias in float64, the 7-day purchase probability."""
+    workspace = open_workspace(project)
+    model, _ = load_model(download_checkpoint(workspace, run, "--run"))
+    model.eval()
+    data = open_sequences(workspace, TableRef.parse("quickstart.sequences"))
+    table = model.token_embeddings["item"].weight.detach().double().numpy()  # (V, C)
+    bias = model.item_bias.detach().double().numpy()  # (V,)
+    horizon = data.spec.horizons_days.index(7)
+    rows: dict[str, list] = {"item_scores": [], "next_item": [], "history": [], "act_7d": [], "p_act_7d": []}
+    # In table order and batches of 37, where eval goes by history length in batches of 512.
+    loader = SequenceLoader(data.snapshot, data.spec, 37, split="test", shuffle=False, num_workers=0)
+    with torch.no_grad():
+        for batch in loader:
+            output = model(batch)
+            rows["item_scores"].append(output.item_query.double().numpy() @ table.T + bias)
+            rows["next_item"] += batch.next_item.tolist()
+            rows["history"] += [set(items[real].tolist()) for items, real in zip(batch.tokens["item"], batch.mask, strict=True)]
+            rows["act_7d"].append(batch.act[:, horizon].numpy())
+            rows["p_act_7d"].append(1 / (1 + np.exp(-output.act_logits[:, horizon].double().numpy())))
+    return {name: np.concatenate(values) if name in ("item_scores", "act_7d", "p_act_7d") else values
+            for name, values in rows.items()}
+
+
+def reference_ranks(item_scores: np.ndarray, rows: dict) -> np.ndarray:
+    """The target's 1-based rank among items 2.. not in the history (a tie counts one half), for
+    rows whose next item is a real item."""
+    ranks = []
+    for scores, target, history in zip(item_scores, rows["next_item"], rows["history"], strict=True):
+        if target < 2:
+            continue
+        competitors = [item for item in range(2, len(scores)) if item != target and item not in history]
+        higher = sum(scores[item] > scores[target] for item in competitors)
+        tied = sum(scores[item] == scores[target] for item in competitors)
+        ranks.append(1 + higher + tied / 2)
+    return np.array(ranks)
+
+
+def reference_retrieval_metrics(ranks: np.ndarray) -> dict[str, float]:
+    metrics = {}
+    for k in (10, 50):
+        metrics[f"hr@{k}"] = float(np.mean(ranks <= k))
+        metrics[f"ndcg@{k}"] = float(np.mean([1 / math.log2(rank + 1) if rank <= k else 0.0 for rank in ranks]))
+    metrics["mrr"] = float(np.mean(1 / ranks))
+    return metrics
+
+
+def pairwise_auc(labels: np.ndarray, probabilities: np.ndarray) -> float:
+    """The share of (positive, negative) pairs the positive wins, a tie counting one half."""
+    positives, negatives = probabilities[labels == 1], probabilities[labels == 0]
+    wins = (positives[:, None] > negatives[None, :]).sum() + (positives[:, None] == negatives[None, :]).sum() / 2
+    return float(wins / (len(positives) * len(negatives)))
 
 
 def test_leaderboard_ranks_runs_and_baseline_and_reevaluation_replaces(project):

@@ -4,6 +4,7 @@ on a few hundred ratings in the MovieLens format. The real download is opt-in (`
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import importlib.util
 import sys
@@ -263,7 +264,7 @@ def test_early_stopping_keeps_the_best_checkpoint(project):
     assert [m.step for m in history] == [3, 6, 9] and len({m.value for m in history}) == 1
 
 
-def test_tiny_end_to_end_and_sasrec_on_the_same_rows(project):
+def test_tiny_end_to_end_and_sasrec_on_the_same_rows(project, monkeypatch):
     workspace = open_workspace(project)
     summary = train(from_dict(TrainConfig, TINY), workspace)
     result = summary.result
@@ -279,12 +280,54 @@ def test_tiny_end_to_end_and_sasrec_on_the_same_rows(project):
     data = sasrec.read_table(str(project), "movielens.sequences@0")
     assert [len(sequence) for sequence in data.train_sequences] == [12] * 24  # 14 ratings less valid and test
     assert data.valid.histories[0] == data.train_sequences[0][-50:]
+    # train_and_score returns metrics only: a wrapper around its real rank_rows keeps what each
+    # ranking scored, (a copy of the model, the rows, max_len): one per epoch (valid), then test.
+    ranked = []
+    real_rank_rows = sasrec.rank_rows
+
+    def rank_rows(model, rows, table_max_len, max_len, batch_size=512):
+        ranked.append((copy.deepcopy(model), rows, max_len))
+        return real_rank_rows(model, rows, table_max_len, max_len, batch_size)
+
+    monkeypatch.setattr(sasrec, "rank_rows", rank_rows)
     run = sasrec.train_and_score(data, sasrec.SASRecConfig(d_model=8, max_epochs=2, patience=5, batch_size=8,
                                                            exclude_seen=True), report=lambda _: None)
-    assert run["test_rows"] == 24 and all(0.0 <= run[name] <= 1.0 for name in sasrec.METRICS)
+    monkeypatch.undo()
+    assert run["test_rows"] == 24 and len(ranked) == 3 and ranked[-1][1] is data.test
+    # The metrics, recomputed with numpy from the scored model's raw outputs on the test rows, and
+    # the best valid NDCG@10 from the model its epoch validated.
+    test_model, _, max_len = ranked[-1]
+    assert {name: run[name] for name in sasrec.METRICS} == pytest.approx(
+        sasrec_reference_metrics(test_model, data.test, max_len), rel=1e-9, abs=1e-12)
+    best_model, valid_rows, _ = ranked[run["best_epoch"] - 1]
+    assert valid_rows is data.valid
+    assert run["valid_ndcg@10"] == pytest.approx(sasrec_reference_metrics(best_model, data.valid, max_len)["ndcg@10"])
     shorter = sasrec.train_and_score(data, sasrec.SASRecConfig(d_model=8, max_epochs=1, batch_size=8, max_len=5,
                                                                attention_dropout=0.0), report=lambda _: None)
     assert shorter["test_rows"] == 24 and shorter["parameters"] < run["parameters"]  # a 6-row position table
+
+
+def sasrec_reference_metrics(model, rows, max_len: int) -> dict[str, float]:
+    """HR@k, NDCG@k and MRR of each row's target among items 2.. not in its history (a tie counts
+    one half), from the scores hidden · item table of the model's last position, in float64."""
+    model.eval()
+    table = model.items.weight.detach().double().numpy()  # (V, C)
+    ranks = []
+    for history, target in zip(rows.histories, rows.targets, strict=True):
+        recent = history[-max_len:]
+        with torch.no_grad():
+            hidden = model(torch.tensor([[0] * (max_len - len(recent)) + recent]))[0, -1].double().numpy()  # (C,)
+        scores = table @ hidden  # (V,)
+        competitors = [item for item in range(2, len(scores)) if item != target and item not in set(history)]
+        ranks.append(1 + sum(scores[item] > scores[target] for item in competitors)
+                     + sum(scores[item] == scores[target] for item in competitors) / 2)
+    ranks = np.array(ranks)
+    metrics = {}
+    for k in (10, 50):
+        metrics[f"hr@{k}"] = float(np.mean(ranks <= k))
+        metrics[f"ndcg@{k}"] = float(np.mean(np.where(ranks <= k, 1 / np.log2(ranks + 1), 0.0)))
+    metrics["mrr"] = float(np.mean(1 / ranks))
+    return metrics
 
 
 def test_sasrec_reads_its_max_len_but_excludes_the_whole_history():

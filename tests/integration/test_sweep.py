@@ -8,6 +8,7 @@ import json
 import shutil
 from pathlib import Path
 
+import numpy as np
 import pytest
 from typer.testing import CliRunner
 
@@ -75,6 +76,15 @@ def test_sweep_nests_resumes_and_groups_by_config(project, monkeypatch):
     assert len(children) == 8
     for run_id in children:
         assert client.get_run(run_id).data.tags["mlflow.parentRunId"] == summary["parent_run_id"]
+    for point in points:  # each child trained its point's config, and the point's values are its last valid loss
+        for run_id in point["runs"].values():
+            params = client.get_run(run_id).data.params
+            assert {key: float(params[key]) for key in ("optim.lr", "model.dropout")} == \
+                {key: float(value) for key, value in (item.split("=") for item in point["point"])}
+        assert point["values"] == {seed: pytest.approx(last_logged(client, run_id, "valid/loss"))
+                                   for seed, run_id in point["runs"].items()}
+        assert point["mean"] == pytest.approx(np.mean(list(point["values"].values())))
+        assert point["std"] == pytest.approx(np.std(list(point["values"].values()), ddof=1))
 
     # Resume: the same command finds its parent and keeps every finished child.
     again = lumos(project, *SWEEP, "--eval")
@@ -83,16 +93,30 @@ def test_sweep_nests_resumes_and_groups_by_config(project, monkeypatch):
     assert resumed["parent_run_id"] == summary["parent_run_id"]
     assert (resumed["trained"], resumed["skipped"]) == (0, 8)
     assert [point["mean"] for point in resumed["points"]] == means
+    # --eval scored the best point's seeds: one leaderboard entry each, whose AUC its training run carries.
+    best_runs = set(resumed["points"][0]["runs"].values())
+    entries = json.loads(lumos(project, "eval", "leaderboard", "--task", "will_purchase_7d", "--json").stdout)["entries"]
+    per_seed = {entry["run_id"]: entry["metrics"]["auc_roc"] for entry in entries if entry["run_id"]}
+    assert set(per_seed) == best_runs
+    for run_id, value in per_seed.items():
+        assert client.get_run(run_id).data.metrics["eval/will_purchase_7d/auc_roc"] == pytest.approx(value)
     auc = resumed["evaluation"]["will_purchase_7d"]["auc_roc"]
-    assert 0.0 <= auc["mean"] <= 1.0 and auc["std"] >= 0.0
+    assert auc["mean"] == pytest.approx(np.mean(list(per_seed.values())))
+    assert auc["std"] == pytest.approx(np.std(list(per_seed.values()), ddof=1))
 
     board = json.loads(lumos(project, "eval", "leaderboard", "--task", "will_purchase_7d", "--group-by", "config",
                              "--json").stdout)
-    best = [group for group in board["groups"] if set(group["runs"]) == set(resumed["points"][0]["runs"].values())]
+    assert len(board["groups"]) == 2  # the best point's config and the baseline
+    best = [group for group in board["groups"] if set(group["runs"]) == best_runs]
     assert len(best) == 1 and best[0]["n"] == 2
-    assert best[0]["metrics"]["auc_roc"]["mean"] == pytest.approx(auc["mean"])
-    assert best[0]["metrics"]["auc_roc"]["std"] == pytest.approx(auc["std"])
+    assert best[0]["metrics"]["auc_roc"]["mean"] == pytest.approx(np.mean(list(per_seed.values())))
+    assert best[0]["metrics"]["auc_roc"]["std"] == pytest.approx(np.std(list(per_seed.values()), ddof=1))
     assert {group["label"] for group in board["groups"]} >= {"baseline: prior_rate"}
+
+
+def last_logged(client, run_id: str, key: str) -> float:
+    """The value of `key` at the run's last logged step."""
+    return max(client.get_metric_history(run_id, key), key=lambda metric: (metric.step, metric.timestamp)).value
 
 
 def test_parallel_children_train_in_their_own_processes(project, monkeypatch):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import torch
 
 from lumos.data.contract import FIRST_TOKEN_ID, FeatureSpec
@@ -32,6 +33,41 @@ def test_columns_match_the_output_schema_and_history_is_left_out():
     assert ((columns["p_act_7d"] >= 0) & (columns["p_act_7d"] <= 1)).all()
     kept = score_batch(lumos_model, None, batch, top_k=4, exclude_history=False)
     assert not np.array_equal(kept["top_ids"], columns["top_ids"]) or not batch.mask.any()
+
+
+@pytest.mark.parametrize("exclude_history", [True, False], ids=["history left out", "history kept"])
+def test_top_k_is_a_sort_of_the_raw_item_scores_without_reserved_ids_and_history(exclude_history):
+    lumos_model = model()
+    with torch.no_grad():  # a learned popularity offset, zero at initialization: make it count
+        lumos_model.item_bias.copy_(torch.randn(FEATURES.item_vocab_size, generator=torch.Generator().manual_seed(5)))
+    batch = synthetic_batch(FEATURES, batch_size=6, seq_len=5, seed=2)
+    # Padded positions hold a real id: only the history's real positions may be left out.
+    batch.tokens["item"] = torch.where(batch.mask, batch.tokens["item"], 3)
+    top_k = 6  # more than some rows have left: their tails are -inf
+    columns = score_batch(lumos_model, None, batch, top_k=top_k, exclude_history=exclude_history)
+
+    # The expectation, from the model's raw outputs: query · item table + item bias, in float64.
+    with torch.no_grad():
+        query = lumos_model(batch).item_query.double().numpy()  # (B, C)
+    table = lumos_model.token_embeddings["item"].weight.detach().double().numpy()  # (V, C)
+    raw = query @ table.T + lumos_model.item_bias.detach().double().numpy()  # (B, V)
+    tokens, mask = batch.tokens["item"].numpy(), batch.mask.numpy()
+    for row in range(batch.size):
+        history = set(tokens[row][mask[row]].tolist()) if exclude_history else set()
+        allowed = np.array([item for item in range(FEATURES.item_vocab_size) if item >= 2 and item not in history])
+        expected_ids = allowed[np.argsort(-raw[row, allowed], kind="stable")][:top_k]
+        expected_scores = np.full(top_k, -np.inf)
+        expected_scores[:len(expected_ids)] = raw[row, expected_ids]
+        np.testing.assert_allclose(columns["top_scores"][row], expected_scores, rtol=1e-5, atol=1e-6)
+        # Ids where their score is apart from its neighbours' (a near-tie may come in either order).
+        gaps = np.diff(expected_scores[:len(expected_ids)])
+        apart = np.ones(len(expected_ids), dtype=bool)
+        apart[1:] &= np.abs(gaps) > 1e-4
+        apart[:-1] &= np.abs(gaps) > 1e-4
+        assert columns["top_ids"][row][:len(expected_ids)][apart].tolist() == expected_ids[apart].tolist()
+    # The batch tests what it means to: row 0's history leaves fewer than k items, row 1's padding holds an id.
+    assert len(set(tokens[0][mask[0]].tolist()) - {0, 1}) > FEATURES.item_vocab_size - 2 - top_k
+    assert 3 not in tokens[1][mask[1]] and 3 in tokens[1][~mask[1]]
 
 
 def test_top_k_beyond_the_recommendable_items_is_trimmed_per_row():

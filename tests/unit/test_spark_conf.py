@@ -3,6 +3,7 @@ resolved after) and the driver's memory."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -65,10 +66,26 @@ def test_a_resolution_without_delta_is_not_remembered(tmp_path, monkeypatch):
     assert remembered_delta_jars(COORDINATES) is None
 
 
-def test_auto_driver_memory_is_a_third_of_the_machine_within_bounds():
-    third = usable_memory_bytes() // 3 // 2**20
-    assert spark_conf(SparkSettings())["spark.driver.memory"] == f"{min(max(third, 1024), 8192)}m"
+GiB = 2**30
+
+
+@pytest.mark.parametrize(("machine", "expected"), [
+    (int(1.5 * GiB), "1024m"),  # a third is 512 MiB: the 1 GiB floor
+    (3 * GiB, "1024m"),  # exactly the floor
+    (10 * GiB, "3413m"),  # 10240 MiB / 3, rounded down
+    (12 * GiB, "4096m"),
+    (24 * GiB, "8192m"),  # exactly the cap
+    (64 * GiB, "8192m"),  # a third is 21845 MiB: the 8 GiB cap
+], ids=["1.5 GiB", "3 GiB", "10 GiB", "12 GiB", "24 GiB", "64 GiB"])
+def test_auto_driver_memory_is_a_third_of_the_machine_within_bounds(monkeypatch, machine, expected):
+    monkeypatch.setattr("lumos.core.spark.usable_memory_bytes", lambda: machine)
+    assert spark_conf(SparkSettings())["spark.driver.memory"] == expected
     assert spark_conf(SparkSettings(driver_memory="2g"))["spark.driver.memory"] == "2g"
+
+
+def test_usable_memory_is_at_most_the_physical_memory():
+    physical = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    assert 0 < usable_memory_bytes() <= physical
 
 
 @pytest.mark.parametrize("value", ["4gb", "0g", "-1g", "lots", ""])
