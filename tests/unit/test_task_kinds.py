@@ -20,7 +20,7 @@ from lumos.core.config import from_dict
 from lumos.core.errors import ConfigError, UsageError
 from lumos.core.tables import TableRef
 from lumos.data.contract import FeatureSpec
-from lumos.data.delta_log import DataFile, DeltaSnapshot
+from lumos.data.delta_snapshot import DataFile, DeltaSnapshot
 from lumos.data.loader import table_batches
 from lumos.data.sequences_version import SequencesVersion
 from lumos.eval.kinds import KINDS
@@ -48,7 +48,7 @@ def data(tmp_path_factory) -> SequencesVersion:
         })
     path = folder / "part-0.parquet"
     pq.write_table(pa.Table.from_pylist(rows), path)
-    snapshot = DeltaSnapshot(str(folder), 0, (DataFile(str(path), path.stat().st_size),), schema_string="{}")
+    snapshot = DeltaSnapshot(str(folder), 0, (DataFile(str(path), path.stat().st_size),))
     return SequencesVersion(TableRef.parse("tiny.sequences@0"), snapshot, {}, FEATURES)
 
 
