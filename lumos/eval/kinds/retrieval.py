@@ -8,17 +8,16 @@ them), and a target missing from the list ranks past every cut-off (hit 0, recip
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import math
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import torch
 
-from lumos.data.sequences_version import SequencesVersion
 from lumos.data.contract import FIRST_TOKEN_ID
+from lumos.data.sequences_version import SequencesVersion
 from lumos.eval.kinds.kind import Broken, Prediction, Scores, TaskKind, picked_scores, rows_where, task_batches
 from lumos.train import retrieval_metrics
 from lumos.train.model import LumosModel
