@@ -115,6 +115,20 @@ def record(workspace: Workspace, spec: TaskSpec, subject: Subject, data: str, me
     return run.info.run_id
 
 
+def entry_start_times(workspace: Workspace, spec: TaskSpec, subject: Subject) -> list[int]:
+    """When each entry of `subject` on the task was logged (ms since the epoch), the entries an
+    evaluation of the same data replaced (deleted runs) included."""
+    from mlflow.entities import ViewType
+
+    client = tracking_client(workspace)
+    experiment = client.get_experiment_by_name(experiment_name(spec.name))
+    if experiment is None:
+        return []
+    runs = client.search_runs([experiment.experiment_id], filter_string=f"tags.`{TAG}subject` = '{_quote(subject.key)}'",
+                              run_view_type=ViewType.ALL, max_results=5000)
+    return sorted(run.info.start_time for run in runs)
+
+
 def _metrics(metrics: dict[str, float], prefix: str) -> list:
     from mlflow.entities import Metric
 

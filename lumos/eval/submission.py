@@ -7,14 +7,19 @@ broken rule is reported at once, with the first offending rows, and nothing is w
 kind scores the predictions with the same metric code as its model entries, and the entry is logged
 as `submission/TEAM/MODEL`, with the file's sha256, rows and description.
 
+A name may submit `daily_submissions` files to a task in any 24 hours (a task setting), counted
+from the tracking store; past it, GateError (exit 3) says when the next one is allowed.
+
 A submitted entry never writes into a training run, so no promotion gate ever reads it.
 """
 
 from __future__ import annotations
 
+import datetime
 import hashlib
 import json
 import re
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,18 +27,19 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from lumos.core.errors import UsageError
+from lumos.core.errors import GateError, UsageError
 from lumos.core.tables import TableRef
 from lumos.core.workspace import Workspace
 from lumos.data.sequences_version import SequencesVersion, open_sequences
 from lumos.eval.embeddings import split_rows
 from lumos.eval.kinds import KINDS
 from lumos.eval.kinds.kind import Broken, Prediction
-from lumos.eval.leaderboard import Subject, record
+from lumos.eval.leaderboard import Subject, entry_start_times, record
 from lumos.eval.tasks import LoadedTask, TaskSpec
 
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*$")
 SHOWN_ROWS = 5  # offending rows named per broken rule
+DAY_MS = 24 * 60 * 60 * 1000
 
 
 class SubmissionError(UsageError):
@@ -80,6 +86,8 @@ def submit(workspace: Workspace, task: LoadedTask, path: Path, name: str, descri
     prediction = prediction_of(spec)
     if not NAME.match(name):
         raise UsageError(f"--name {name!r}: expected TEAM/MODEL (letters, digits, '.', '_' and '-'), e.g. acme/gbdt-v2")
+    subject = Subject(key=f"submission:{name}", label=name)
+    check_daily_limit(workspace, spec, subject)
     data = open_sequences(workspace, TableRef.parse(spec.data))
     rows = task_users(spec, data)
     table = read_predictions(path, prediction)
@@ -87,10 +95,20 @@ def submit(workspace: Workspace, task: LoadedTask, path: Path, name: str, descri
     scores = prediction.score(spec, data, rows, column)
     digest = file_sha256(path)
     details = {"sha256": digest, "file": path.name, "file_rows": str(table.num_rows), "description": description}
-    subject = Subject(key=f"submission:{name}", label=name)
     eval_run_id = record(workspace, spec, subject, str(data.ref), scores.metrics, scores.rows, details)
     return SubmissionResult(spec.name, name, str(data.ref), scores.metrics, table.num_rows, scores.rows, digest,
                             eval_run_id)
+
+
+def check_daily_limit(workspace: Workspace, spec: TaskSpec, subject: Subject, now_ms: int | None = None) -> None:
+    """GateError (exit 3) when `subject` already entered `spec.daily_submissions` files in the last 24 hours."""
+    now_ms = int(time.time() * 1000) if now_ms is None else now_ms
+    recent = [start for start in entry_start_times(workspace, spec, subject) if start > now_ms - DAY_MS]
+    if len(recent) >= spec.daily_submissions:
+        allowed = recent[-spec.daily_submissions] + DAY_MS  # when the oldest counted one leaves the window
+        at = datetime.datetime.fromtimestamp(allowed / 1000, datetime.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+        raise GateError(f"{subject.label} has submitted {len(recent)} time(s) to task {spec.name} in the last 24 hours "
+                        f"(the task allows {spec.daily_submissions}); the next submission is allowed at {at}")
 
 
 def read_predictions(path: Path, prediction: Prediction) -> pa.Table:

@@ -192,3 +192,22 @@ def test_a_submission_never_moves_a_promotion_gate_and_the_leaderboard_shows_kin
     assert table.exit_code == 0, table.output
     kinds = {row["entry"]: row["kind"] for row in csv.DictReader(io.StringIO(table.stdout))}
     assert kinds["acme/oracle"] == "submission" and kinds["baseline: popularity"] == "baseline"
+
+
+def test_the_daily_limit_counts_only_that_name_and_task(project, tmp_path):
+    with (project / "tasks" / "spend_7d.toml").open("a") as spec:
+        spec.write("daily_submissions = 2\n")
+    rows = task_users(spec_of(project, "spend_7d"), open_sequences(open_workspace(project), TableRef.parse("quickstart.sequences")))
+    pq.write_table(pa.table({"user_id": rows["user_id"], "value": [1.0] * rows.num_rows}), tmp_path / "flat.parquet")
+
+    def submit(task: str, name: str):
+        return lumos(project, "eval", "--task", task, "--predictions", str(tmp_path / "flat.parquet"), "--name", name)
+
+    assert submit("spend_7d", "acme/flat").exit_code == 0
+    assert submit("spend_7d", "acme/flat").exit_code == 0  # replaces the entry, and still counts
+    refused = submit("spend_7d", "acme/flat")
+    assert refused.exit_code == 3, refused.output
+    assert "submitted 2 time(s)" in refused.output and "next submission is allowed at" in refused.output
+    assert submit("spend_7d", "acme/other").exit_code == 0
+    board = leaderboard_json(project, "spend_7d")["entries"]
+    assert sorted(entry["label"] for entry in board if entry["kind"] == "submission") == ["acme/flat", "acme/other"]
