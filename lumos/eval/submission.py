@@ -5,7 +5,8 @@ it, and submits a Parquet, CSV or Delta file with `user_id` and the column its k
 (`Prediction` in lumos/eval/kinds/). The file is checked strictly before anything is logged; every
 broken rule is reported at once, with the first offending rows, and nothing is written. Then the
 kind scores the predictions with the same metric code as its model entries, and the entry is logged
-as `submission/TEAM/MODEL`, with the file's sha256, rows and description.
+as `submission/TEAM/MODEL`, with the file's sha256, rows, description and, when the file sits in a
+git checkout, its commit.
 
 A name may submit `daily_submissions` files to a task in any 24 hours (a task setting), counted
 from the tracking store; past it, GateError (exit 3) says when the next one is allowed.
@@ -19,6 +20,7 @@ import datetime
 import hashlib
 import json
 import re
+import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -95,6 +97,9 @@ def submit(workspace: Workspace, task: LoadedTask, path: Path, name: str, descri
     scores = prediction.score(spec, data, rows, column)
     digest = file_sha256(path)
     details = {"sha256": digest, "file": path.name, "file_rows": str(table.num_rows), "description": description}
+    commit = checkout_commit(path)
+    if commit:
+        details["file_commit"] = commit
     eval_run_id = record(workspace, spec, subject, str(data.ref), scores.metrics, scores.rows, details)
     return SubmissionResult(spec.name, name, str(data.ref), scores.metrics, table.num_rows, scores.rows, digest,
                             eval_run_id)
@@ -217,6 +222,17 @@ def _shown_rows(rows: np.ndarray, users: list[str | None]) -> str:
     shown = ", ".join(f"{row + 1} (user {users[row]})" for row in rows[:SHOWN_ROWS])
     more = f" and {rows.size - SHOWN_ROWS} more" if rows.size > SHOWN_ROWS else ""
     return f"{rows.size} row(s): {shown}{more}"
+
+
+def checkout_commit(path: Path) -> str | None:
+    """The commit of the git checkout the file sits in (the code that made it, as a rule); None outside one."""
+    folder = path if path.is_dir() else path.parent
+    try:
+        found = subprocess.run(["git", "-C", str(folder.resolve()), "rev-parse", "HEAD"], capture_output=True, text=True,
+                               timeout=5, check=False)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return found.stdout.strip() or None if found.returncode == 0 else None
 
 
 def file_sha256(path: Path) -> str:

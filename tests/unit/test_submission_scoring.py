@@ -135,3 +135,22 @@ def test_each_broken_rule_is_named_with_its_first_rows(data, kind, change, rule)
     table = change(pa.table({"user_id": rows["user_id"], prediction.column: good}))
     with pytest.raises(SubmissionError, match=rule):
         checked_predictions(loaded.spec, data, prediction, rows, table, Path("p.parquet"))
+
+
+def test_a_file_in_a_git_checkout_records_its_commit(tmp_path):
+    import subprocess
+
+    from lumos.eval.submission import checkout_commit
+
+    outside = tmp_path / "outside" / "p.parquet"
+    outside.parent.mkdir()
+    outside.write_bytes(b"x")
+    assert checkout_commit(outside) is None
+    repo = tmp_path / "team"
+    repo.mkdir()
+    git = ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run([*git, "init", "-q"], check=True)
+    subprocess.run([*git, "commit", "-q", "--allow-empty", "-m", "model"], check=True)
+    head = subprocess.run([*git, "rev-parse", "HEAD"], check=True, capture_output=True, text=True).stdout.strip()
+    (repo / "p.parquet").write_bytes(b"x")
+    assert checkout_commit(repo / "p.parquet") == head
