@@ -49,18 +49,10 @@ class Export:
 def submission_schema(spec: TaskSpec) -> dict[str, Any]:
     """The columns and rules of a submission to `spec` (what the checks in lumos.eval.submission enforce)."""
     prediction = prediction_of(spec)
-    rules = ["one row per user of users.parquet: none missing, none twice, no other user"]
-    if spec.kind == "retrieval":
-        rules += [f"top_items: at least {max(spec.ks)} distinct item ids of items.parquet, best first",
-                  "items of the user's history are dropped before ranking" if spec.exclude_history
-                  else "items of the user's history are ranked like any other"]
-    elif spec.kind == "binary":
-        rules.append("probability: a finite number in [0, 1]")
-    else:
-        rules.append("value: a finite number")
+    rules = ["one row per user of users.parquet: none missing, none twice, no other user", *prediction.rules(spec)]
     return {
         "task": spec.name, "kind": spec.kind, "data": spec.data, "split": spec.split,
-        "primary_metric": spec.primary_metric, "metrics": list(spec.metric_names),
+        "primary_metric": spec.primary_metric, "daily_submissions": spec.daily_submissions, "metrics": list(spec.metric_names),
         "columns": [{"name": "user_id", "type": "string", "description": "the user, as users.parquet names them"},
                     {"name": prediction.column, "type": prediction.type, "description": prediction.description}],
         "rules": rules,

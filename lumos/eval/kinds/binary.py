@@ -83,5 +83,5 @@ def score_probabilities(spec: TaskSpec, data: SequencesVersion, rows: pa.Table, 
 
 
 PREDICTION = Prediction("probability", "double", "probability that the user acts within the task's horizon",
-                        check_probabilities, score_probabilities)
+                        lambda spec: ["probability: a finite number in [0, 1]"], check_probabilities, score_probabilities)
 KIND = TaskKind("binary", default_metrics, score, baseline=prior_rate_baseline, head="binary", prediction=PREDICTION)

@@ -60,6 +60,8 @@ class Prediction:
     """Its type, as the schema states it (list<int64> or double)."""
     description: str
     """What the value means, for the team that writes it."""
+    rules: Callable[[TaskSpec], list[str]]
+    """The column's rules for a task, as the submission schema states them."""
     check: CheckPredictions
     score: ScorePredictions
 

@@ -99,7 +99,13 @@ def _list_rank(items: np.ndarray, target: int, history: list[int], exclude_histo
     return float(hit[0] + 1) if hit.size else math.inf
 
 
+def top_items_rules(spec: TaskSpec) -> list[str]:
+    return [f"top_items: at least {max(spec.ks)} distinct item ids of items.parquet, best first",
+            "items of the user's history are dropped before ranking" if spec.exclude_history
+            else "items of the user's history are ranked like any other"]
+
+
 PREDICTION = Prediction("top_items", "list<int64>", "item ids, best first, at least the task's largest k of them",
-                        check_top_items, score_top_items)
+                        top_items_rules, check_top_items, score_top_items)
 KIND = TaskKind("retrieval", default_metrics, score, baseline=popularity_baseline, head="retrieval",
                 prediction=PREDICTION)
