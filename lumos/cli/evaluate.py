@@ -43,17 +43,28 @@ def run_eval(
     fail_below: Annotated[
         list[str] | None, typer.Option("--fail-below", help="METRIC=VALUE: exit 3 when a score is under it (repeatable).")
     ] = None,
+    predictions: Annotated[
+        Path | None, typer.Option("--predictions", help="Submit a predictions file (Parquet, CSV or Delta) from any model.")
+    ] = None,
+    name: Annotated[str | None, typer.Option("--name", help="TEAM/MODEL: the submission's leaderboard name.")] = None,
+    description: Annotated[str, typer.Option("--description", help="What the submitted model is.")] = "",
     tasks_dir: TasksOption = None,
     json_output: JsonOption = False,
 ) -> None:
-    """Score a training run (--run) or registered model (--model) on tasks (--task T, or --all).
+    """Score a training run (--run) or registered model (--model) on tasks (--task T, or --all),
+    or submit a predictions file from any model (--task T --predictions FILE --name TEAM/MODEL).
 
     Each (task, model, data version) becomes one entry of the task's leaderboard, the MLflow
     experiment lumos-eval/T, replacing an earlier entry of the same triple; the task's "no model"
     baseline is refreshed beside it, and the scores are also logged into the training run as
     eval/T/METRIC. Exit code 3 when a task threshold or --fail-below bar is missed.
+    A submission is checked before anything is logged (exit 2 naming each broken rule);
+    `lumos eval tasks export T` writes what a team needs to make one.
     """
     if ctx.invoked_subcommand is not None:
+        return
+    if predictions is not None or name is not None:
+        _submit(ctx, task or [], all_tasks, run, model, fail_below, predictions, name, description, tasks_dir, json_output)
         return
     from lumos.eval.evaluate import evaluate, resolve_subject
     from lumos.eval.tasks import find_task
@@ -76,6 +87,27 @@ def run_eval(
                 for name, value in result.metrics.items()]
         print_table(f"{result.task} on {result.data} ({result.rows:,} rows)", ["metric", subject.label, result.baseline or ""], rows)
     echo("leaderboards: lumos eval leaderboard --task " + results[0].task if results else "")
+
+
+def _submit(ctx, task: list[str], all_tasks: bool, run, model, fail_below, predictions: Path | None, name: str | None,
+            description: str, tasks_dir: Path | None, json_output: bool) -> None:
+    from lumos.eval.submission import submit
+    from lumos.eval.tasks import find_task
+
+    if predictions is None or name is None:
+        raise UsageError("a submission names both --predictions FILE and --name TEAM/MODEL")
+    if len(task) != 1 or all_tasks:
+        raise UsageError("a submission is for one task: --task T")
+    if run is not None or model is not None or fail_below:
+        raise UsageError("--predictions is scored as it is: leave out --run, --model and --fail-below")
+    workspace, tasks = _load(ctx, tasks_dir)
+    result = submit(workspace, find_task(tasks, task[0]), predictions, name, description)
+    if json_output:
+        emit_json(result)
+        return
+    print_table(f"{result.task} on {result.data}: submission {result.name} ({result.rows:,} users)", ["metric", result.name],
+                [(metric, f"{value:.4f}") for metric, value in result.metrics.items()])
+    echo(f"sha256 {result.sha256}; leaderboard: lumos eval leaderboard --task {result.task}")
 
 
 @app.command("list")
@@ -124,13 +156,13 @@ def show_leaderboard(
         emit_json({"task": spec.name, "primary_metric": spec.primary_metric, "direction": spec.primary_direction,
                    "entries": [entry_json(entry) for entry in entries]})
         return
-    header = ["rank", "entry", "run", "model", *metrics, "data", "date"]
-    rows = [[e.rank, e.label, e.run_id or "", e.model or "", *[_cell(e.metrics.get(m)) for m in metrics], e.data, e.date]
+    header = ["rank", "entry", "kind", "run", "model", *metrics, "data", "date"]
+    rows = [[e.rank, e.label, e.kind, e.run_id or "", e.model or "", *[_cell(e.metrics.get(m)) for m in metrics], e.data, e.date]
             for e in entries]
     _print_rows(f"{spec.name}: ranked by {spec.primary_metric} ({spec.primary_direction})", header, rows, csv_output)
 
 
-tasks_app = typer.Typer(no_args_is_help=True, help="Write task specs.")
+tasks_app = typer.Typer(no_args_is_help=True, help="Write task specs; export a task and its submission schema.")
 app.add_typer(tasks_app, name="tasks")
 
 
@@ -170,6 +202,55 @@ def generate_tasks(
         return
     print_table(f"{len(written)} task(s) in {folder}", ["task", "column", "probe"],
                 [(task.name, task.column, task.probe) for task in written])
+
+
+@tasks_app.command("export")
+@handles_errors
+def export_task(
+    ctx: typer.Context,
+    task: Annotated[str, typer.Argument(help="The task to export.")],
+    out: Annotated[Path, typer.Option("--out", help="Folder to write users.parquet, vocab.parquet, items.parquet and schema.json to.")],
+    tasks_dir: TasksOption = None,
+    json_output: JsonOption = False,
+) -> None:
+    """What a team outside Lumos needs to submit to a task: its users and their histories up to the
+    task's cutoff (never a label), the item ids (retrieval) and the submission schema."""
+    from lumos.eval.export import export_task as export
+    from lumos.eval.tasks import find_task
+
+    workspace, tasks = _load(ctx, tasks_dir)
+    result = export(workspace, find_task(tasks, task), out)
+    if json_output:
+        emit_json(result)
+        return
+    items = f", {result.items:,} items" if result.items is not None else ""
+    echo(f"{result.task}: {result.users:,} users{items} from {result.data} → {out}: {', '.join(result.files)}")
+    echo(f"submit: lumos eval --task {result.task} --predictions FILE --name TEAM/MODEL")
+
+
+@tasks_app.command("schema")
+@handles_errors
+def task_schema(
+    ctx: typer.Context,
+    task: Annotated[str, typer.Argument(help="The task whose submission schema to show.")],
+    tasks_dir: TasksOption = None,
+    json_output: JsonOption = False,
+) -> None:
+    """The columns and rules of a submission to a task."""
+    from lumos.eval.export import submission_schema
+    from lumos.eval.tasks import find_task
+
+    _, tasks = _load(ctx, tasks_dir)
+    schema = submission_schema(find_task(tasks, task).spec)
+    if json_output:
+        emit_json(schema)
+        return
+    print_table(f"{schema['task']} ({schema['kind']}): a submission's columns", ["column", "type", "description"],
+                [(column["name"], column["type"], column["description"]) for column in schema["columns"]])
+    for rule in schema["rules"]:
+        echo(f"- {rule}")
+    echo(f"formats: {', '.join(schema['formats'])}")
+    echo(schema["submit"])
 
 
 def _show_groups(workspace, spec, top: int | None, json_output: bool, csv_output: bool) -> None:

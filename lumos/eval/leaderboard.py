@@ -35,11 +35,26 @@ class Subject:
     model: str | None = None
     """name/version when a registered model version was named."""
 
+    @property
+    def kind(self) -> str:
+        """What kind of entry it makes: model (a training run or registered version), baseline or submission."""
+        return entry_kind(self.key)
+
+
+ENTRY_KINDS = ("model", "baseline", "submission")
+
+
+def entry_kind(subject_key: str) -> str:
+    prefix = subject_key.partition(":")[0]
+    return "model" if prefix in ("run", "model") else prefix
+
 
 @dataclass(frozen=True)
 class Entry:
     rank: int
     label: str
+    kind: str
+    """model, baseline or submission."""
     run_id: str | None
     model: str | None
     data: str
@@ -52,8 +67,10 @@ def experiment_name(task: str) -> str:
     return f"lumos-eval/{task}"
 
 
-def record(workspace: Workspace, spec: TaskSpec, subject: Subject, data: str, metrics: dict[str, float], rows: int) -> str:
-    """Log one leaderboard entry (replacing an earlier one for the same subject and data)."""
+def record(workspace: Workspace, spec: TaskSpec, subject: Subject, data: str, metrics: dict[str, float], rows: int,
+           details: dict[str, str] | None = None) -> str:
+    """Log one leaderboard entry (replacing an earlier one for the same subject and data).
+    `details` become tags lumos.eval.<key> (a submission's file digest, rows and description)."""
     from mlflow.entities import Param
 
     client = tracking_client(workspace)
@@ -69,6 +86,7 @@ def record(workspace: Workspace, spec: TaskSpec, subject: Subject, data: str, me
         f"{TAG}task": spec.name,
         f"{TAG}kind": spec.kind,
         f"{TAG}subject": subject.key,
+        f"{TAG}entry": subject.kind,
         f"{TAG}label": subject.label,
         f"{TAG}data": data,
         f"{TAG}primary_metric": mlflow_key(spec.primary_metric),  # the metric key, as logged
@@ -78,6 +96,7 @@ def record(workspace: Workspace, spec: TaskSpec, subject: Subject, data: str, me
         tags[f"{TAG}run"] = subject.run_id
     if subject.model:
         tags[f"{TAG}model"] = subject.model
+    tags |= {f"{TAG}{key}": value for key, value in (details or {}).items()}
     run = client.create_run(experiment_id, run_name=entry_run_name(subject), tags=tags)
     params = {"task": spec.name, "kind": spec.kind, "subject": subject.key, "data": data, "split": spec.split,
               "primary_metric": mlflow_key(spec.primary_metric), "rows": str(rows)}
@@ -89,10 +108,25 @@ def record(workspace: Workspace, spec: TaskSpec, subject: Subject, data: str, me
     client.log_inputs(run.info.run_id, [delta_dataset_input(table, table_location(workspace, table), "eval")])
     client.set_terminated(run.info.run_id, "FINISHED")
     client.set_experiment_tag(experiment_id, NOTE_TAG, experiment_description(spec, leaderboard(workspace, spec, top=10)))
-    if subject.run_id:
-        # The training run carries its scores too, so a run's page shows how it evaluated.
+    if subject.run_id and subject.kind == "model":
+        # The training run carries its scores too, so a run's page shows how it evaluated; promotion
+        # gates read them there, so only a model entry ever writes them.
         client.log_batch(subject.run_id, metrics=_metrics(metrics, f"eval/{spec.name}/"))
     return run.info.run_id
+
+
+def entry_start_times(workspace: Workspace, spec: TaskSpec, subject: Subject) -> list[int]:
+    """When each entry of `subject` on the task was logged (ms since the epoch), the entries an
+    evaluation of the same data replaced (deleted runs) included."""
+    from mlflow.entities import ViewType
+
+    client = tracking_client(workspace)
+    experiment = client.get_experiment_by_name(experiment_name(spec.name))
+    if experiment is None:
+        return []
+    runs = client.search_runs([experiment.experiment_id], filter_string=f"tags.`{TAG}subject` = '{_quote(subject.key)}'",
+                              run_view_type=ViewType.ALL, max_results=5000)
+    return sorted(run.info.start_time for run in runs)
 
 
 def _metrics(metrics: dict[str, float], prefix: str) -> list:
@@ -104,7 +138,7 @@ def _metrics(metrics: dict[str, float], prefix: str) -> list:
 
 
 def entry_run_name(subject: Subject) -> str:
-    """model/quickstart-v1, baseline/popularity or run/<training run name>: what the entry is."""
+    """model/quickstart-v1, baseline/popularity, submission/TEAM/MODEL or run/<training run name>: what the entry is."""
     kind, _, name = subject.key.partition(":")
     if subject.model:
         model, _, version = subject.model.partition("/")
@@ -129,12 +163,12 @@ def experiment_description(spec: TaskSpec, entries: list[Entry]) -> str:
         f"Primary metric: `{key}` ({'higher' if spec.primary_direction == 'max' else 'lower'} is better); one run per "
         "evaluated model (or baseline) and data version, from `lumos eval`.",
         "",
-        f"| rank | entry | data | {key} |",
-        "|---|---|---|---|",
+        f"| rank | entry | kind | data | {key} |",
+        "|---|---|---|---|---|",
     ]
     for entry in entries:
         value = entry.metrics.get(spec.primary_metric)
-        lines.append(f"| {entry.rank} | {entry.label} | `{entry.data}` | {'' if value is None else f'{value:.4f}'} |")
+        lines.append(f"| {entry.rank} | {entry.label} | {entry.kind} | `{entry.data}` | {'' if value is None else f'{value:.4f}'} |")
     return "\n".join(lines)
 
 
@@ -156,7 +190,8 @@ def leaderboard(workspace: Workspace, spec: TaskSpec, top: int | None = None) ->
     for rank, run in enumerate(sorted(runs, key=order)[:top] if top else sorted(runs, key=order), start=1):
         tags = run.data.tags
         entries.append(Entry(
-            rank=rank, label=tags.get(f"{TAG}label", run.info.run_id), run_id=tags.get(f"{TAG}run"),
+            rank=rank, label=tags.get(f"{TAG}label", run.info.run_id),
+            kind=tags.get(f"{TAG}entry") or entry_kind(tags.get(f"{TAG}subject", "")), run_id=tags.get(f"{TAG}run"),
             model=tags.get(f"{TAG}model"), data=tags.get(f"{TAG}data", ""),
             metrics={metric_name(key): value for key, value in run.data.metrics.items()},
             date=_date(run.info.start_time), eval_run_id=run.info.run_id,
@@ -225,7 +260,7 @@ def group_json(group: Group) -> dict[str, Any]:
 
 
 def entry_json(entry: Entry) -> dict[str, Any]:
-    return {"rank": entry.rank, "label": entry.label, "run_id": entry.run_id, "model": entry.model,
+    return {"rank": entry.rank, "label": entry.label, "kind": entry.kind, "run_id": entry.run_id, "model": entry.model,
             "data": entry.data, "metrics": entry.metrics, "date": entry.date, "eval_run_id": entry.eval_run_id}
 
 

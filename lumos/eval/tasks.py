@@ -74,6 +74,9 @@ class TaskSpec:
     """embedding_probe: the labels table and the probe."""
     batch_size: int = 512
     """Rows scored at once."""
+    daily_submissions: int = 5
+    """Predictions files one submission name may enter in 24 hours (`lumos eval --predictions`);
+    past it, exit 3 with the count and when the next one is allowed."""
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:  # a spec built in code; a file's kind is checked by its type
@@ -102,6 +105,8 @@ class TaskSpec:
             problems.append(("ks", "every k must be at least 1"))
         if self.batch_size < 1:
             problems.append(("batch_size", "must be at least 1"))
+        if self.daily_submissions < 1:
+            problems.append(("daily_submissions", "must be at least 1"))
         require_valid(problems)
 
     @property

@@ -1,7 +1,9 @@
 """Eval task kinds: the names a task spec's `kind` key may take, each with how it is scored.
 
 A kind is a `TaskKind` record of functions (kind.py): its default metrics, how a model is scored
-(which labels it reads, which head), its "no model" baseline. One module per kind builds one.
+(which labels it reads, which head), its "no model" baseline, and what a leaderboard submission of
+it holds (`Prediction`: its column, rules, checks, and its scoring by the same metric code as the
+model's). One module per kind builds one.
 A new kind is a new module here, added to KINDS below; the task loader accepts exactly these names,
 and `lumos.eval.score` dispatches through them.
 """

@@ -1,7 +1,8 @@
 """binary: the probability of acting within the task's horizon (AUC-ROC, PR-AUC, log loss, accuracy).
 
 The label is the row's act_<K>d; the model's is the sigmoid of its binary head at that horizon.
-The baseline predicts the training split's positive rate for everyone.
+The baseline predicts the training split's positive rate for everyone. A submission gives each
+user a `probability` in [0, 1].
 """
 
 from __future__ import annotations
@@ -9,11 +10,22 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import numpy as np
+import pyarrow as pa
 import torch
 
 from lumos.data.sequences_version import SequencesVersion
 from lumos.eval import metrics as M
-from lumos.eval.kinds.kind import Scores, TaskKind, horizon_index, picked_scores, task_batches
+from lumos.eval.kinds.kind import (
+    Broken,
+    Prediction,
+    Scores,
+    TaskKind,
+    float_values,
+    horizon_index,
+    picked_scores,
+    rows_where,
+    task_batches,
+)
 from lumos.train.model import LumosModel
 
 if TYPE_CHECKING:
@@ -56,4 +68,20 @@ def _scores(spec: TaskSpec, labels: list[np.ndarray], probabilities: list[np.nda
     return picked_scores(spec, M.binary_metrics(y, p, spec.decision_threshold), len(y))
 
 
-KIND = TaskKind("binary", default_metrics, score, baseline=prior_rate_baseline, head="binary")
+def check_probabilities(spec: TaskSpec, data: SequencesVersion, column: pa.ChunkedArray) -> list[Broken]:
+    values = float_values(column)
+    finite = np.isfinite(values)
+    with np.errstate(invalid="ignore"):
+        outside = finite & ((values < 0) | (values > 1))
+    return [broken for broken in (Broken("probability must be a finite number (no null, NaN or infinity)", rows_where(~finite)),
+                                  Broken("probability must lie in [0, 1]", rows_where(outside))) if broken.rows.size]
+
+
+def score_probabilities(spec: TaskSpec, data: SequencesVersion, rows: pa.Table, column: pa.ChunkedArray) -> Scores:
+    labels = rows[f"act_{data.spec.horizons_days[horizon_index(spec, data)]}d"].to_numpy(zero_copy_only=False)
+    return _scores(spec, [labels], [float_values(column)])
+
+
+PREDICTION = Prediction("probability", "double", "probability that the user acts within the task's horizon",
+                        lambda spec: ["probability: a finite number in [0, 1]"], check_probabilities, score_probabilities)
+KIND = TaskKind("binary", default_metrics, score, baseline=prior_rate_baseline, head="binary", prediction=PREDICTION)

@@ -1,5 +1,6 @@
 """What an eval task kind is: the `TaskKind` record each kind module builds, the `Scores` it
-returns, and the few helpers the kinds share (the rows loader, the horizon a task reads)."""
+returns, what a submission of the kind holds (`Prediction`), and the few helpers the kinds share
+(the rows loader, the horizon a task reads)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+import numpy as np
+import pyarrow as pa
 import torch
 
 from lumos.core.errors import UsageError
@@ -33,6 +36,37 @@ ScoreBaseline = Callable[["LoadedTask", SequencesVersion], tuple[str, Scores]]
 
 
 @dataclass(frozen=True)
+class Broken:
+    """One rule a submission's predictions break, and the rows (positions in the file) that break it."""
+
+    rule: str
+    rows: np.ndarray
+
+
+CheckPredictions = Callable[["TaskSpec", SequencesVersion, pa.ChunkedArray], list[Broken]]
+"""(task, data, the prediction column as read) -> the rules its values break; empty when none."""
+ScorePredictions = Callable[["TaskSpec", SequencesVersion, pa.Table, pa.ChunkedArray], Scores]
+"""(task, data, the split's rows with their labels, the checked predictions in the rows' order) ->
+scores, computed by the same metric code as the kind's model scores."""
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """What a submission gives for each user of a task of this kind (beside `user_id`)."""
+
+    column: str
+    """The column's name in a submission file."""
+    type: str
+    """Its type, as the schema states it (list<int64> or double)."""
+    description: str
+    """What the value means, for the team that writes it."""
+    rules: Callable[[TaskSpec], list[str]]
+    """The column's rules for a task, as the submission schema states them."""
+    check: CheckPredictions
+    score: ScorePredictions
+
+
+@dataclass(frozen=True)
 class TaskKind:
     """One kind of eval task: the value of a task spec's `kind` key and everything that depends on it."""
 
@@ -48,6 +82,9 @@ class TaskKind:
     """The model head the kind reads; a model without it is refused before scoring."""
     takes_labels: bool = False
     """Whether a task of this kind must carry a [labels] table (and others must not)."""
+    prediction: Prediction | None = None
+    """What a leaderboard submission of this kind holds and how it is scored; None when the kind
+    takes no submissions (an embedding probe needs a model's embeddings)."""
 
 
 def picked_scores(spec: TaskSpec, values: Mapping[str, float], rows: int) -> Scores:
@@ -68,3 +105,15 @@ def horizon_index(spec: TaskSpec, data: SequencesVersion) -> int:
         raise UsageError(f"task {spec.name}: {data.ref} has no {spec.horizon_days}-day horizon "
                          f"(it has {', '.join(map(str, data.spec.horizons_days)) or 'none'})")
     return data.spec.horizons_days.index(spec.horizon_days)
+
+
+def rows_where(mask: np.ndarray) -> np.ndarray:
+    """Positions of the rows a rule flags."""
+    return np.flatnonzero(mask)
+
+
+def float_values(column: pa.ChunkedArray) -> np.ndarray:
+    """A numeric prediction column as float64 (nulls as NaN, so the finiteness rule catches them)."""
+    import pyarrow.compute as pc
+
+    return pc.cast(column, pa.float64()).to_numpy(zero_copy_only=False).astype(np.float64)

@@ -1,7 +1,7 @@
 """regression: the value a user brings within the task's horizon (RMSE, MAE, MAPE).
 
 The label is the row's value_<K>d; the model's is its regression head at that horizon, mapped back
-from the signed log scale it is trained on. The baseline predicts the training split's mean.
+from the signed log scale it is trained on. The baseline predicts the training split's mean. A submission gives each user a `value`.
 """
 
 from __future__ import annotations
@@ -9,11 +9,22 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import numpy as np
+import pyarrow as pa
 import torch
 
 from lumos.data.sequences_version import SequencesVersion
 from lumos.eval import metrics as M
-from lumos.eval.kinds.kind import Scores, TaskKind, horizon_index, picked_scores, task_batches
+from lumos.eval.kinds.kind import (
+    Broken,
+    Prediction,
+    Scores,
+    TaskKind,
+    float_values,
+    horizon_index,
+    picked_scores,
+    rows_where,
+    task_batches,
+)
 from lumos.train.model import LumosModel, signed_expm1
 
 if TYPE_CHECKING:
@@ -56,4 +67,17 @@ def _scores(spec: TaskSpec, labels: list[np.ndarray], predictions: list[np.ndarr
     return picked_scores(spec, M.regression_metrics(y, p), len(y))
 
 
-KIND = TaskKind("regression", default_metrics, score, baseline=train_mean_baseline, head="regression")
+def check_values(spec: TaskSpec, data: SequencesVersion, column: pa.ChunkedArray) -> list[Broken]:
+    finite = np.isfinite(float_values(column))
+    return [Broken("value must be a finite number (no null, NaN or infinity)", rows_where(~finite))] if not finite.all() else []
+
+
+def score_values(spec: TaskSpec, data: SequencesVersion, rows: pa.Table, column: pa.ChunkedArray) -> Scores:
+    labels = rows[f"value_{data.spec.horizons_days[horizon_index(spec, data)]}d"].to_numpy(zero_copy_only=False)
+    return _scores(spec, [labels], [float_values(column)])
+
+
+PREDICTION = Prediction("value", "double", "the value the user brings within the task's horizon",
+                        lambda spec: ["value: a finite number"], check_values, score_values)
+KIND = TaskKind("regression", default_metrics, score, baseline=train_mean_baseline, head="regression",
+                prediction=PREDICTION)
