@@ -146,14 +146,20 @@ def trace(
     table: Annotated[str, typer.Argument(help="A predictions table, e.g. quickstart.predictions[@VERSION]")],
     user: Annotated[str, typer.Option("--user", help="The user id of the prediction.")],
     as_of: Annotated[str, typer.Option("--as-of", help="The prediction's date, YYYY-MM-DD.")],
+    live: Annotated[bool, typer.Option("--live", help="Read the model version and run from MLflow as they are now "
+                                                      "(its aliases may have moved since infer).")] = False,
     json_output: JsonOption = False,
 ) -> None:
-    """Walk one prediction back to the model version, training run, config, data version and recipe."""
+    """Walk one prediction back to the model version, training run, config, data version and recipe.
+
+    The model version (aliases, tags) and its run are shown as `lumos infer` recorded them in its
+    commit when it wrote the prediction; `--live` reads them from MLflow instead."""
     from lumos.cli.infer import parse_date
     from lumos.infer.trace import trace_prediction
 
     day = parse_date(as_of, "--as-of")
-    _answer(ctx, table, lambda ref: f"tracing {user} in {ref}", lambda workspace, ref: trace_prediction(workspace, ref, user, day),
+    _answer(ctx, table, lambda ref: f"tracing {user} in {ref}",
+            lambda workspace, ref: trace_prediction(workspace, ref, user, day, live=live),
             json_output, lambda ref, result: result, lambda ref, result: _print_trace(result, user, as_of))
 
 

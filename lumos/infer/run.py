@@ -28,6 +28,7 @@ from lumos.data.training_data import item_tokens, training_data
 from lumos.infer.features import InferenceFeatures, inference_rows
 from lumos.infer.predictions import partition_lock, write_partition
 from lumos.infer.scoring import ENGINES, ScoringJob, score_tokens
+from lumos.infer.trace import MODEL_SNAPSHOT, model_snapshot
 from lumos.train.trained_model import load_registered_model
 
 STAGE = "infer"
@@ -118,7 +119,9 @@ def infer(workspace: Workspace, model_ref: str, options: InferOptions, report: R
                     *inputs],
             stats={"training_data": str(data.sequences), "recipe_hash": run.data.tags.get(RECIPE_HASH_TAG),
                    "config_hash": run.data.tags.get(CONFIG_HASH_TAG), "rejects": str(rejects),
-                   **features.counts.lineage_stats()},
+                   **features.counts.lineage_stats(),
+                   # so `lumos data trace` answers from this commit alone, without opening MLflow
+                   MODEL_SNAPSHOT: model_snapshot(workspace, version, run)},
         )
         step(f"scoring and writing {output.name} partition as_of={options.as_of}")
         fault_point("infer.write")

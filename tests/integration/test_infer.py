@@ -3,6 +3,7 @@ MLflow store and real Delta partitions."""
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import json
 import os
@@ -14,12 +15,13 @@ import pyarrow.parquet as pq
 import pytest
 from typer.testing import CliRunner
 
+import lumos as lumos_package
 from lumos.cli.app import app
 from lumos.core.lineage import LineageRecord
 from lumos.core.tables import TableRef, read_table, table_history, table_location
 from lumos.core.workspace import init_workspace, open_workspace
 from lumos.infer.predictions import RunInProgress, partition_lock, write_partition
-from lumos.infer.trace import trace_prediction
+from lumos.infer.trace import MODEL_SNAPSHOT, trace_prediction
 from lumos.quickstart import RECIPES
 
 AS_OF = "2026-09-14"
@@ -162,20 +164,77 @@ def test_float_outputs_are_written_without_a_parquet_dictionary(spark, tmp_path)
     assert spark.conf.get("parquet.enable.dictionary#p_act_7d", None) is None  # set for that write only
 
 
-def test_one_prediction_traces_back_to_run_config_and_data(spark, promoted):
+@pytest.fixture(scope="module")
+def inferred(spark, promoted) -> str:
+    """quickstart.predictions written for AS_OF; the id of a user with a prediction that day."""
     assert lumos(promoted, "infer", "--model", "quickstart@production", "--as-of", AS_OF).exit_code == 0
-    user = predictions(spark, promoted)[0]["user_id"]
+    return predictions(spark, promoted)[0]["user_id"]
+
+
+# Traces `table` in a new Python, which says whether the trace imported MLflow.
+TRACE_SCRIPT = """
+import datetime, json, sys
+from lumos.core.tables import TableRef
+from lumos.core.workspace import open_workspace
+from lumos.infer.trace import trace_prediction
+
+project, table, user, as_of = sys.argv[1:]
+trace = trace_prediction(open_workspace(project), TableRef.parse(table), user, datetime.date.fromisoformat(as_of))
+print(json.dumps({"trace": trace, "mlflow_imported": "mlflow" in sys.modules}))
+"""
+
+
+def trace_in_a_new_process(project: Path, table: str, user: str) -> tuple[dict, bool]:
+    import subprocess
+    import sys
+
+    source = str(Path(lumos_package.__file__).parent.parent)  # this checkout's lumos, not an installed one
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [source, os.environ.get("PYTHONPATH")]))}
+    done = subprocess.run([sys.executable, "-c", TRACE_SCRIPT, str(project), table, user, AS_OF],
+                          capture_output=True, text=True, env=env, timeout=120)
+    assert done.returncode == 0, done.stderr
+    answer = json.loads(done.stdout)
+    return answer["trace"], answer["mlflow_imported"]
+
+
+def test_one_prediction_traces_back_to_run_config_and_data(inferred, promoted):
+    user = inferred
     trace = trace_prediction(open_workspace(promoted), TableRef.parse("quickstart.predictions"), user,
                              datetime.date.fromisoformat(AS_OF))
     assert trace["model"]["version"] == "quickstart/1" and trace["run"]["id"] == run_id(promoted)
+    assert trace["model"]["aliases"] == ["production"]
     assert trace["run"]["config"]["model"]["d_model"] == 8
     assert trace["run"]["config_hash"] == trace["model"]["tags"]["lumos.config_hash"]
     assert trace["data"]["table"] == "quickstart.sequences@0"
     assert trace["data"]["recipe"]["dataset"] == "quickstart" and trace["data"]["inputs"][0]["kind"] == "files"
     assert trace["prediction"]["commit"]["engine"] == "torch"
+    assert MODEL_SNAPSHOT not in trace["prediction"]["commit"]["stats"]  # shown as model and run, not twice
     cli = lumos(promoted, "data", "trace", "quickstart.predictions", "--user", user, "--as-of", AS_OF, "--json")
     assert cli.exit_code == 0, cli.output
-    assert json.loads(cli.stdout)["run"]["id"] == run_id(promoted)
+    assert json.loads(cli.stdout) == json.loads(json.dumps(trace))
+    # Infer recorded the model version and its run in its commit: the trace reads them there,
+    # without MLflow, and they are what MLflow says now.
+    assert trace_in_a_new_process(promoted, "quickstart.predictions", user) == (json.loads(json.dumps(trace)), False)
+    live = trace_prediction(open_workspace(promoted), TableRef.parse("quickstart.predictions"), user,
+                            datetime.date.fromisoformat(AS_OF), live=True)
+    assert live == trace
+
+
+def test_a_prediction_whose_commit_lacks_the_model_snapshot_is_traced_through_mlflow(spark, inferred, promoted):
+    """Predictions written before infer recorded `model_snapshot` in its lineage: the trace reads
+    the model version and run from MLflow instead, and shows the same."""
+    workspace, day = open_workspace(promoted), datetime.date.fromisoformat(AS_OF)
+    source, copy = TableRef.parse("quickstart.predictions"), TableRef.parse("quickstart.predictions_before_snapshot")
+    lineage = table_history(spark, workspace, source)[0].lineage
+    assert MODEL_SNAPSHOT in lineage.stats
+    older = dataclasses.replace(lineage, stats={key: value for key, value in lineage.stats.items() if key != MODEL_SNAPSHOT})
+    frame = read_table(spark, workspace, source)
+    write_partition(spark, workspace, copy, frame.where(frame["as_of"] == day), day, older)
+    traced, mlflow_imported = trace_in_a_new_process(promoted, str(copy), inferred)
+    assert mlflow_imported
+    recorded = trace_prediction(workspace, source, inferred, day)
+    assert traced["model"] == recorded["model"] and traced["run"] == recorded["run"]
+    assert traced["data"] == json.loads(json.dumps(recorded["data"]))
 
 
 def test_predictions_are_the_model_on_the_date_s_sequences_rows(spark, promoted):
