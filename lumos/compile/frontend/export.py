@@ -116,25 +116,30 @@ def default_options(target: Target) -> Options:
 
 def default_search_budget() -> float | str:
     """$LUMOS_SEARCH_BUDGET (seconds, or "auto"), else "auto"."""
-    value = os.environ.get("LUMOS_SEARCH_BUDGET", "auto").strip()
-    try:
-        return value if value == "auto" else float(value)
-    except ValueError:
-        raise UsageError(f"LUMOS_SEARCH_BUDGET={value!r}: give seconds (0: no search) or auto") from None
+    return checked_budget(os.environ.get("LUMOS_SEARCH_BUDGET", "auto").strip(), "LUMOS_SEARCH_BUDGET")
 
 
 def requested_budget(search_budget: float | str | None, options: Options) -> float | str:
     """What compile_module searches with: `search_budget` where given; else an explicit
     `options.search_budget_s` (> 0); else `default_search_budget()`."""
     if search_budget is not None:
-        budget = search_budget
-    elif options.search_budget_s > 0:
-        budget = options.search_budget_s
-    else:
-        budget = default_search_budget()
-    if budget != "auto" and (isinstance(budget, str) or budget < 0):
-        raise UsageError(f"search_budget={budget!r}: give seconds (0: no search) or 'auto'")
-    return budget
+        return checked_budget(search_budget, "search_budget")
+    if options.search_budget_s > 0:
+        return options.search_budget_s
+    return default_search_budget()
+
+
+def checked_budget(budget: float | str, given_as: str) -> float | str:
+    """"auto", or seconds (a number, or its text) at least 0."""
+    if budget == "auto":
+        return budget
+    try:
+        seconds = float(budget)
+    except (TypeError, ValueError):
+        seconds = -1.0
+    if not seconds >= 0:  # also refuses nan
+        raise UsageError(f"{given_as}={budget!r}: give seconds (0: no search) or 'auto'")
+    return seconds
 
 
 def search_seconds(budget: float | str, distinct_kernels: int) -> float:
