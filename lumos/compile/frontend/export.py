@@ -36,7 +36,7 @@ of rows runs (in chunks of the example's batch). Otherwise the shapes are static
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -92,7 +92,7 @@ def kernel_cache_for(cache: KernelCache | None, target: Target) -> KernelCache:
 # Where it runs, and how long it searches
 
 
-def target_for(devices: Sequence[torch.device]) -> Target:
+def target_for(devices: Iterable[torch.device]) -> Target:
     """The target of tensors on these devices: CPU for CPU tensors (and for none), CUDA for CUDA
     tensors; a mix of the two, or another kind of device, is refused."""
     kinds = sorted({torch.device(device).type for device in devices})
@@ -104,10 +104,11 @@ def target_for(devices: Sequence[torch.device]) -> Target:
                      "(C target) or all on CUDA GPUs (CUDA target)")
 
 
-def module_devices(module: nn.Module, example_inputs: Sequence[torch.Tensor]) -> list[torch.device]:
-    """The example inputs' devices; the module's weights' where it takes no tensor."""
-    devices = [value.device for value in example_inputs if isinstance(value, torch.Tensor)]
-    return devices or [value.device for value in (*module.parameters(), *module.buffers())]
+def module_devices(module: nn.Module, example_inputs: Sequence[torch.Tensor]) -> set[torch.device]:
+    """Where the example inputs and the module's weights are (a mix is refused by `target_for`,
+    rather than by eager's verification later)."""
+    tensors = [value for value in example_inputs if isinstance(value, torch.Tensor)]
+    return {value.device for value in (*tensors, *module.parameters(), *module.buffers())}
 
 
 def default_options(target: Target) -> Options:

@@ -55,6 +55,11 @@ def test_the_target_follows_the_inputs_device():
         target_for([torch.device("meta")])
 
 
+def test_inputs_and_weights_on_different_devices_are_refused_before_export(kernel_cache):
+    with pytest.raises(UsageError, match="cpu and meta"):
+        compile_module(nn.Linear(C, C, device="meta"), [torch.randn(B, C)], kernel_cache)
+
+
 def test_a_kernel_cache_serves_the_other_target_from_its_sibling_folder(tmp_path):
     cache = KernelCache(tmp_path, "cpu")
     assert kernel_cache_for(cache, CPU) is cache
