@@ -6,9 +6,10 @@
 The module's forward is exported at the example inputs, lowered with the aten lowerings of
 frontend.py (the table `LumosModel` uses; it is the list of supported ops), run through program.py's
 passes and checked against eager PyTorch at 1e-4. An op without a lowering is cut out
-(frontend/partition.py): the supported partitions around it are compiled, the op runs in eager PyTorch between them, and one `EagerFallbackWarning` names each
-such op with its source line; `strict=True` refuses instead with `UnsupportedOp`, naming the op
-and the line of the module's code it came from.
+(frontend/partition.py): the supported partitions around it are compiled, the op runs in eager
+PyTorch between them, and one `EagerFallbackWarning` names each such op with its source line;
+`strict=True` refuses instead with `UnsupportedOp`, naming the op and the line of the module's
+code it came from.
 
 Where it runs follows the inputs: CPU tensors compile for the C target, CUDA tensors for the CUDA
 target (NVRTC; the outputs are CUDA tensors), `target_for`. Kernel schedules are searched by
@@ -16,7 +17,8 @@ measurement (C target; the CUDA target has no search yet) within `search_budget`
 "auto", SEARCH_S_PER_KERNEL per distinct kernel up to SEARCH_CAP_S, and each kernel's choice is
 kept in the search cache under the kernel cache (search/cache.py, by kernel, target and machine),
 so a second compile of the same module, in any process, searches nothing. 0 turns the search off
-(the renderer's heuristic schedules); $LUMOS_SEARCH_BUDGET sets the default.
+(the renderer's heuristic schedules); $LUMOS_SEARCH_BUDGET sets the default. (`Options` cannot
+say "no search": its search_budget_s defaults to 0, which here means "not given".)
 
 What is exported is PyTorch's math path, in eval mode (dropout is the identity): nn.TransformerEncoder
 and nn.MultiheadAttention run their fused fast path (`_transformer_encoder_layer_fwd`, nested
