@@ -5,11 +5,20 @@
 
 The module's forward is exported at the example inputs, lowered with the aten lowerings of
 frontend.py (the table `LumosModel` uses; it is the list of supported ops), run through program.py's
-passes and checked against eager PyTorch at 1e-4. An op without a lowering stops the compile with
-An op without a lowering is cut out (frontend/partition.py): the supported partitions around it
-are compiled, the op runs in eager PyTorch between them, and one `EagerFallbackWarning` names each
-such op with its source line; `strict=True` refuses instead with `UnsupportedOp`, naming the op
-and the line of the module's code it came from.
+passes and checked against eager PyTorch at 1e-4. An op without a lowering is cut out
+(frontend/partition.py): the supported partitions around it are compiled, the op runs in eager
+PyTorch between them, and one `EagerFallbackWarning` names each such op with its source line;
+`strict=True` refuses instead with `UnsupportedOp`, naming the op and the line of the module's
+code it came from.
+
+Where it runs follows the inputs: CPU tensors compile for the C target, CUDA tensors for the CUDA
+target (NVRTC; the outputs are CUDA tensors), `target_for`. Kernel schedules are searched by
+measurement (C target; the CUDA target has no search yet) within `search_budget`: by default
+"auto", SEARCH_S_PER_KERNEL per distinct kernel up to SEARCH_CAP_S, and each kernel's choice is
+kept in the search cache under the kernel cache (search/cache.py, by kernel, target and machine),
+so a second compile of the same module, in any process, searches nothing. 0 turns the search off
+(the renderer's heuristic schedules); $LUMOS_SEARCH_BUDGET sets the default. (`Options` cannot
+say "no search": its search_budget_s defaults to 0, which here means "not given".)
 
 What is exported is PyTorch's math path, in eval mode (dropout is the identity): nn.TransformerEncoder
 and nn.MultiheadAttention run their fused fast path (`_transformer_encoder_layer_fwd`, nested
@@ -29,7 +38,7 @@ of rows runs (in chunks of the example's batch). Otherwise the shapes are static
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -38,34 +47,125 @@ import torch
 from torch import nn
 from torch.utils import _pytree as pytree
 
+from lumos.compile import passes
+from lumos.compile.compilation import DEFAULT_ARCH
 from lumos.compile.frontend.fast_path import DECOMPOSITIONS, math_path
 from lumos.compile.frontend.lumos_model import UnsupportedOp, lower_program
 from lumos.compile.frontend.partition import PartitionedModule, compile_partitioned, unsupported_nodes
 from lumos.compile.ir.graph import Graph, mark_batch
 from lumos.compile.program import Compilation, Options, compile_graph, load_program
+from lumos.compile.runtime.cuda import GpuProgram, gpu_arch
 from lumos.compile.runtime.kernel_cache import KernelCache
 from lumos.compile.runtime.native import NativeProgram
-from lumos.compile.target import CPU
+from lumos.compile.search.climb import kernel_key
+from lumos.compile.target import CPU, CUDA, TARGETS, Target
 from lumos.compile.verify import VerificationError
 from lumos.core.errors import UsageError
 
 EXACT_IDS = 2 ** 24
 """Integers up to here are exact in float32, the IR's one dtype."""
 
+SEARCH_S_PER_KERNEL = 2.0
+"""The "auto" search budget per distinct kernel (as the schedule pass made them). Where the gain
+flattens: on a 2-layer nn.TransformerEncoder (d_model 64, 12 distinct kernels) 1, 2 and 4 s per
+kernel made calls of 0.41, 0.36 and 0.36 ms (median; 0.76 unsearched), first compiles of 43, 43
+and 64 s (the first round and the whole-call check take their time whatever the budget)."""
+SEARCH_CAP_S = 60.0
+"""The "auto" budget's ceiling (per compiled graph or partition): a first compile waits about a
+minute more at most, once; a larger search is asked for in seconds (`search_budget=`)."""
 
-def default_kernel_cache() -> KernelCache:
+
+def default_kernel_cache(target: Target = CPU) -> KernelCache:
     """$LUMOS_KERNEL_CACHE, else ~/.cache/lumos/kernels: built libraries outlive the process."""
     root = os.environ.get("LUMOS_KERNEL_CACHE") or Path.home() / ".cache" / "lumos" / "kernels"
-    return KernelCache(root, "cpu")
+    return KernelCache(root, target.name)
 
 
-def build_program(graph: Graph, cache: KernelCache, options: Options,
-                  example: dict[str, np.ndarray]) -> tuple[Compilation, NativeProgram]:
-    """The C target's passes (program.py), then the library loaded and bound to the graph's
-    weights. The one call into the compiler's driver (with the target's tolerance and verify's
-    VerificationError, imported above)."""
-    compilation = compile_graph(graph, cache, options, example_inputs=example, target=CPU)
-    return compilation, load_program(compilation)
+def kernel_cache_for(cache: KernelCache | None, target: Target) -> KernelCache:
+    """The given cache, or its sibling folder for another target (a cache is one target's)."""
+    if cache is None:
+        return default_kernel_cache(target)
+    if cache.target == target.name:
+        return cache
+    return KernelCache(cache.root.parent, target.name, cache.cpu, cache.jobs)
+
+
+# ---------------------------------------------------------------------------------------------
+# Where it runs, and how long it searches
+
+
+def target_for(devices: Iterable[torch.device]) -> Target:
+    """The target of tensors on these devices: CPU for CPU tensors (and for none), CUDA for CUDA
+    tensors; a mix of the two, or another kind of device, is refused."""
+    kinds = sorted({torch.device(device).type for device in devices})
+    if kinds in ([], ["cpu"]):
+        return CPU
+    if kinds == ["cuda"]:
+        return CUDA
+    raise UsageError(f"inputs and weights on {' and '.join(kinds)}: the compiler takes them all on the CPU "
+                     "(C target) or all on CUDA GPUs (CUDA target)")
+
+
+def module_devices(module: nn.Module, example_inputs: Sequence[torch.Tensor]) -> set[torch.device]:
+    """Where the example inputs and the module's weights are (a mix is refused by `target_for`,
+    rather than by eager's verification later)."""
+    tensors = [value for value in example_inputs if isinstance(value, torch.Tensor)]
+    return {value.device for value in (*tensors, *module.parameters(), *module.buffers())}
+
+
+def default_options(target: Target) -> Options:
+    """Options(), built for this GPU's architecture where there is one (else DEFAULT_ARCH's PTX)."""
+    return Options(arch=gpu_arch() or DEFAULT_ARCH) if target is CUDA else Options()
+
+
+def default_search_budget() -> float | str:
+    """$LUMOS_SEARCH_BUDGET (seconds, or "auto"), else "auto"."""
+    return checked_budget(os.environ.get("LUMOS_SEARCH_BUDGET", "auto").strip(), "LUMOS_SEARCH_BUDGET")
+
+
+def requested_budget(search_budget: float | str | None, options: Options) -> float | str:
+    """What compile_module searches with: `search_budget` where given; else an explicit
+    `options.search_budget_s` (> 0); else `default_search_budget()`."""
+    if search_budget is not None:
+        return checked_budget(search_budget, "search_budget")
+    if options.search_budget_s > 0:
+        return options.search_budget_s
+    return default_search_budget()
+
+
+def checked_budget(budget: float | str, given_as: str) -> float | str:
+    """"auto", or seconds (a number, or its text) at least 0."""
+    if budget == "auto":
+        return budget
+    try:
+        seconds = float(budget)
+    except (TypeError, ValueError):
+        seconds = -1.0
+    if not seconds >= 0:  # also refuses nan
+        raise UsageError(f"{given_as}={budget!r}: give seconds (0: no search) or 'auto'")
+    return seconds
+
+
+def search_seconds(budget: float | str, distinct_kernels: int) -> float:
+    """The budget in seconds: "auto" is SEARCH_S_PER_KERNEL per distinct kernel, at most SEARCH_CAP_S."""
+    if budget == "auto":
+        return min(SEARCH_S_PER_KERNEL * distinct_kernels, SEARCH_CAP_S)
+    return float(budget)
+
+
+def with_search_budget(target: Target, budget: float | str) -> Target:
+    """The target with its search pass given `budget`, "auto" sized by the distinct kernels the
+    schedule pass made (identical kernels are searched once). A target without a search pass
+    (CUDA: it would time kernels on a GPU) is returned as it is."""
+    if "search" not in dict(target.passes):
+        return target
+
+    def search(c: Compilation, cache: KernelCache) -> None:
+        distinct = len({kernel_key(kernel, c.materialized) for kernel in c.kernels})
+        c.options = replace(c.options, search_budget_s=search_seconds(budget, distinct))
+        passes.search(c, cache)
+
+    return replace(target, passes=tuple((name, search if name == "search" else run) for name, run in target.passes))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -141,9 +241,10 @@ class TensorOutput:
 @dataclass
 class CompiledModule:
     """A built graph bound to the module's weights (copied when compiled); called like the
-    module on tensors of the example's shapes and dtypes. Not thread-safe: calls share one arena."""
+    module on tensors of the example's shapes, dtypes and device (CPU: the C library, CUDA: the
+    CUDA graph; outputs on the inputs' device). Not thread-safe: calls share one arena."""
 
-    program: NativeProgram
+    program: NativeProgram | GpuProgram
     compilation: Compilation
     arguments: int
     """How many tensors the forward takes."""
@@ -158,6 +259,10 @@ class CompiledModule:
     """The example's batch when it is symbolic (any rows run, in chunks of it); None: static shapes."""
     max_error: float = float("nan")
     """Largest difference from eager on the inputs it was checked on (`verify_module`)."""
+
+    @property
+    def target(self) -> Target:
+        return TARGETS[self.compilation.target]
 
     def __call__(self, *inputs: torch.Tensor):
         return pytree.tree_unflatten(self.run(inputs), self.output_spec)
@@ -175,6 +280,9 @@ class CompiledModule:
                 wanted = f"(rows, {', '.join(map(str, shape[1:]))})" if self.batch else str(shape)
                 raise ValueError(f"input {name!r}: compiled for {dtype} {wanted}, got {value.dtype} {tuple(value.shape)}; "
                                  "compile again for these shapes")
+            if value.device.type != self.target.device:
+                raise ValueError(f"input {name!r} is on {value.device}; compiled for {self.target.device.upper()} "
+                                 "tensors (compile again with inputs on this device)")
             if not (value.is_floating_point() or value.dtype is torch.bool) and value.numel() \
                     and int(value.abs().max()) >= EXACT_IDS:
                 raise ValueError(f"input {name!r} holds integers beyond {EXACT_IDS}, not exact in float32")
@@ -185,50 +293,62 @@ class CompiledModule:
         return [torch.cat(parts) if isinstance(parts[0], torch.Tensor) else parts[0] for parts in zip(*chunks, strict=True)]
 
     def _run_rows(self, used: list[torch.Tensor]) -> list:
-        named = {name: value.detach().cpu().to(torch.float32).numpy()
-                 for (name, _), value in zip(self.program.inputs, used, strict=True)}
-        out = self.program(named)
+        out = self._run_program(used)
         shapes = self.compilation.graph.output_shapes
         rows = used[0].shape[0] if self.batch else None
-        return [torch.from_numpy(out[leaf.name].reshape((rows, *shapes[leaf.name][1:]) if rows else shapes[leaf.name]))
+        return [out[leaf.name].reshape((rows, *shapes[leaf.name][1:]) if rows else shapes[leaf.name])
                 .to(leaf.dtype) if isinstance(leaf, TensorOutput) else leaf for leaf in self.outputs]
+
+    def _run_program(self, used: list[torch.Tensor]) -> dict[str, torch.Tensor]:
+        """The program's outputs by name, as tensors on the inputs' device."""
+        names = [name for name, _ in self.program.inputs]
+        if self.target is CUDA:  # GpuProgram reads and returns CUDA tensors (on its GPU: moved back)
+            out = self.program({name: value.detach().to(torch.float32) for name, value in zip(names, used, strict=True)})
+            device = used[0].device if used else out[next(iter(out))].device
+            return {name: value.to(device) for name, value in out.items()}
+        out = self.program({name: value.detach().cpu().to(torch.float32).numpy()
+                            for name, value in zip(names, used, strict=True)})
+        return {name: torch.from_numpy(value) for name, value in out.items()}
 
 
 def compile_module(module: nn.Module, example_inputs: Sequence[torch.Tensor], cache: KernelCache | None = None,
-                   options: Options | None = None, verify: bool = True,
-                   strict: bool = False) -> CompiledModule | PartitionedModule:
-    """Export, lower, fuse, plan, render and build `module` at the example inputs' shapes (the
-    batch symbolic where it can be, unless `options.symbolic_batch` is off); with `verify`, check it
-    against eager on those inputs, and on one row fewer and one more when the batch is symbolic
-    (VerificationError beyond 1e-4).
+                   options: Options | None = None, verify: bool = True, strict: bool = False,
+                   search_budget: float | str | None = None) -> CompiledModule | PartitionedModule:
+    """Export, lower, fuse, search, plan, render and build `module` at the example inputs' shapes
+    (the batch symbolic where it can be, unless `options.symbolic_batch` is off) for the target of
+    their device (`target_for`: CUDA tensors compile for the CUDA target and return CUDA tensors);
+    with `verify`, check it against eager on those inputs, and on one row fewer and one more when
+    the batch is symbolic (VerificationError beyond 1e-4).
+
+    `search_budget`: seconds of schedule search, "auto" (SEARCH_S_PER_KERNEL per distinct kernel,
+    at most SEARCH_CAP_S) or 0 (none); unset, an `options.search_budget_s` > 0, else
+    $LUMOS_SEARCH_BUDGET, else "auto". Cached choices cost no search.
 
     A module with ops no lowering reads is partitioned around them (partition.py: each supported
     partition compiled and verified like this, static shapes, one EagerFallbackWarning);
     `strict` refuses it instead with UnsupportedOp."""
-    options = options or Options()
+    target = target_for(module_devices(module, example_inputs))
+    if not target.runs_here():
+        raise UsageError(f"the inputs are on {target.device.upper()}, but torch sees no CUDA GPU here")
+    options = options or default_options(target)
+    budget = requested_budget(search_budget, options)
     program = export_module(module, example_inputs)
     if not strict and unsupported_nodes(program.graph):
         _check_functional(program)
         partition_options = replace(options, symbolic_batch=False)
         return compile_partitioned(program, example_inputs, lambda part, inputs: compile_module(
-            part, inputs, cache, partition_options, verify, strict=True))
-    graph = lower_exported(program)
-    if options.symbolic_batch:
-        mark_symbolic_batch(graph, module, example_inputs)
-    # Program inputs are the graph's that survived pruning (an unused input is not passed).
-    used = [index for index, name in enumerate(program.graph_signature.user_inputs) if name in graph.inputs]
-    example = {name: example_inputs[index].detach().cpu().to(torch.float32).numpy()
-               for index, name in zip(used, graph.inputs, strict=True)}
-    compilation, native = build_program(graph, cache or default_kernel_cache(), options, example)
+            part, inputs, cache, partition_options, verify, strict=True, search_budget=budget))
+    compilation, used = build_exported(module, program, example_inputs, kernel_cache_for(cache, target), options,
+                                       target, budget)
     output_node = next(node for node in program.graph.nodes if node.op == "output")
     compiled = CompiledModule(
-        native, compilation, len(example_inputs), used,
+        load_program(compilation), compilation, len(example_inputs), used,
         input_shapes=[tuple(example_inputs[index].shape) for index in used],
         input_dtypes=[example_inputs[index].dtype for index in used],
         outputs=[TensorOutput(f"output{index}", leaf.meta["val"].dtype) if isinstance(leaf, torch.fx.Node) else leaf
                  for index, leaf in enumerate(output_node.args[0])],
         output_spec=program.call_spec.out_spec,
-        batch=graph.batch,
+        batch=compilation.graph.batch,
     )
     if verify:
         checks = [example_inputs]
@@ -237,6 +357,24 @@ def compile_module(module: nn.Module, example_inputs: Sequence[torch.Tensor], ca
                        [torch.cat([value, value[:1]]) for value in example_inputs]]
         verify_module(compiled, module, checks)
     return compiled
+
+
+def build_exported(module: nn.Module, program, example_inputs: Sequence[torch.Tensor], cache: KernelCache,
+                   options: Options, target: Target, search_budget: float | str) -> tuple[Compilation, list[int]]:
+    """The exported program lowered (the batch made symbolic where `options` say and it can be)
+    and built for `target` by its passes (program.py), searching within `search_budget`; with the
+    positions of the forward's arguments the graph reads. Needs no device: the CUDA target's build
+    is NVRTC's PTX."""
+    graph = lower_exported(program)
+    if options.symbolic_batch:
+        mark_symbolic_batch(graph, module, example_inputs)
+    # Program inputs are the graph's that survived pruning (an unused input is not passed).
+    used = [index for index, name in enumerate(program.graph_signature.user_inputs) if name in graph.inputs]
+    example = {name: example_inputs[index].detach().cpu().to(torch.float32).numpy()
+               for index, name in zip(used, graph.inputs, strict=True)}
+    compilation = compile_graph(graph, cache, options, example_inputs=example,
+                                target=with_search_budget(target, search_budget))
+    return compilation, used
 
 
 def verify_module(compiled: CompiledModule, module: nn.Module, inputs: Sequence[Sequence[torch.Tensor]]) -> float:
@@ -252,14 +390,15 @@ def verify_module(compiled: CompiledModule, module: nn.Module, inputs: Sequence[
                 if want != have:
                     raise VerificationError(f"output {index}: compiled {have!r}, torch {want!r}")
                 continue
-            want, have = want.float().numpy(), have.float().numpy()
+            want, have = want.detach().float().cpu().numpy(), have.detach().float().cpu().numpy()
             if want.shape != have.shape:
                 raise VerificationError(f"output {index}: compiled shape {have.shape}, torch {want.shape}")
             error = float(np.max(np.abs(want - have))) if want.size else 0.0
             worst = max(worst, error)
-            if not np.allclose(have, want, atol=CPU.atol, rtol=CPU.rtol):
+            target = compiled.target
+            if not np.allclose(have, want, atol=target.atol, rtol=target.rtol):
                 raise VerificationError(f"output {index} differs from PyTorch by up to {error:.3g} "
-                                        f"(tolerance {CPU.atol} + {CPU.rtol}·|x|)")
+                                        f"(tolerance {target.atol} + {target.rtol}·|x|)")
     compiled.max_error = worst if np.isnan(compiled.max_error) else max(worst, compiled.max_error)
     return worst
 

@@ -11,7 +11,9 @@ the example inputs. An op the compiler cannot lower is cut out of the exported g
 eager between the compiled partitions (frontend/partition.py), with one EagerFallbackWarning naming
 it and its source line; `make_backend(strict=True)` refuses instead with `UnsupportedOp` (dynamo
 reports it as a backend failure). The partitioning is done on the aten graph exported from dynamo's,
-where the lowering table can say what it reads; the result is one callable either way.
+where the lowering table can say what it reads; the result is one callable either way. As with
+`compile_module`, CUDA tensors compile for the CUDA target (and get CUDA tensors back), and kernel
+schedules are searched within the "auto" budget (cached: a second run searches nothing).
 
 Dynamo traces whichever path the module takes: for nn.TransformerEncoder in eval mode without grad
 that is PyTorch's fused fast path (`torch._transformer_encoder_layer_fwd`), which export rewrites
@@ -29,10 +31,12 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import nn
 
+from lumos.compile.compilation import DEFAULT_ARCH
 from lumos.compile.frontend.export import CompiledModule, compile_module
 from lumos.compile.frontend.lumos_model import UnsupportedOp
 from lumos.compile.frontend.partition import GraphWithWeights, PartitionedModule, fixed
 from lumos.compile.program import Options
+from lumos.compile.runtime.cuda import gpu_arch
 from lumos.compile.runtime.kernel_cache import KernelCache
 
 
@@ -41,8 +45,9 @@ class LumosGraph:
     included), runs the compiled program for their shapes."""
 
     def __init__(self, graph: torch.fx.GraphModule, example_inputs: Sequence, cache: KernelCache | None,
-                 options: Options | None, strict: bool = False):
+                 options: Options | None, strict: bool = False, search_budget: float | str | None = None):
         self.graph, self.cache, self.options, self.strict = graph, cache, options, strict
+        self.search_budget = search_budget
         self.weight_slots = [slot for slot, value in enumerate(example_inputs) if isinstance(value, nn.Parameter)]
         self.tensor_slots = [slot for slot, value in enumerate(example_inputs)
                              if not fixed(value) and slot not in self.weight_slots]
@@ -66,9 +71,9 @@ class LumosGraph:
             module = GraphWithWeights(self.graph, inputs, self.weight_slots)
             # Static shapes: dynamo traces a graph per shape (or hands sizes as inputs), so a
             # symbolic batch would only cost a second trace.
-            options = self.options or Options(symbolic_batch=False)
+            options = self.options or Options(symbolic_batch=False, arch=gpu_arch() or DEFAULT_ARCH)
             compiled = compile_module(module, [inputs[slot] for slot in self.tensor_slots], self.cache, options,
-                                      strict=self.strict)
+                                      strict=self.strict, search_budget=self.search_budget)
             self.compiled[shapes] = (weights, compiled)
         return self.compiled[shapes][1]
 
@@ -94,13 +99,16 @@ def _refuse_gradients(inputs: Sequence) -> None:
 
 
 def lumos_backend(graph: torch.fx.GraphModule, example_inputs: list) -> Callable:
-    """The torch.compile backend "lumos" (default kernel cache and options)."""
+    """The torch.compile backend "lumos" (default kernel cache, options and search budget:
+    compile_module's "auto", or $LUMOS_SEARCH_BUDGET)."""
     return LumosGraph(graph, example_inputs, cache=None, options=None)
 
 
-def make_backend(cache: KernelCache | None = None, options: Options | None = None, strict: bool = False) -> Callable:
+def make_backend(cache: KernelCache | None = None, options: Options | None = None, strict: bool = False,
+                 search_budget: float | str | None = None) -> Callable:
     """A backend with its own kernel cache and options: torch.compile(model, backend=make_backend(...));
-    `strict` refuses a graph with an op the compiler cannot lower instead of running it in eager."""
+    `strict` refuses a graph with an op the compiler cannot lower instead of running it in eager;
+    `search_budget` is compile_module's (seconds, "auto", 0: no search; unset: the default)."""
     def backend(graph: torch.fx.GraphModule, example_inputs: list) -> Callable:
-        return LumosGraph(graph, example_inputs, cache, options, strict)
+        return LumosGraph(graph, example_inputs, cache, options, strict, search_budget)
     return backend

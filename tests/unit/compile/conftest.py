@@ -1,4 +1,5 @@
-"""Shared fixtures of the compiler tests: one kernel cache per test session, one thread for torch."""
+"""Shared fixtures of the compiler tests: one kernel cache per test session, one thread for torch,
+no default schedule search."""
 
 from __future__ import annotations
 
@@ -20,3 +21,10 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+@pytest.fixture(autouse=True)
+def no_default_search(monkeypatch):
+    """compile_module and the torch.compile backend search schedules by default (seconds per
+    kernel): tests that do not test the search compile without it, so the suite stays fast."""
+    monkeypatch.setenv("LUMOS_SEARCH_BUDGET", "0")
