@@ -139,6 +139,12 @@ class Lowering:
         self.block = 0
         """Which block statements go to now (the kernel body, or a reduction loop's body)."""
         self.shared: dict[tuple, str] = {}
+        self.written: dict[Node, tuple[list[Index], str]] = {}
+        """Outputs of this kernel computed before the one being lowered (a kernel with several
+        outputs): each with its output index and the local that holds its value."""
+        self.misread: set[Node] = set()
+        """Those of `written` read at another index (another row): such a read would race with
+        the thread that writes it, so schedule/siblings.py keeps the two kernels apart."""
 
     def fresh(self, prefix: str) -> str:
         self.counter += 1
@@ -151,6 +157,8 @@ class Lowering:
         valid = view_valid(view, idx)
         if src.is_scalar_const:
             value: Expr = Num(src.arg)
+        elif src in self.written and self._same_element(src, view, idx):
+            value = Ref(self.written[src][1])
         elif is_buffer(src, self.materialized):
             value = Load(self.params[src], view_offset(view, idx), view, tuple(idx))
         else:
@@ -163,6 +171,13 @@ class Lowering:
         if valid is None:
             return value
         return Num(0.0) if valid == NEVER else Masked(valid, value)
+
+    def _same_element(self, src: Node, view: View, idx: list[Index]) -> bool:
+        """Whether `idx` reads the element of `src` that this output element computed."""
+        if source_indices(view, idx, src.shape) == self.written[src][0]:
+            return True
+        self.misread.add(src)
+        return False
 
     def compute(self, node: Node, idx: list[Index], guard: Cond | None = None) -> Expr:
         if self.uses.get(node, 0) <= 1 and node.op not in (Op.SUM, Op.MAX):
@@ -236,16 +251,41 @@ def lower_kernel(kernel: Kernel, materialized: set[Node], params: dict[Node, str
                  schedule: KernelSchedule | None = None, check_gathers: bool = False) -> KernelIR:
     """The kernel as loops over its output's elements, each element computed by the body."""
     schedule = schedule or KernelSchedule()
-    lowering = Lowering(kernel, materialized, params, schedule, check_gathers=check_gathers)
-    node = kernel.node
-    loops, idx = output_loops(node)
-    value = lowering.expression(node, idx)
-    out = Affine(0, tuple(zip(contiguous_strides(node.shape), idx, strict=True)))
-    body = [*lowering.stmts, Store("out", out, value)]
-    ir = KernelIR(kernel.name, node, [params[src] for src in kernel.reads], loops, body,
-                  len(kernel.unique_fused), schedule=schedule)
+    loops, body, _ = lower_outputs(kernel, materialized, params, schedule, check_gathers)
+    ir = KernelIR(kernel.name, kernel.node, [params[src] for src in kernel.reads], loops, body,
+                  len(kernel.unique_fused), schedule=schedule, also=tuple(kernel.also))
     annotate_loops(ir)
     return ir
+
+
+def lower_outputs(kernel: Kernel, materialized: set[Node], params: dict[Node, str],
+                  schedule: KernelSchedule, check_gathers: bool = False) -> tuple[list[Loop], list[Stmt], set[Node]]:
+    """The kernel's output loops and statements, one output after another in the same loops (each
+    output's statements ending in its Store), and the outputs that a later one read at another
+    element (Lowering.misread; then the kernel is not valid). A later output reads an earlier one at
+    the same element from its local, not its buffer: per row, the layer norm's mean is summed,
+    then the squared deviations from it, in one kernel (two passes over a row still in cache)."""
+    lowering = Lowering(kernel, materialized, params, schedule, check_gathers=check_gathers)
+    loops, idx = output_loops(kernel.node)
+    out = Affine(0, tuple(zip(contiguous_strides(kernel.node.shape), idx, strict=True)))
+    names = ("out", *(f"out{position}" for position in range(1, len(kernel.outputs))))  # as KernelIR.outputs
+    for position, (node, name) in enumerate(zip(kernel.outputs, names, strict=True)):
+        value = lowering.expression(node, idx)
+        if position + 1 < len(kernel.outputs):  # a later output may read it
+            local = lowering.fresh("v")
+            lowering.stmts.append(Let(local, value))
+            lowering.written[node] = (idx, local)
+            value = Ref(local)
+        lowering.stmts.append(Store(name, out, value))
+    return loops, lowering.stmts, lowering.misread
+
+
+def reads_siblings_in_place(kernel: Kernel, materialized: set[Node]) -> bool:
+    """Whether each output of `kernel` reads the earlier ones only at the element it computes
+    (schedule/siblings.py joins kernels only then)."""
+    params = {node: f"b{node.id}" for node in [*kernel.outputs, *kernel.reads]}
+    _, _, misread = lower_outputs(kernel, materialized, params, KernelSchedule())
+    return not misread
 
 
 def lower_attention(kernel: Kernel, materialized: set[Node], params: dict[Node, str],
