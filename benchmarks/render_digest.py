@@ -91,10 +91,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, required=True, help="JSON file for every rendering's hash")
     parser.add_argument("--compare", type=Path, help="an earlier --out: print what differs, exit 1 if anything does")
-    parser.add_argument("--no-multi-output", action="store_true",
-                        help="Options.multi_output off: sibling row statistics stay separate kernels")
+    parser.add_argument("--multi-output", action="store_true",
+                        help="Options.multi_output on: sibling row statistics joined into one kernel each")
     args = parser.parse_args()
-    options = Options(multi_output=not args.no_multi_output)
+    options = Options(multi_output=args.multi_output)
     result = {}
     with tempfile.TemporaryDirectory(prefix="lumos-digest-") as folder:
         cache = KernelCache(folder, "cpu")
