@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from lumos.compile.ir.graph import Graph, check_graph
+from lumos.compile.ir.graph import Graph, check_graph, mark_batch
 from lumos.compile.ir.hl_ops import Tensor, mark_output
 from lumos.compile.ir.interpret import interpret
 from lumos.compile.program import Options, compile_graph, load_program
@@ -50,7 +50,7 @@ def _inputs(graph: Graph, offset: float = 0.0, seed: int = 0) -> dict[str, np.nd
 
 @pytest.mark.parametrize("width", [3, 17, 783])
 def test_joined_statistics_equal_the_interpreter(width, kernel_cache):
-    graph = _statistics_graph(5, width)
+    graph = _statistics_graph(19, width)  # blocks of 8 rows: two whole, one of 3
     compilation = compile_graph(graph, kernel_cache, ON)
     assert any(kernel.also for kernel in compilation.kernels), "the row statistics were not joined"
     inputs = _inputs(graph, offset=3.0)
@@ -111,3 +111,26 @@ def test_a_statistic_read_at_another_row_stays_apart(kernel_cache):
     got = load_program(compilation)(inputs)
     want = interpret(graph, inputs)
     np.testing.assert_allclose(got["y"].reshape(6, 1), want["y"], rtol=1e-5, atol=1e-5)
+
+
+def _batched_layer_norm(rows: int) -> Graph:
+    graph = Graph()
+    weight = Tensor.constant(graph, "w", np.linspace(0.5, 2.0, 17))
+    bias = Tensor.constant(graph, "b", np.linspace(-1.0, 1.0, 17))
+    mark_output(graph, "y", Tensor.input(graph, "x", (rows, 17)).layer_norm(weight, bias, 1e-5))
+    graph.prune()
+    return graph
+
+
+@pytest.mark.parametrize("rows", [1, 8, 13, 19])
+def test_a_symbolic_batch_runs_its_last_block_short(rows, kernel_cache):
+    """The rows are the kernel's last loop, and the batch: blocks up to the runtime row count."""
+    graph = _batched_layer_norm(19)
+    assert mark_batch(graph, _batched_layer_norm(20))
+    compilation = compile_graph(graph, kernel_cache, ON)
+    assert any(kernel.also for kernel in compilation.kernels)
+    x = np.random.default_rng(rows).standard_normal((rows, 17)).astype(np.float32) + 1000
+    got = load_program(compilation)({"x": x})["y"]
+    want = F.layer_norm(torch.from_numpy(x).double(), (17,), torch.from_numpy(graph.tensors["w"]).double(),
+                        torch.from_numpy(graph.tensors["b"]).double(), 1e-5).numpy()
+    np.testing.assert_allclose(got.reshape(rows, 17), want, rtol=5e-4, atol=5e-4)
