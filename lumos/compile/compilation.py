@@ -52,8 +52,8 @@ class Options:
     search_seed: int = 0
     multi_output: bool = False
     """Join sibling row statistics (a layer norm's mean and variance) into one kernel with several
-    outputs (schedule/siblings.py). Off by default: the joined kernel gives the same values but
-    measured slower (benchmarks/layer_norm_stats.py: each row's second sum waits on the first's)."""
+    outputs (schedule/siblings.py). Off by default: the same values bit for bit, but no faster
+    on both benchmark models' layer norms (benchmarks/layer_norm_stats.py; README, Compile)."""
     register_blocks: bool = True
     """Let the search try the register-blocked matmul micro-kernel (False: measure what it gains;
     then also turn `search_cache` off, since the cache does not tell the two searches apart)."""

@@ -2,7 +2,7 @@
 
 `lower.py` turns a scheduled `Kernel` (a fused subgraph writing one buffer) into a `KernelIR`:
 output loops with their extents and annotations (parallel, vector, the batch bound), and a body of
-statements — locals (`Let`), reductions with their accumulators (`Reduce`), and one `Store` —
+statements — locals (`Let`), reductions with their accumulators (`Reduce`), and a `Store` per output —
 over expressions that read buffers through views (`Load` at an index expression, `Masked` by a
 padding condition). Renderers only print it: render/c.py as OpenMP loops, render/cuda.py with the
 output loops mapped to threads. Indices are structures too (`Var`, `Affine`, `Digit`, `RowOf`),

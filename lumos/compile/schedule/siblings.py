@@ -1,13 +1,16 @@
 """Sibling row statistics as one kernel with several outputs (C target, Options.multi_output).
 
 A layer norm is two reductions over the same row: Σx (the mean), then Σ(x − mean)² (the
-variance), each its own kernel today: two passes over memory, a barrier between them, and the
-mean written and read back. Kernels that reduce the same input into outputs of the same shape
-become one kernel here: per output element (a row) it computes each output in turn, a later one
-reading an earlier one from its local (kernel/lower.py: lower_outputs), and writes each to its own
-buffer. The variance stays two-pass (the mean first, then the squared deviations from it), as
-accurate as two kernels and bit for bit the same values; the second pass reads a row that the
-first just brought into cache. A softmax's max and Σexp(x − max) are the same pattern.
+variance), each its own kernel: two launches with a barrier between them, and the mean written
+and read back. Kernels that reduce the same input into outputs of the same shape become one
+kernel here that writes each output to its own buffer (kernel/lower.py: _lower_joined): per block
+of 8 rows, the first output over the block, then the next, which reads the first from the buffer
+the same thread just stored it to, while the block's input rows are still in cache. The variance
+stays two-pass (the mean first, then the squared deviations from it): the same arithmetic as two
+kernels, so the same values bit for bit, and no E[x²] − E[x]² cancellation (on rows of
+1000 + randn that one-pass variance is off by 1e3; benchmarks/layer_norm_stats.py). A softmax's
+max and Σexp(x − max), and a chain of layer norms (the next one's mean of this one's output,
+computed inline from the same row), join the same way.
 
 Kernels are joined when, for the later one B and the earlier one A:
 - both are plain reductions (no attention, no matrix product: a product's own layouts, row-wise
