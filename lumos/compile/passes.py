@@ -62,7 +62,8 @@ def siblings(c: Compilation, cache: KernelCache) -> None:
     if not c.options.multi_output:
         return
     c.kernels, changed = join_siblings(c.kernels, lambda kernel: reads_siblings_in_place(kernel, c.materialized))
-    c.schedules = {name: schedule for name, schedule in c.schedules.items() if name not in changed}
+    kept = {kernel.name for kernel in c.kernels} - set(changed)  # a joined kernel: the default schedule
+    c.schedules = {name: schedule for name, schedule in c.schedules.items() if name in kept}
 
 
 def attention(c: Compilation, cache: KernelCache) -> None:

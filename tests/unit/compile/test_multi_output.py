@@ -134,3 +134,16 @@ def test_a_symbolic_batch_runs_its_last_block_short(rows, kernel_cache):
     want = F.layer_norm(torch.from_numpy(x).double(), (17,), torch.from_numpy(graph.tensors["w"]).double(),
                         torch.from_numpy(graph.tensors["b"]).double(), 1e-5).numpy()
     np.testing.assert_allclose(got.reshape(rows, 17), want, rtol=5e-4, atol=5e-4)
+
+
+def test_kernels_are_joined_after_the_search(kernel_cache):
+    """The search times single-output kernels; the joined one runs on the default schedule."""
+    graph = _layer_norm_graph(64, 33, norms=2)
+    options = Options(multi_output=True, search_budget_s=2, search_cache=False)
+    searched = compile_graph(graph, kernel_cache, options)
+    joined = [kernel.name for kernel in searched.kernels if kernel.also]
+    assert joined and not set(joined) & set(searched.schedules)
+    assert set(searched.schedules) <= {kernel.name for kernel in searched.kernels}
+    inputs = _inputs(graph, offset=3.0)
+    plain = compile_graph(graph, kernel_cache, OFF)
+    np.testing.assert_allclose(load_program(searched)(inputs)["y"], load_program(plain)(inputs)["y"], rtol=1e-5, atol=1e-5)
