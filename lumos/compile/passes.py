@@ -19,8 +19,8 @@ from lumos.compile.runtime.nvrtc import nvrtc_toolchain
 from lumos.compile.schedule.buffers import plan_buffers
 from lumos.compile.schedule.horizontal import fuse_linear_layers
 from lumos.compile.schedule.kernels import schedule
-from lumos.compile.schedule.siblings import join_siblings
 from lumos.compile.schedule.layout import transpose_activations, transpose_weights
+from lumos.compile.schedule.siblings import join_siblings
 from lumos.compile.search.cache import SearchCache
 from lumos.compile.search.climb import search_schedules
 

@@ -12,6 +12,7 @@ import math
 from dataclasses import replace
 
 from lumos.compile.ir.graph import BINARY, UNARY, Node, Op, View, contiguous_strides, prod
+from lumos.compile.kernel.cpu_ir import For
 from lumos.compile.kernel.ir import (
     NEVER,
     Affine,
@@ -40,7 +41,6 @@ from lumos.compile.kernel.ir import (
     conjoin,
     less,
 )
-from lumos.compile.kernel.cpu_ir import For
 from lumos.compile.kernel.passes import annotate_loops
 from lumos.compile.schedule.kernels import Kernel, KernelSchedule, is_buffer
 
@@ -144,10 +144,8 @@ class Lowering:
         """Which block statements go to now (the kernel body, or a reduction loop's body)."""
         self.shared: dict[tuple, str] = {}
         self.written: dict[Node, tuple[list[Index], str]] = {}
-        """Outputs of this kernel computed before the one being lowered (a kernel with several
-        outputs): each with its output index and the local that holds its value, or (with
-        `written_to_buffers`) the output parameter it was stored to."""
-        self.written_to_buffers = False
+        """Outputs of this kernel stored before the one being lowered (a kernel with several
+        outputs): each with its output index and the output parameter it was stored to."""
         self.misread: set[Node] = set()
         """Those of `written` read at another index (another row): such a read would race with
         the thread that writes it, so schedule/siblings.py keeps the two kernels apart."""
@@ -164,8 +162,7 @@ class Lowering:
         if src.is_scalar_const:
             value: Expr = Num(src.arg)
         elif src in self.written and self._same_element(src, view, idx):
-            name = self.written[src][1]
-            value = Load(name, view_offset(view, idx), view, tuple(idx)) if self.written_to_buffers else Ref(name)
+            value = Load(self.written[src][1], view_offset(view, idx), view, tuple(idx))
         elif is_buffer(src, self.materialized):
             value = Load(self.params[src], view_offset(view, idx), view, tuple(idx))
         else:
@@ -268,31 +265,21 @@ def lower_kernel(kernel: Kernel, materialized: set[Node], params: dict[Node, str
 
 
 def lower_outputs(kernel: Kernel, materialized: set[Node], params: dict[Node, str], schedule: KernelSchedule,
-                  check_gathers: bool = False, in_buffers: bool = False) -> tuple[list[Loop], list[list[Stmt]], set[Node]]:
+                  check_gathers: bool = False) -> tuple[list[Loop], list[list[Stmt]], set[Node]]:
     """The kernel's output loops; per output, the statements that compute one element of it and
     end in its Store; and the outputs that a later one read at another element (then the kernel
     is not valid: Lowering.misread). A later output reads an earlier one at the same element from
-    its local, or (`in_buffers`) from its output buffer, where the same thread just stored it."""
+    its output buffer, where the same thread stored it (_lower_joined)."""
     lowering = Lowering(kernel, materialized, params, schedule, check_gathers=check_gathers)
-    lowering.written_to_buffers = in_buffers
     loops, idx = output_loops(kernel.node)
     out = Affine(0, tuple(zip(contiguous_strides(kernel.node.shape), idx, strict=True)))
     names = ("out", *(f"out{position}" for position in range(1, len(kernel.outputs))))  # as KernelIR.outputs
     per_output = []
-    for position, (node, name) in enumerate(zip(kernel.outputs, names, strict=True)):
-        value = lowering.expression(node, idx)
-        if position + 1 < len(kernel.outputs) and in_buffers:  # a later output may read it
-            lowering.written[node] = (idx, name)
-        elif position + 1 < len(kernel.outputs):
-            local = lowering.fresh("v")
-            lowering.stmts.append(Let(local, value))
-            lowering.written[node] = (idx, local)
-            value = Ref(local)
-        lowering.stmts.append(Store(name, out, value))
-        per_output.append(lowering.stmts)
-        lowering.stmts = []
-        if in_buffers:  # each output's statements run in a loop of their own: no locals shared
-            lowering.shared = {}
+    for node, name in zip(kernel.outputs, names, strict=True):
+        value = lowering.expression(node, idx)  # its locals and reductions go to lowering.stmts first
+        per_output.append([*lowering.stmts, Store(name, out, value)])
+        lowering.written[node] = (idx, name)
+        lowering.stmts, lowering.shared = [], {}  # each output's statements run in a loop of their own
     return loops, per_output, lowering.misread
 
 
@@ -308,7 +295,7 @@ def _lower_joined(kernel: Kernel, materialized: set[Node], params: dict[Node, st
     pass to the next, and each pass's rows are independent of each other, so the processor
     overlaps them as it does in a kernel of one output (one row computing every output in turn
     made each row's second sum wait on its first: 1.4× slower than two kernels)."""
-    loops, per_output, misread = lower_outputs(kernel, materialized, params, schedule, check_gathers, in_buffers=True)
+    loops, per_output, misread = lower_outputs(kernel, materialized, params, schedule, check_gathers)
     if misread:
         raise ValueError(f"kernel {kernel.name} reads an output of its own at another element")
     *outer, last = loops or [Loop("i0", 1)]
