@@ -2,7 +2,7 @@
 kernel IR or the printers changed no generated text.
 
 For the quickstart and SASRec-size models (benchmarks/compile.py), after the C pipeline's graph
-passes (e-graph, horizontal, layout, schedule): every kernel under every schedule candidate the
+passes (e-graph, horizontal, layout, schedule, siblings): every kernel under every schedule candidate the
 `schedule` rules reach (register blocks included), the fused-attention kernels (keys staged and not)
 likewise, and the whole library under the renderer's default; and the CUDA program. Prints one
 digest per model and target and writes every rendering's hash to --out (JSON), so two runs can be
@@ -57,9 +57,9 @@ def _digest(text: str) -> str:
     return hashlib.sha256(text.replace(CHECKOUT, "<checkout>").encode()).hexdigest()[:16]
 
 
-def c_renderings(model: LumosModel, cache: KernelCache) -> dict[str, str]:
-    graph_passes = [step for step in CPU.passes if step[0] in ("egraph", "horizontal", "layout", "schedule")]
-    compilation = run_passes(graph_passes, Compilation(lower_model(model, BATCH, model.max_len, symbolic_batch=True), Options()), cache)
+def c_renderings(model: LumosModel, cache: KernelCache, options: Options) -> dict[str, str]:
+    graph_passes = [step for step in CPU.passes if step[0] in ("egraph", "horizontal", "layout", "schedule", "siblings")]
+    compilation = run_passes(graph_passes, Compilation(lower_model(model, BATCH, model.max_len, symbolic_batch=True), options), cache)
     graph = compilation.graph
     programs = {"plain": (compilation.kernels, compilation.materialized)}
     matches, _ = find_attention(graph)
@@ -79,9 +79,9 @@ def c_renderings(model: LumosModel, cache: KernelCache) -> dict[str, str]:
     return hashes
 
 
-def cuda_renderings(model: LumosModel, cache: KernelCache) -> dict[str, str]:
+def cuda_renderings(model: LumosModel, cache: KernelCache, options: Options) -> dict[str, str]:
     passes = [step for step in CUDA.passes if step[0] != "build"]
-    compilation = run_passes(passes, Compilation(lower_model(model, BATCH, model.max_len), Options(), CUDA.name), cache)
+    compilation = run_passes(passes, Compilation(lower_model(model, BATCH, model.max_len), options, CUDA.name), cache)
     program = compilation.cuda
     hashes = {f"kernel/{name}": _digest(source) for name, source in program.kernels.items()}
     return {**hashes, "source": _digest(program.source), "launches": _digest(repr(program.launches))}
@@ -91,13 +91,16 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, required=True, help="JSON file for every rendering's hash")
     parser.add_argument("--compare", type=Path, help="an earlier --out: print what differs, exit 1 if anything does")
+    parser.add_argument("--multi-output", action="store_true",
+                        help="Options.multi_output on: sibling row statistics joined into one kernel each")
     args = parser.parse_args()
+    options = Options(multi_output=args.multi_output)
     result = {}
     with tempfile.TemporaryDirectory(prefix="lumos-digest-") as folder:
         cache = KernelCache(folder, "cpu")
         for name, model in _models().items():
             for target, render in (("c", c_renderings), ("cuda", cuda_renderings)):
-                hashes = render(model, cache)
+                hashes = render(model, cache, options)
                 result[f"{name}/{target}"] = hashes
                 total = _digest("\n".join(f"{key} {value}" for key, value in sorted(hashes.items())))
                 print(f"{name:10s} {target:4s} {len(hashes):5d} renderings  digest {total}", flush=True)

@@ -50,6 +50,10 @@ class Options:
     search_cache: bool = True
     """Reuse and store search results under the kernel cache (search/cache.py)."""
     search_seed: int = 0
+    multi_output: bool = False
+    """Join sibling row statistics (a layer norm's mean and variance) into one kernel with several
+    outputs (schedule/siblings.py). Off by default: the same values bit for bit, but no faster
+    on both benchmark models' layer norms (benchmarks/layer_norm_stats.py; README, Compile)."""
     register_blocks: bool = True
     """Let the search try the register-blocked matmul micro-kernel (False: measure what it gains;
     then also turn `search_cache` off, since the cache does not tell the two searches apart)."""

@@ -11,6 +11,7 @@ from collections.abc import Callable
 from lumos.compile.compilation import Compilation, Options
 from lumos.compile.egraph.attention import find_attention, fuse_attention
 from lumos.compile.egraph.rewrite import rewrite_graph
+from lumos.compile.kernel.lower import reads_siblings_in_place
 from lumos.compile.render.c import render_library
 from lumos.compile.render.cuda import render_program
 from lumos.compile.runtime.kernel_cache import KernelCache, Toolchain, gcc
@@ -19,6 +20,7 @@ from lumos.compile.schedule.buffers import plan_buffers
 from lumos.compile.schedule.horizontal import fuse_linear_layers
 from lumos.compile.schedule.kernels import schedule
 from lumos.compile.schedule.layout import transpose_activations, transpose_weights
+from lumos.compile.schedule.siblings import join_siblings
 from lumos.compile.search.cache import SearchCache
 from lumos.compile.search.climb import search_schedules
 
@@ -54,6 +56,14 @@ def search(c: Compilation, cache: KernelCache) -> None:
                                 register_blocks=c.options.register_blocks)
     c.schedules = c.search.schedules
     c.kernels, c.materialized = c.search.kernels, c.search.materialized
+
+
+def siblings(c: Compilation, cache: KernelCache) -> None:
+    if not c.options.multi_output:
+        return
+    c.kernels, changed = join_siblings(c.kernels, lambda kernel: reads_siblings_in_place(kernel, c.materialized))
+    kept = {kernel.name for kernel in c.kernels} - set(changed)  # a joined kernel: the default schedule
+    c.schedules = {name: schedule for name, schedule in c.schedules.items() if name in kept}
 
 
 def attention(c: Compilation, cache: KernelCache) -> None:

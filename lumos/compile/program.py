@@ -4,6 +4,7 @@
     → horizontal (C: linear layers on one input as one matmul) → layout (transpose weights)
     → schedule (fuse into kernels) → search (C: schedule variants by measurement, search/)
     or attention (CUDA: online-softmax kernels, egraph/attention.py)
+    → siblings (C, Options.multi_output: a layer norm's statistics as one kernel with two outputs)
     → plan buffers → render (C or CUDA) → build (gcc or NVRTC, through the kernel cache) → load
 
 Each pass (passes.py) takes and returns the `Compilation` it fills in; the graph is checked before

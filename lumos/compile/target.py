@@ -117,6 +117,7 @@ CPU = Target(
         ("layout", passes.layout),
         ("schedule", passes.fuse),
         ("search", passes.search),
+        ("siblings", passes.siblings),  # after the search, which times single-output kernels
         ("plan_buffers", passes.buffers),
         ("render_c", passes.render_c),
         ("build", passes.build_c),

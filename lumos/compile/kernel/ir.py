@@ -2,7 +2,7 @@
 
 `lower.py` turns a scheduled `Kernel` (a fused subgraph writing one buffer) into a `KernelIR`:
 output loops with their extents and annotations (parallel, vector, the batch bound), and a body of
-statements — locals (`Let`), reductions with their accumulators (`Reduce`), and one `Store` —
+statements — locals (`Let`), reductions with their accumulators (`Reduce`), and a `Store` per output —
 over expressions that read buffers through views (`Load` at an index expression, `Masked` by a
 padding condition). Renderers only print it: render/c.py as OpenMP loops, render/cuda.py with the
 output loops mapped to threads. Indices are structures too (`Var`, `Affine`, `Digit`, `RowOf`),
@@ -328,13 +328,21 @@ class KernelIR:
     """Buffers it reads, in the order the driver passes them (after `out`)."""
     loops: list[Loop]
     body: list[Stmt]
-    """The statements run per output element; the last is the Store."""
+    """The statements run per output element; the last is a Store (of the last output)."""
     ops: int
     version_on: Compare | None = None
     """Loop versioning: a padding condition of outer indices that the innermost loop's body tests
     over and over; the innermost loop is emitted twice (condition true, false) so that the
     compiler folds it away and vectorizes each copy."""
     schedule: KernelSchedule = field(default_factory=KernelSchedule)
+    also: tuple[Node, ...] = ()
+    """Further nodes it writes after `node` (Kernel.also), one Store each."""
+
+    @property
+    def outputs(self) -> tuple[str, ...]:
+        """The buffers it writes, in the order the driver passes them (before `params`): `out`
+        for `node`, then `out1`, `out2`… for `also`."""
+        return ("out", *(f"out{position}" for position in range(1, 1 + len(self.also))))
 
 
 def product_factors(reduce: Reduce) -> tuple[Expr, Expr] | None:

@@ -12,6 +12,7 @@ order; a kernel's `omp for` ends with a barrier only where a later kernel depend
 
 from __future__ import annotations
 
+from dataclasses import replace
 from importlib import resources
 
 from lumos.compile.ir.graph import Graph, Node, Op
@@ -38,7 +39,9 @@ def render_kernel(kernel: Kernel, materialized: set[Node], params: dict[Node, st
         ir = lower_attention(kernel, materialized, params, schedule)
         attention = kernel.attention
         return print_attention(fused_attention(ir, schedule, attention.keys_copy is not None, attention.store), barrier)
-    ir = cpu_layout(lower_kernel(kernel, materialized, params, schedule), schedule)
+    ir = lower_kernel(kernel, materialized, params, schedule)
+    if not kernel.also:  # the register-blocked and row-wise layouts write one output
+        ir = cpu_layout(ir, schedule)
     return print_kernel(ir, barrier, schedule.wide)
 
 
@@ -99,8 +102,9 @@ def print_attention(kernel: FusedAttention, barrier: bool = True) -> str:
     return "\n".join(lines + ["}"])
 
 
-def _signature(ir: KernelIR, wide: bool = False) -> str:
-    params = ["const int n", "float* restrict out"] + [f"const float* restrict {name}" for name in ir.params]
+def _signature(ir: KernelIR | FusedAttention, wide: bool = False) -> str:
+    outputs = ir.outputs if isinstance(ir, KernelIR) else ("out",)
+    params = ["const int n", *(f"float* restrict {name}" for name in outputs)] + [f"const float* restrict {name}" for name in ir.params]
     return f"LUMOS_KERNEL {'LUMOS_WIDE ' if wide else ''}void {ir.name}({', '.join(params)}) {{"
 
 
@@ -112,7 +116,7 @@ def canonical_kernel_source(kernel: Kernel, materialized: set[Node], schedule: K
     """The kernel's C with buffer and kernel names replaced by positional ones: identical layers
     (same computation on different weights and buffers) give the same text."""
     params = {node: f"p{position}" for position, node in enumerate(kernel.reads)}
-    renamed = Kernel("kernel", kernel.node, kernel.fused, kernel.reads, kernel.attention)
+    renamed = replace(kernel, name="kernel")
     return render_kernel(renamed, materialized, params, schedule).split("\n", 1)[1]
 
 
@@ -130,20 +134,20 @@ def barriers(graph: Graph, kernels: list[Kernel], plan: BufferPlan) -> list[bool
         return a[0] == b[0] and a[1] < b[2] and b[1] < a[2]
 
     keep = [True] * len(kernels)
-    in_flight: list[tuple[list[tuple], tuple]] = []  # (reads, write) of kernels since the last barrier
+    in_flight: list[tuple[list[tuple], list[tuple]]] = []  # (reads, writes) of kernels since the last barrier
     for position, kernel in enumerate(kernels):
-        reads, write = [region(node) for node in kernel.reads], region(kernel.node)
+        reads, writes = [region(node) for node in kernel.reads], [region(node) for node in kernel.outputs]
         conflict = any(
-            any(overlap(r, earlier_write) for r in reads)  # reads what an earlier one writes
-            or any(overlap(write, r) for r in earlier_reads + [earlier_write])  # overwrites its inputs or output
-            for earlier_reads, earlier_write in in_flight
+            any(overlap(r, w) for r in reads for w in earlier_writes)  # reads what an earlier one writes
+            or any(overlap(w, r) for w in writes for r in earlier_reads + earlier_writes)  # overwrites its inputs or outputs
+            for earlier_reads, earlier_writes in in_flight
         )
         if conflict and position > 0:
             keep[position - 1] = True
             in_flight = []
         elif position > 0:
             keep[position - 1] = False
-        in_flight.append((reads, write))
+        in_flight.append((reads, writes))
     return keep
 
 
@@ -178,7 +182,7 @@ def render_library(graph: Graph, kernels: list[Kernel], materialized: set[Node],
             return f"outputs[{outputs.index(node)}]"
         return f"(float*)(arena + {plan.buffers[node].offset})"
 
-    calls = [f"    {k.name}(n, {', '.join(pointer(node) for node in [k.node, *k.reads])});" for k in kernels]
+    calls = [f"    {k.name}(n, {', '.join(pointer(node) for node in [*k.outputs, *k.reads])});" for k in kernels]
     timed = [f"{call}\n    #pragma omp master\n    times[{i + 1}] = omp_get_wtime();" for i, call in enumerate(calls)]
     signature = ("const float* const* inputs, float* const* outputs, const float* const* tensors, char* arena, int n, "
                  "int threads")

@@ -371,7 +371,8 @@ def comment_text(text: str) -> str:
 def kernel_comment(ir: KernelIR) -> str:
     """What a kernel computes, for the comment above it."""
     node = ir.node
-    return f"{ir.name}: %{node.id} {node.op.name}{list(node.shape)}, {ir.ops} ops; {comment_text(node.origin)}"
+    also = "".join(f" and %{other.id} {other.op.name}" for other in ir.also)
+    return f"{ir.name}: %{node.id} {node.op.name}{list(node.shape)}{also}, {ir.ops} ops; {comment_text(node.origin)}"
 
 
 def block_lines(stmts: list[Stmt], dialect: Dialect) -> list[str]:

@@ -45,13 +45,13 @@ class BufferPlan:
 
 def plan_buffers(graph: Graph, kernels: list[Kernel], reuse: bool = True) -> BufferPlan:
     outputs = set(graph.outputs.values())
-    first = {kernel.node: index for index, kernel in enumerate(kernels)}
+    first = {node: index for index, kernel in enumerate(kernels) for node in kernel.outputs}
     last = dict(first)
     for index, kernel in enumerate(kernels):
         for node in kernel.reads:
             if node in first:
                 last[node] = max(last[node], index)
-    intermediates = [kernel.node for kernel in kernels if kernel.node not in outputs]
+    intermediates = [node for kernel in kernels for node in kernel.outputs if node not in outputs]
     placed: list[Buffer] = []
     order = sorted(intermediates, key=lambda node: (-node.size, first[node]))
     for node in order:

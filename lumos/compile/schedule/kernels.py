@@ -87,6 +87,14 @@ class Kernel:
     """Buffers it reads: materialized nodes, inputs and constant tensors."""
     attention: Any = None
     """An egraph.attention.AttentionMatch: `node` is computed by one online-softmax pass."""
+    also: list[Node] = field(default_factory=list)
+    """Further nodes it writes, each to its own buffer, in the same output loops after `node`
+    (sibling row statistics: schedule/siblings.py); `fused` holds their primitives too."""
+
+    @property
+    def outputs(self) -> list[Node]:
+        """Every node it writes, in the order it computes them."""
+        return [self.node, *self.also]
 
     @property
     def unique_fused(self) -> list[Node]:
