@@ -381,6 +381,8 @@ def check_graph(graph: Graph) -> None:
     for name, node in graph.outputs.items():
         if node not in seen:
             raise IRError(f"output {name!r} is not in the graph")
+        if node.op in LEAF:  # kernels write the outputs: an input or constant as is would never be copied out
+            raise IRError(f"output {name!r} is the leaf {node!r}, which no kernel writes (hl_ops.mark_output copies it)")
 
 
 def _view_span(view: View) -> int:

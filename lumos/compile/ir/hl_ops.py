@@ -399,7 +399,10 @@ def mark_output(graph: Graph, name: str, tensor: Tensor) -> None:
     node = tensor.contiguous()
     taken = set(graph.outputs.values())
     if not node.view.is_identity or node.node.op in LEAF or node.node in taken:
-        node = node + 0.0
+        # Built directly, not `node + 0.0`: that folds a literal (an arange, a filled tensor) into
+        # another literal, a leaf no kernel writes, and the caller's output array stays unwritten.
+        zero = Tensor.full(graph, 0.0, node.shape)
+        node = Tensor(graph, graph.add(Op.ADD, (node.node, zero.node), (node.view, zero.view), node.shape))
     graph.outputs[name] = node.node
     graph.output_shapes[name] = tensor.shape
 
