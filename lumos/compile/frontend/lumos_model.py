@@ -325,28 +325,18 @@ def _convolution(lower: _Lowering, x, weight, bias, stride, padding, dilation, t
     return _conv(lower, x, weight, bias, stride, padding, dilation, groups)
 
 
-def _batch_norm_eval(lower: _Lowering, x, weight, bias, running_mean, running_var, eps) -> Tensor:
-    """Batch norm with its running statistics (eval mode), per channel (dim 1):
-    (x - mean) / sqrt(var + eps) · weight + bias."""
-    if running_mean is None or running_var is None:
-        raise UnsupportedOp(f"batch norm without running statistics normalizes by the batch's own: {lower.where()}")
+def _batch_norm_no_training(lower: _Lowering, x, weight, bias, running_mean, running_var, momentum, eps):
+    """Batch norm in eval mode (what export makes of nn.BatchNormNd), per channel (dim 1):
+    (x - running mean) / sqrt(running var + eps) · weight + bias; aten's two saved statistics
+    are empty in eval mode."""
     channel = (-1,) + (1,) * (x.ndim - 2)  # (C, 1, ...): broadcast over the batch and spatial dims
     out = (x - running_mean.reshape(channel)) * (running_var.reshape(channel) + float(eps)).sqrt().recip()
     if weight is not None:
         out = out * weight.reshape(channel)
-    return out + bias.reshape(channel) if bias is not None else out
-
-
-def _batch_norm(lower: _Lowering, x, weight, bias, running_mean, running_var, training, momentum, eps, *_):
-    if training:
-        raise UnsupportedOp(f"batch norm in training mode (put the model in eval mode): {lower.where()}")
-    return _batch_norm_eval(lower, x, weight, bias, running_mean, running_var, eps)
-
-
-def _batch_norm_no_training(lower: _Lowering, x, weight, bias, running_mean, running_var, momentum, eps):
-    """(normalized, save_mean, save_invstd) as aten gives them in eval mode: the last two empty."""
+    if bias is not None:
+        out = out + bias.reshape(channel)
     empty = Tensor.full(lower.graph, 0.0, (0,))
-    return _batch_norm_eval(lower, x, weight, bias, running_mean, running_var, eps), empty, empty
+    return out, empty, empty
 
 
 def _pool(lower: _Lowering, x: Tensor, spatial: int, reduce: str, kernel_size, stride, padding, dilation,
@@ -603,7 +593,6 @@ LOWERINGS: dict[str, Callable] = {
     "aten.index_add.default": lambda lower, x, dim, ids, source, alpha=1: hl_ops.index_add(x, dim, ids, source, alpha),
     "aten.scatter_add.default": lambda lower, x, dim, ids, source: hl_ops.scatter_add(x, dim, ids, source),
     "aten.index_put.default": _index_put,
-    "aten.batch_norm.default": _batch_norm,
     "aten._native_batch_norm_legit_no_training.default": _batch_norm_no_training,
     "aten.max_pool1d.default": _max_pool(1),
     "aten.max_pool2d.default": _max_pool(2),
