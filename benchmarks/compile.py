@@ -28,6 +28,14 @@ fused online-softmax kernel, time and extra peak memory.
 feed-forward 256, batch_first, a key padding mask), `multihead_attention` (nn.MultiheadAttention
 self-attention with a key padding mask), `mlp` (Linear 64→256, LayerNorm, GELU, Linear 256→64 over
 every position) and `sasrec_baseline` (benchmarks/sasrec.py's SASRec, 2 layers, 1,702 items).
+Also `bert` and `gpt2` (Hugging Face's BertModel and GPT2LMHeadModel built from a config, random
+weights: hidden 256, 4 layers, 4 heads, sequence 128, vocabulary 1,000, right-padded attention
+masks; timed on the last hidden state and on the logits without a KV cache), `resnet` (a
+ResNet-style network: width 64, two stages of residual blocks, 64×64 images) and `dlrm` (a
+DLRM-style ranking model: 8 EmbeddingBag tables of 10 to 10,000 rows with runtime offsets, bags of
+1 to 4 ids, 13 dense features, width 64), from benchmarks/brought_models.py at its BENCH size, with
+a batch of 32 (or --batch if smaller). The JSON lists the ops each ran in eager (`eager_ops`, none
+for these four: every op compiles).
 Eager runs as a user gets it (eval mode, no grad, PyTorch's fused transformer fast path allowed);
 Lumos compiles the math path, and its largest difference is taken against eager's math path
 (the fast path writes zeros at padded positions). The default runs the two Lumos models only.
@@ -50,16 +58,18 @@ import platform
 import statistics
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # read when OpenMP loads, so before torch (see above)
 
+import brought_models
 import fma_peak
 import numpy as np
 import torch
 
 from lumos.compile.engine import SEARCH_BUDGET_S, compile_model, median_ms, verify
-from lumos.compile.frontend.export import compile_module, verify_module
+from lumos.compile.frontend.export import CompiledModule, compile_module, verify_module
 from lumos.compile.frontend.lumos_model import _Forward, batch_tensors, input_names
 from lumos.compile.ir.graph import Graph, is_matmul
 from lumos.compile.program import Options, compile_graph, load_program
@@ -350,8 +360,24 @@ class _SelfAttention(torch.nn.Module):
         return self.attention(x, x, x, key_padding_mask=padding)
 
 
+def brought_model(name: str, batch_size: int) -> tuple[torch.nn.Module, tuple[torch.Tensor, ...]]:
+    """One of BROUGHT_MODELS at brought_models.BENCH's size (its batch, or batch_size if smaller),
+    and its inputs; the Hugging Face models as their main output tensor."""
+    size = replace(brought_models.BENCH, batch=min(batch_size, brought_models.BENCH.batch))
+    build, inputs = brought_models.MODELS[name]
+    module = build(size)
+    if name == "bert":
+        module = brought_models.Transformer(module, "last_hidden_state")
+    elif name == "gpt2":
+        module.config.use_cache = False  # one forward over the sequence, as scoring it: no KV cache to return
+        module = brought_models.Transformer(module, "logits")
+    return module, inputs(size, 3)
+
+
 def external_model(name: str, batch_size: int) -> tuple[torch.nn.Module, tuple[torch.Tensor, ...]]:
     """One of EXTERNAL_MODELS with seeded weights, and its inputs at (batch_size, SEQ)."""
+    if name in BROUGHT_MODELS:
+        return brought_model(name, batch_size)
     torch.manual_seed(0)
     generator = torch.Generator().manual_seed(3)
     x = torch.randn(batch_size, SEQ, WIDTH, generator=generator)
@@ -371,8 +397,9 @@ def external_model(name: str, batch_size: int) -> tuple[torch.nn.Module, tuple[t
     return model, (ids,)
 
 
+BROUGHT_MODELS = ("bert", "gpt2", "resnet", "dlrm")
 EXTERNAL_MODELS = ("transformer_encoder", "transformer_encoder_norm_first", "multihead_attention", "mlp",
-                   "sasrec_baseline")
+                   "sasrec_baseline", *BROUGHT_MODELS)
 
 
 def bench_external(name: str, batch_size: int, repeats: int, inductor: bool, search_budget: float) -> dict:
@@ -380,8 +407,12 @@ def bench_external(name: str, batch_size: int, repeats: int, inductor: bool, sea
     module, inputs = external_model(name, batch_size)
     module.eval()
     parameters = sum(p.numel() for p in module.parameters())
-    result = {"model": name, "batch": batch_size, "seq": SEQ, "parameters": parameters}
-    print(f"== {name}: batch {batch_size}, sequence {SEQ}, {parameters:,} parameters", flush=True)
+    shapes = [list(value.shape) for value in inputs]
+    result = {"model": name, "batch": inputs[0].shape[0], "inputs": shapes, "parameters": parameters}
+    if name not in BROUGHT_MODELS:
+        result["seq"] = SEQ
+    print(f"== {name}: inputs {', '.join('x'.join(map(str, shape)) for shape in shapes)}, {parameters:,} parameters",
+          flush=True)
     engines = {"eager": lambda: module(*inputs)}
     if inductor:
         compiled = torch.compile(module)
@@ -402,7 +433,9 @@ def bench_external(name: str, batch_size: int, repeats: int, inductor: bool, sea
         compile_module(module, inputs, cache, Options(search_budget_s=search_budget))
         result["lumos_compile_warm_s"] = time.perf_counter() - started
         second = tuple(_fresh_like(value) for value in inputs)
-        result["max_error"] = verify_module(searched, module, [inputs, second])
+        # A partitioned module's partitions were each checked against eager when compiled.
+        result["max_error"] = (verify_module(searched, module, [inputs, second]) if isinstance(searched, CompiledModule)
+                               else searched.max_error)
         engines["lumos"] = lambda: searched(*inputs)
         engines["lumos_no_search"] = lambda: unsearched(*inputs)
         with torch.no_grad():
@@ -414,9 +447,15 @@ def bench_external(name: str, batch_size: int, repeats: int, inductor: bool, sea
                 for engine, call in engines.items():
                     times[engine].append(median_ms(call, 1, warmup=0))
         result["load_average"] = os.getloadavg()
-        stats = searched.compilation.stats()
-        flops = matmul_flops(searched.compilation.graph)
-        if searched.compilation.search is not None:
+        if isinstance(searched, CompiledModule):
+            compilations, stats = [searched.compilation], searched.compilation.stats()
+            result["eager_ops"] = []
+        else:  # ops left to eager (partition.py): timed whole, its kernels counted over the partitions
+            compilations = [part.compilation for part in searched.partitions]
+            stats = {key: sum(c.stats()[key] for c in compilations) for key in ("kernels", "primitive_ops")}
+            result["eager_ops"] = searched.eager_ops
+        flops = sum(matmul_flops(c.graph) for c in compilations)
+        if isinstance(searched, CompiledModule) and searched.compilation.search is not None:
             result["search_attention"] = searched.compilation.search.attention
     for engine, values in times.items():
         result[f"{engine}_ms"] = statistics.median(values)
@@ -436,6 +475,7 @@ def bench_external(name: str, batch_size: int, repeats: int, inductor: bool, sea
     print(f"  kernels {stats['kernels']} from {stats['primitive_ops']} primitive ops; compile: no search "
           f"{result['lumos_compile_no_search_s']:.1f} s, cold {result['lumos_compile_cold_s']:.1f} s, warm "
           f"{result['lumos_compile_warm_s']:.1f} s; max |diff| vs eager (math path) {result['max_error']:.1e}", flush=True)
+    print(f"  in eager         {', '.join(result['eager_ops']) or 'nothing (every op compiled)'}")
     _print_attention(result.get("search_attention"))
     return result
 

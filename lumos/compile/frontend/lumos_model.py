@@ -325,6 +325,75 @@ def _convolution(lower: _Lowering, x, weight, bias, stride, padding, dilation, t
     return _conv(lower, x, weight, bias, stride, padding, dilation, groups)
 
 
+def _batch_norm_no_training(lower: _Lowering, x, weight, bias, running_mean, running_var, momentum, eps):
+    """Batch norm in eval mode (what export makes of nn.BatchNormNd), per channel (dim 1):
+    (x - running mean) / sqrt(running var + eps) · weight + bias; aten's two saved statistics
+    are empty in eval mode."""
+    channel = (-1,) + (1,) * (x.ndim - 2)  # (C, 1, ...): broadcast over the batch and spatial dims
+    out = (x - running_mean.reshape(channel)) * (running_var.reshape(channel) + float(eps)).sqrt().recip()
+    if weight is not None:
+        out = out * weight.reshape(channel)
+    if bias is not None:
+        out = out + bias.reshape(channel)
+    empty = Tensor.full(lower.graph, 0.0, (0,))
+    return out, empty, empty
+
+
+def _pool(lower: _Lowering, x: Tensor, spatial: int, reduce: str, kernel_size, stride, padding, dilation,
+          ceil_mode: bool) -> tuple[Tensor, tuple]:
+    """hl_ops.pool with torch's arguments (a stride of [] is the kernel's; unbatched inputs too),
+    and the window's (kernel, stride, padding, dilation); ceil_mode only where it gives the floor's sizes."""
+    kernel = _per_axis(kernel_size, spatial)
+    stride = _per_axis(stride, spatial) if stride else kernel
+    padding, dilation = _per_axis(padding, spatial), _per_axis(dilation, spatial)
+    window = (kernel, stride, padding, dilation)
+    if ceil_mode and any(_pooled_size(size, *dims, ceil=True) != _pooled_size(size, *dims, ceil=False)
+                         for size, *dims in zip(x.shape[-spatial:], *window, strict=True)):
+        raise UnsupportedOp(f"pooling with ceil_mode and a partial last window: {lower.where()}")
+    unbatched = x.ndim == spatial + 1
+    out = hl_ops.pool(x.unsqueeze(0) if unbatched else x, *window, reduce)
+    return (out.squeeze(0) if unbatched else out), window
+
+
+def _max_pool(spatial: int) -> Callable:
+    def lower_max_pool(lower: _Lowering, x, kernel_size, stride=(), padding=0, dilation=1, ceil_mode=False):
+        return _pool(lower, x, spatial, "max", kernel_size, stride, padding, dilation, ceil_mode)[0]
+    return lower_max_pool
+
+
+def _avg_pool(spatial: int) -> Callable:
+    def lower_avg_pool(lower: _Lowering, x, kernel_size, stride=(), padding=0, ceil_mode=False,
+                       count_include_pad=True, divisor_override=None):
+        total, (kernel, stride, padding, _) = _pool(lower, x, spatial, "sum", kernel_size, stride, padding, 1,
+                                                     ceil_mode)
+        if divisor_override or count_include_pad or not any(padding):
+            return total * (1.0 / (divisor_override or prod(kernel)))
+        inside = Tensor.full(lower.graph, 1.0, x.shape)  # each window's count of elements inside the input
+        return total / _pool(lower, inside, spatial, "sum", kernel, stride, padding, 1, False)[0]
+    return lower_avg_pool
+
+
+def _pooled_size(size: int, kernel: int, stride: int, padding: int, dilation: int, ceil: bool) -> int:
+    """torch's pooling output size: the last window must start inside the input or its left padding."""
+    span = size + 2 * padding - dilation * (kernel - 1) - 1
+    out = (-(-span // stride) if ceil else span // stride) + 1
+    return out - 1 if ceil and (out - 1) * stride >= size + padding else out
+
+
+def _adaptive_avg_pool(spatial: int) -> Callable:
+    """adaptive_avg_poolNd where each output size divides the input's: windows of size/out, at
+    stride size/out, as a reshape (a view) and a mean."""
+    def lower_adaptive(lower: _Lowering, x, output_size):
+        sizes = x.shape[-spatial:]
+        outs = _per_axis(output_size, spatial)
+        if any(size % out for size, out in zip(sizes, outs, strict=True)):
+            raise UnsupportedOp(f"adaptive pooling from {sizes} to {outs} (not a whole window each): {lower.where()}")
+        lead = x.ndim - spatial
+        split = x.reshape(x.shape[:lead] + tuple(v for size, out in zip(sizes, outs, strict=True) for v in (out, size // out)))
+        return split.mean([lead + 2 * d + 1 for d in range(spatial)])  # (..., out1, window1, out2, window2 ...)
+    return lower_adaptive
+
+
 def _ids(lower: _Lowering, *fx_args) -> None:
     """Index tensors must be integers (a bool mask selects a data-dependent number of elements)."""
     for fx_arg in fx_args:
@@ -431,6 +500,8 @@ LOWERINGS: dict[str, Callable] = {
     "aten.scaled_dot_product_attention.default": _sdpa,
     "aten.dropout.default": _dropout,
     # constants
+    "aten.tril_indices.default": lambda lower, row, col, offset=0, **_: _literal(lower, np.stack(np.tril_indices(row, offset, col))),
+    "aten.triu_indices.default": lambda lower, row, col, offset=0, **_: _literal(lower, np.stack(np.triu_indices(row, offset, col))),
     "aten.arange.default": lambda lower, end, **kw: _arange(lower, end),
     "aten.arange.start": lambda lower, start, end, **kw: _arange(lower, start, end),
     "aten.arange.start_step": lambda lower, start, end, step=1, **kw: _arange(lower, start, end, step),
@@ -451,7 +522,8 @@ LOWERINGS: dict[str, Callable] = {
     "aten.slice.Tensor": lambda lower, x, dim=0, start=None, end=None, step=1: _slice(x, dim, start, end, step),
     "aten.split.Tensor": lambda lower, x, size, dim=0: _split(x, size, dim),
     "aten.split_with_sizes.default": lambda lower, x, sizes, dim=0: _split(x, list(sizes), dim),
-    "aten.cat.default": lambda lower, tensors, dim=0: cat(list(tensors), dim),
+    "aten.cat.default": lambda lower, tensors, dim=0: cat(_cat_parts(tensors), dim),
+    "aten.stack.default": lambda lower, tensors, dim=0: cat([t.unsqueeze(dim) for t in tensors], dim),
     # dtype changes and copies: one dtype in the IR
     "aten.to.dtype": _identity,
     "aten._to_copy.default": _identity,
@@ -521,6 +593,14 @@ LOWERINGS: dict[str, Callable] = {
     "aten.index_add.default": lambda lower, x, dim, ids, source, alpha=1: hl_ops.index_add(x, dim, ids, source, alpha),
     "aten.scatter_add.default": lambda lower, x, dim, ids, source: hl_ops.scatter_add(x, dim, ids, source),
     "aten.index_put.default": _index_put,
+    "aten._native_batch_norm_legit_no_training.default": _batch_norm_no_training,
+    "aten.max_pool1d.default": _max_pool(1),
+    "aten.max_pool2d.default": _max_pool(2),
+    "aten.avg_pool1d.default": _avg_pool(1),
+    "aten.avg_pool2d.default": _avg_pool(2),
+    "aten.adaptive_avg_pool1d.default": _adaptive_avg_pool(1),
+    "aten.adaptive_avg_pool2d.default": _adaptive_avg_pool(2),
+    "aten._adaptive_avg_pool2d.default": _adaptive_avg_pool(2),
     "<built-in function getitem>": lambda lower, values, index: values[index],
 }
 # nn.TransformerEncoder's nested-tensor path (a padding mask in eval mode, no grad): nothing dense to
@@ -598,6 +678,12 @@ def lower_program(program, inputs: list[str], output_names: list[str]) -> Graph:
     graph.prune()
     check_graph(graph)
     return graph
+
+
+def _cat_parts(tensors) -> list[Tensor]:
+    """torch.cat skips 1-D empty tensors whatever the dim (a legacy rule that Hugging Face's KV
+    cache relies on: it starts as `torch.tensor([])`)."""
+    return [t for t in tensors if t.shape != (0,)] or list(tensors)
 
 
 def can_lower(fx_node: torch.fx.Node) -> bool:

@@ -81,6 +81,23 @@ class View:
         """Some element of the source is read more than once (a stride-0 dim of size > 1)."""
         return any(stride == 0 and size > 1 for size, stride in zip(self.shape, self.strides, strict=True))
 
+    @property
+    def repeats(self) -> bool:
+        """Some element may be read more than once: a broadcast, or dims whose steps overlap, as
+        the sliding windows of a convolution or pooling (`Tensor.unfold`). Taken by growing
+        stride, each dim must step past everything the smaller ones reach (over its unmasked
+        part: padding reads nothing)."""
+        if self.broadcasts:
+            return True
+        sizes = self.shape if self.mask is None else tuple(end - start for start, end in self.mask)
+        reach = 0  # the farthest offset the dims of smaller stride reach from the first element
+        for size, stride in sorted(((size, abs(stride)) for size, stride in zip(sizes, self.strides, strict=True)
+                                    if size > 1 and stride != 0), key=lambda dim: dim[1]):
+            if stride <= reach:
+                return True
+            reach += (size - 1) * stride
+        return False
+
     def permute(self, order: tuple[int, ...]) -> View:
         assert sorted(order) == list(range(len(self.shape))), order
         mask = None if self.mask is None else tuple(self.mask[d] for d in order)
@@ -381,6 +398,8 @@ def check_graph(graph: Graph) -> None:
     for name, node in graph.outputs.items():
         if node not in seen:
             raise IRError(f"output {name!r} is not in the graph")
+        if node.op in LEAF:  # kernels write the outputs: an input or constant as is would never be copied out
+            raise IRError(f"output {name!r} is the leaf {node!r}, which no kernel writes (hl_ops.mark_output copies it)")
 
 
 def _view_span(view: View) -> int:

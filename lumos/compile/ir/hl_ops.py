@@ -399,7 +399,10 @@ def mark_output(graph: Graph, name: str, tensor: Tensor) -> None:
     node = tensor.contiguous()
     taken = set(graph.outputs.values())
     if not node.view.is_identity or node.node.op in LEAF or node.node in taken:
-        node = node + 0.0
+        # Built directly, not `node + 0.0`: that folds a literal (an arange, a filled tensor) into
+        # another literal, a leaf no kernel writes, and the caller's output array stays unwritten.
+        zero = Tensor.full(graph, 0.0, node.shape)
+        node = Tensor(graph, graph.add(Op.ADD, (node.node, zero.node), (node.view, zero.view), node.shape))
     graph.outputs[name] = node.node
     graph.output_shapes[name] = tensor.shape
 
@@ -460,6 +463,26 @@ def conv(x: Tensor, weight: Tensor, bias: Tensor | None, stride: Sequence[int],
     if bias is not None:
         out = out + bias.reshape((-1,) + (1,) * spatial)
     return out
+
+
+def pool(x: Tensor, kernel: Sequence[int], stride: Sequence[int], padding: Sequence[int],
+         dilation: Sequence[int], reduce: str) -> Tensor:
+    """Max or sum pooling of x (N, C, *spatial): each spatial axis unfolded into (output position,
+    kernel offset) windows, as `conv` does, and the kernel axes reduced ("max" or "sum"). Views
+    only without padding; padding counts as zero in a sum and never wins a max (MASKED there,
+    picked by a padded 0/1 pattern of the input's extent)."""
+    spatial = len(kernel)
+    pads = ((0, 0), (0, 0)) + tuple((p, p) for p in padding)
+    if any(padding):
+        padded = x.pad(pads)
+        x = Tensor.full(x.graph, 1.0, x.shape).pad(pads).where(padded, MASKED) if reduce == "max" else padded
+    for d in range(spatial):
+        x = x.unfold(2 + d, kernel[d], stride[d], dilation[d])  # (N, C, *out, *kernel) once all are done
+    if reduce == "sum":
+        return x.sum(list(range(2 + spatial, 2 + 2 * spatial)))
+    for _ in range(spatial):
+        x = x.max(-1)
+    return x
 
 
 # -- indexing: through GATHER, or as a product with a one-hot pattern -----------------------------

@@ -8,8 +8,9 @@ reduction loop) and with its elementwise consumer (the reduced value is used in 
 A node is materialized when
 - it is a graph output, or it has more than one use (no recomputation), unless it is a cheap
   elementwise node (a few ops, no reduction) read without broadcast by every consumer;
-- its consumer reads it with broadcast (a stride-0 dim): inlining would recompute it once per
-  repeat, e.g. each input of a matmul — except an input of a matmul that runs row-wise, which
+- its consumer reads it with broadcast (a stride-0 dim) or in overlapping windows (a convolution's
+  or pooling's unfolded input): inlining would recompute it once per repeat, e.g. each input of a
+  matmul — except an input of a matmul that runs row-wise, which
   is computed once per row and reduction step anyway (layer norm, GELU, softmax → next matmul);
 - it is a reduction read through padding (its loop would run outside the guarded region), or the
   table of a gather (read at a data-dependent row).
@@ -131,7 +132,7 @@ def choose_materialized(graph: Graph, recompute_cheap: bool = True) -> set[Node]
         views = [consumer.views[index] for consumer, index in uses[node]]
         if len(uses[node]) == 1 and cost[node] < REDUCTION_COST and _row_wise_operand(*uses[node][0], uses, materialized):
             row_wise.add(node)
-        if (node in outputs or any(view.broadcasts for view in views) and node not in row_wise
+        if (node in outputs or any(view.repeats for view in views) and node not in row_wise
                 or any(consumer.op is Op.GATHER and index == 0 for consumer, index in uses[node])
                 or (node.op in REDUCE and any(view.mask is not None for view in views))):
             forced.add(node)

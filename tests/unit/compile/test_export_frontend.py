@@ -145,6 +145,25 @@ def test_return_structure_is_kept(kernel_cache):
     torch.testing.assert_close(got["pair"][1], module(x, None)["y"], atol=1e-4, rtol=1e-4)
 
 
+class ConstantOutputs(nn.Module):
+    """Outputs that are constants of the graph: an arange (folded into a literal while lowering)
+    and a filled tensor (a scalar constant), beside the ids reshaped."""
+
+    def forward(self, ids):
+        return torch.arange(0, ids.numel(), ids.shape[1]), torch.full((2, 3), 2.5), ids.reshape(-1)
+
+
+def test_constant_outputs_are_written_every_call(kernel_cache):
+    ids = torch.arange(12).reshape(3, 4)
+    compiled = compile_module(ConstantOutputs(), (ids,), kernel_cache, strict=True)
+    for call in range(3):  # the caller's output arrays are fresh each call: a constant no kernel writes is junk
+        garbage = [torch.full((64,), 7.0 + call) for _ in range(32)]  # fills memory numpy may hand out next
+        del garbage
+        positions, filled, flat = compiled(ids)
+        assert positions.tolist() == [0, 4, 8] and torch.equal(filled, torch.full((2, 3), 2.5))
+        assert flat.tolist() == list(range(12))
+
+
 def test_core_aten_graph_lowers():
     """A fully decomposed export (core aten: addmm, native_layer_norm, where, any …) lowers too."""
     module, inputs = make_case("encoder_norm_after")
