@@ -86,6 +86,7 @@ def test_the_egraph_offers_blocks_for_matmuls_only(kernel_cache):
                    for s in schedule_candidates(kernel, register_blocks=False)[0])
 
 
+@pytest.mark.slow  # 40 s: test_a_wrong_blocked_kernel_is_rejected_and_never_chosen stays in the default run
 def test_the_search_verifies_every_blocked_candidate(kernel_cache):
     graph, inputs = block_layer(3, 17, 19, 37)
     compilation = compile_graph(graph, kernel_cache, Options(search_budget_s=120, search_cache=False), inputs)

@@ -67,6 +67,7 @@ def test_the_budget_is_respected(kernel_cache):
     assert compilation.search.seconds < 4 + 4 * mean_round + 2
 
 
+@pytest.mark.slow  # 40 s: its siblings here keep the search verified in the default run
 def test_the_hill_climb_times_every_candidate_once_baseline_first_and_reports_them(kernel_cache):
     compilation, _ = searched(kernel_cache, budget=120, layers=1)
     search = compilation.search
@@ -114,6 +115,7 @@ def test_the_cost_model_ranks_a_blocked_matmul_above_dot_products(kernel_cache):
     assert spearman([1, 2], [1, 2]) is None and spearman([1, 1, 1], [1, 2, 3]) is None
 
 
+@pytest.mark.slow  # 40 s
 def test_the_fusion_climb_times_extracted_programs_and_keeps_only_faster_ones(kernel_cache):
     from lumos.compile.search.climb import FUSION_MARGIN
 
