@@ -22,6 +22,7 @@ from lumos.eval.kinds.kind import (
     TaskKind,
     float_values,
     horizon_index,
+    labels_and_predictions,
     picked_scores,
     rows_where,
     task_batches,
@@ -41,13 +42,8 @@ def score(model: LumosModel, task: LoadedTask, data: SequencesVersion, device: t
           embeddings: EmbeddingCache) -> Scores:
     spec = task.spec
     horizon = horizon_index(spec, data)
-    labels, probabilities = [], []
-    with torch.no_grad():
-        for batch in task_batches(data, spec):
-            batch = batch.to(device)
-            output = model(batch)
-            labels.append(batch.act[:, horizon].cpu().numpy())
-            probabilities.append(torch.sigmoid(output.act_logits[:, horizon]).cpu().numpy())
+    labels, probabilities = labels_and_predictions(model, spec, data, device, lambda batch: batch.act[:, horizon],
+                                                   lambda output: torch.sigmoid(output.act_logits[:, horizon]))
     return _scores(spec, labels, probabilities)
 
 

@@ -107,6 +107,19 @@ def horizon_index(spec: TaskSpec, data: SequencesVersion) -> int:
     return data.spec.horizons_days.index(spec.horizon_days)
 
 
+def labels_and_predictions(model: LumosModel, spec: TaskSpec, data: SequencesVersion, device: torch.device,
+                           label: Callable, predict: Callable) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """Per batch of the task's rows, `label(batch)` and `predict(model(batch))`, both as numpy: the
+    loop the horizon kinds (binary, regression) score a model with."""
+    labels, predictions = [], []
+    with torch.no_grad():
+        for batch in task_batches(data, spec):
+            batch = batch.to(device)
+            labels.append(label(batch).cpu().numpy())
+            predictions.append(predict(model(batch)).cpu().numpy())
+    return labels, predictions
+
+
 def rows_where(mask: np.ndarray) -> np.ndarray:
     """Positions of the rows a rule flags."""
     return np.flatnonzero(mask)

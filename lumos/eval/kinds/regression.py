@@ -21,6 +21,7 @@ from lumos.eval.kinds.kind import (
     TaskKind,
     float_values,
     horizon_index,
+    labels_and_predictions,
     picked_scores,
     rows_where,
     task_batches,
@@ -40,13 +41,8 @@ def score(model: LumosModel, task: LoadedTask, data: SequencesVersion, device: t
           embeddings: EmbeddingCache) -> Scores:
     spec = task.spec
     horizon = horizon_index(spec, data)
-    labels, predictions = [], []
-    with torch.no_grad():
-        for batch in task_batches(data, spec):
-            batch = batch.to(device)
-            output = model(batch)
-            labels.append(batch.value[:, horizon].cpu().numpy())
-            predictions.append(signed_expm1(output.value_pred[:, horizon]).cpu().numpy())
+    labels, predictions = labels_and_predictions(model, spec, data, device, lambda batch: batch.value[:, horizon],
+                                                 lambda output: signed_expm1(output.value_pred[:, horizon]))
     return _scores(spec, labels, predictions)
 
 
