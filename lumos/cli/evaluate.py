@@ -105,8 +105,9 @@ def _submit(ctx, task: list[str], all_tasks: bool, run, model, fail_below, predi
     if json_output:
         emit_json(result)
         return
-    print_table(f"{result.task} on {result.data}: submission {result.name} ({result.rows:,} users)", ["metric", result.name],
-                [(metric, f"{value:.4f}") for metric, value in result.metrics.items()])
+    side = " (scores on the public side; the private side is kept for the end of the round)" if result.scored_on == "public" else ""
+    print_table(f"{result.task} on {result.data}: submission {result.name} ({result.rows:,} users){side}",
+                ["metric", result.name], [(metric, f"{value:.4f}") for metric, value in result.metrics.items()])
     echo(f"sha256 {result.sha256}; leaderboard: lumos eval leaderboard --task {result.task}")
 
 
@@ -138,8 +139,14 @@ def show_leaderboard(
     group_by: Annotated[
         str | None, typer.Option("--group-by", help="config: one row per training config, mean ± std over its seeds.")
     ] = None,
+    private: Annotated[
+        bool, typer.Option("--private", help="Also show the private side's scores (for the task's owner, at the end of a round).")
+    ] = False,
 ) -> None:
-    """Entries of a task ranked by its primary metric; reads only the MLflow store."""
+    """Entries of a task ranked by its primary metric; reads only the MLflow store.
+
+    A task that takes submissions splits its users by a seeded hash (public_fraction, 50% by
+    default): entries are ranked and shown on the public side; --private adds the other side."""
     from lumos.eval.leaderboard import entry_json, leaderboard
     from lumos.eval.tasks import find_task
 
@@ -154,11 +161,12 @@ def show_leaderboard(
     metrics = list(spec.metric_names)
     if json_output:
         emit_json({"task": spec.name, "primary_metric": spec.primary_metric, "direction": spec.primary_direction,
-                   "entries": [entry_json(entry) for entry in entries]})
+                   "entries": [entry_json(entry, private) for entry in entries]})
         return
-    header = ["rank", "entry", "kind", "run", "model", *metrics, "data", "date"]
-    rows = [[e.rank, e.label, e.kind, e.run_id or "", e.model or "", *[_cell(e.metrics.get(m)) for m in metrics], e.data, e.date]
-            for e in entries]
+    hidden = [f"private {m}" for m in metrics] if private else []
+    header = ["rank", "entry", "kind", "run", "model", "scored on", *metrics, *hidden, "data", "date"]
+    rows = [[e.rank, e.label, e.kind, e.run_id or "", e.model or "", e.scored_on, *[_cell(e.metrics.get(m)) for m in metrics],
+             *[_cell(e.private_metrics.get(m)) for m in metrics if private], e.data, e.date] for e in entries]
     _print_rows(f"{spec.name}: ranked by {spec.primary_metric} ({spec.primary_direction})", header, rows, csv_output)
 
 

@@ -63,6 +63,7 @@ import torch
 from lumos.core.errors import UsageError
 from lumos.data.contract import Batch, FeatureSpec
 from lumos.data.delta_snapshot import DeltaSnapshot
+from lumos.data.user_share import UserShare
 
 # ---------------------------------------------------------------------------------------------
 # The plan: which rows each rank reads, in which order
@@ -73,9 +74,9 @@ class _RowGroup:
     file: int
     index: int
     rows: int
-    """Rows of the loader's split in this row group."""
+    """Rows of the loader's split (and user share) in this row group."""
     filtered: bool
-    """True when some rows belong to other splits (skipped by index after reading)."""
+    """True when some rows belong to other splits or users (skipped by index after reading)."""
 
 
 @dataclass(frozen=True)
@@ -162,9 +163,11 @@ class _RowGroupReader:
     """Reads one row group at a time; remembers the last one, since chunk boundaries cut through
     row groups and consecutive chunks then share one."""
 
-    def __init__(self, paths: list[str], metadata: list[pq.FileMetaData], spec: FeatureSpec, split: str, where: str):
+    def __init__(self, paths: list[str], metadata: list[pq.FileMetaData], spec: FeatureSpec, split: str,
+                 users: UserShare | None, where: str):
         self.paths, self.metadata, self.spec, self.split, self.where = paths, metadata, spec, split, where
-        self.columns = [*_spec_columns(spec), "split"]
+        self.users = users
+        self.columns = [*_spec_columns(spec), "split", *(["user_id"] if users else [])]
         self._files: dict[int, pq.ParquetFile] = {}
         self._last: tuple[int, _RowGroupArrays] | None = None
 
@@ -177,7 +180,7 @@ class _RowGroupReader:
         # Rows of other splits are skipped by index, not filtered out: filtering would copy
         # every list column once more.
         if group.filtered:
-            rows = np.flatnonzero(pc.equal(table.column("split"), self.split).to_numpy(zero_copy_only=False))
+            rows = np.flatnonzero(selected_rows(table, self.split, self.users))
         else:
             rows = np.arange(table.num_rows)
         arrays = _row_group_arrays(table, rows, self.spec, self.where)
@@ -394,6 +397,7 @@ class SequenceLoader:
         chunk_rows: int = 8192,
         pin_memory: bool | None = None,
         by_length: bool = False,
+        users: UserShare | None = None,
     ):
         num_workers = default_workers() if num_workers is None else num_workers
         _check_arguments(batch_size, seed, rank, world_size, num_workers, prefetch, chunk_rows)
@@ -404,6 +408,7 @@ class SequenceLoader:
         self.rank, self.world_size = rank, world_size
         self.num_workers, self.prefetch = num_workers, prefetch
         self.by_length = by_length
+        self.users = users if users is not None and users.split == split else None  # it divides one split's users; others are read whole
         # Chunks hold whole global batches (all ranks' rows of one step), so that chunk boundaries,
         # and with them the epoch's row order, do not depend on how many ranks share the batch.
         global_batch = batch_size * world_size
@@ -412,11 +417,11 @@ class SequenceLoader:
         self.columns = _spec_columns(spec)
         self._paths = [data_file.path for data_file in snapshot.files]
         self._metadata = [pq.read_metadata(path) for path in self._paths]
-        self._row_groups = _split_row_groups(self._paths, self._metadata, self.columns, split, str(snapshot))
+        self._row_groups = _split_row_groups(self._paths, self._metadata, self.columns, split, self.users, str(snapshot))
         self._rows_per_group = np.array([group.rows for group in self._row_groups], dtype=np.int64)
         self.rows = int(self._rows_per_group.sum())
         if self.rows == 0:
-            raise UsageError(f"{snapshot} has no rows in split {split!r}")
+            raise UsageError(f"{snapshot} has no rows in split {split!r}" + (f" on the {self.users.side} side" if self.users else ""))
         self.epoch = 0
         self._position = 0
 
@@ -452,7 +457,7 @@ class SequenceLoader:
             "table": self.snapshot.table_path, "version": self.snapshot.version, "split": self.split,
             "batch_size": self.batch_size, "chunk_rows": self.chunk_rows, "shuffle": self.shuffle,
             "seed": self.seed, "drop_last": self.drop_last, "world_size": self.world_size,
-            "by_length": self.by_length,
+            "by_length": self.by_length, "users": repr(self.users) if self.users else None,
         }
 
     # --- iteration ----------------------------------------------------------------------------
@@ -463,7 +468,7 @@ class SequenceLoader:
             self.epoch, self._position = self.epoch + 1, 0
         chunks = self._chunks(self.epoch)
         planned = self._planned_batches(chunks, self._position)
-        reader = _RowGroupReader(self._paths, self._metadata, self.spec, self.split, str(self.snapshot))
+        reader = _RowGroupReader(self._paths, self._metadata, self.spec, self.split, self.users, str(self.snapshot))
         batches = self._serial(chunks, planned, reader) if self.num_workers == 0 else self._threaded(chunks, planned, reader)
         try:
             for batch in batches:
@@ -581,10 +586,11 @@ def _spec_columns(spec: FeatureSpec) -> list[str]:
 
 
 def _split_row_groups(
-    paths: list[str], metadata: list[pq.FileMetaData], columns: list[str], split: str, where: str
+    paths: list[str], metadata: list[pq.FileMetaData], columns: list[str], split: str, users: UserShare | None,
+    where: str
 ) -> list[_RowGroup]:
-    """Every row group holding rows of `split`, with their count: from the `split` column's
-    min/max statistics when they settle it, else by reading that one column."""
+    """Every row group holding rows of `split` (on `users`' side), with their count: from the
+    `split` column's min/max statistics when they settle it, else by reading the key columns."""
     groups = []
     for file, (path, meta) in enumerate(zip(paths, metadata, strict=True)):
         names = meta.schema.to_arrow_schema().names
@@ -596,15 +602,23 @@ def _split_row_groups(
         for index in range(meta.num_row_groups):
             total = meta.row_group(index).num_rows
             rows = _rows_by_statistics(meta.row_group(index).column(split_column).statistics, split, total)
-            if rows is None:
+            if rows is None or (rows and users):
                 parquet_file = parquet_file or pq.ParquetFile(path, metadata=meta)
-                values = parquet_file.read_row_group(index, columns=["split"]).column("split")
-                rows = int(pc.sum(pc.equal(values, split)).as_py() or 0)
+                keys = parquet_file.read_row_group(index, columns=["split", *(["user_id"] if users else [])])
+                rows = int(selected_rows(keys, split, users).sum())
             if rows:
                 groups.append(_RowGroup(file, index, rows, filtered=rows < total))
         if parquet_file is not None:
             parquet_file.close()
     return groups
+
+
+def selected_rows(table: pa.Table, split: str, users: UserShare | None = None) -> np.ndarray:
+    """Which rows of `table` the loader reads: those of `split`, on `users`' side when given."""
+    rows = pc.equal(table.column("split"), split).to_numpy(zero_copy_only=False)
+    if users is not None:
+        rows = rows & users.holds(table.column("user_id"))
+    return rows
 
 
 def _rows_by_statistics(statistics, split: str, total: int) -> int | None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +21,7 @@ from lumos.core.tables import TableRef, logged_history, table_location
 from lumos.core.workspace import Workspace
 from lumos.data.contract import TIME_FEATURES, FeatureSpec
 from lumos.data.delta_snapshot import DeltaSnapshot, open_snapshot
+from lumos.data.user_share import UserShare
 
 # Columns of the sequences table that are neither features nor targets.
 KEY_COLUMNS = ("user_id", "split", "as_of", "length")
@@ -103,6 +104,12 @@ class SequencesVersion:
     recipe: dict[str, Any]
     """The ingest recipe that wrote it (from the commit's lineage record)."""
     spec: FeatureSpec
+    users: UserShare | None = None
+    """When set, only this side of a split's users is read (a leaderboard's public or private part)."""
+
+    def side(self, users: UserShare | None) -> SequencesVersion:
+        """The same version, read on one side of a split's users (None: all of them)."""
+        return replace(self, users=users)
 
 
 def open_sequences(workspace: Workspace, ref: TableRef) -> SequencesVersion:

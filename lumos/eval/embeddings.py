@@ -7,11 +7,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
-import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import torch
 
-from lumos.data.loader import history_length_order, table_batches, unsort
+from lumos.data.loader import history_length_order, selected_rows, table_batches, unsort
 from lumos.data.sequences_version import SequencesVersion
 from lumos.train.model import LumosModel
 
@@ -29,14 +28,14 @@ class UserEmbeddings:
 
 
 class EmbeddingCache:
-    """User embeddings of one model by (data version, split, batch size): a probe task reads the
+    """User embeddings of one model by (data version, split, batch size, user side): a probe task reads the
     embeddings another task on the same rows already computed, instead of running the model again."""
 
     def __init__(self) -> None:
         self._computed: dict[tuple[str, str, int], UserEmbeddings] = {}
 
     def get(self, model: LumosModel, data: SequencesVersion, spec: TaskSpec, device: torch.device) -> UserEmbeddings:
-        key = (str(data.ref), spec.split, spec.batch_size)
+        key = (str(data.ref), spec.split, spec.batch_size, data.users)
         if key not in self._computed:
             # One read: each embedding comes from the row that names its user, so nothing rests on
             # two reads returning rows in the same order.
@@ -55,6 +54,6 @@ class EmbeddingCache:
 
 
 def split_rows(data: SequencesVersion, split: str):
-    """Every column of a split's rows, as one Arrow table."""
+    """Every column of a split's rows (on `data`'s side of its users), as one Arrow table."""
     table = pq.read_table([data_file.path for data_file in data.snapshot.files])
-    return table.filter(pc.equal(table["split"], split))
+    return table.filter(selected_rows(table, split, data.users))

@@ -19,6 +19,7 @@ from lumos.eval.embeddings import EmbeddingCache
 from lumos.eval.leaderboard import Subject, record
 from lumos.eval.metrics import direction
 from lumos.eval.score import has_baseline, score_baseline, score_model
+from lumos.eval.sides import side_metrics
 from lumos.eval.tasks import LoadedTask
 from lumos.train.trained_model import load_training_run
 
@@ -65,13 +66,15 @@ def evaluate(
         data = opened[spec.data]
         report(f"{spec.name}: scoring {data.ref} split {spec.split}")
         scores = score_model(model, task, data, embeddings)
-        eval_run_id = record(workspace, spec, subject, str(data.ref), scores.metrics, scores.rows)
+        sides = side_metrics(spec, lambda share: score_model(model, task, data.side(share), embeddings).metrics)
+        eval_run_id = record(workspace, spec, subject, str(data.ref), scores.metrics | sides, scores.rows)
         result = TaskResult(spec.name, str(data.ref), scores.metrics, scores.rows, eval_run_id)
         if has_baseline(task):
             result.baseline, baseline = score_baseline(task, data)
             result.baseline_metrics = baseline.metrics
+            sides = side_metrics(spec, lambda share: score_baseline(task, data.side(share))[1].metrics)
             record(workspace, spec, Subject(key=f"baseline:{result.baseline}", label=f"baseline: {result.baseline}"),
-                   str(data.ref), baseline.metrics, baseline.rows)
+                   str(data.ref), baseline.metrics | sides, baseline.rows)
         result.failures = gate_failures(spec.thresholds, fail_below or {}, scores.metrics)
         results.append(result)
     failures = [f"{result.task}: {failure}" for result in results for failure in result.failures]

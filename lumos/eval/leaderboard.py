@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from lumos.core.lineage import code_version
@@ -19,6 +19,7 @@ from lumos.core.runs import delta_dataset_input
 from lumos.core.tables import TableRef, table_location
 from lumos.core.tracking import NOTE_TAG, ensure_experiment, source_tags, tracking_client
 from lumos.core.workspace import Workspace
+from lumos.eval.sides import on_side, user_sides, whole_split
 from lumos.eval.tasks import TaskSpec
 
 
@@ -59,8 +60,14 @@ class Entry:
     model: str | None
     data: str
     metrics: dict[str, float]
+    """Scores on the side the leaderboard ranks by: the public users when the task has a private
+    side, else the whole split."""
     date: str
     eval_run_id: str
+    scored_on: str = "all"
+    """public or all: the users `metrics` are on."""
+    private_metrics: dict[str, float] = field(default_factory=dict)
+    """Scores on the private side (empty when the task has none); shown only with --private."""
 
 
 def experiment_name(task: str) -> str:
@@ -82,7 +89,9 @@ def record(workspace: Workspace, spec: TaskSpec, subject: Subject, data: str, me
         client.delete_run(old.info.run_id)
     tags = {
         **source_tags("eval", code_version()),
-        NOTE_TAG: f"Leaderboard entry: **{subject.label}** on `{data}` split `{spec.split}`, task `{spec.name}`.",
+        NOTE_TAG: f"Leaderboard entry: **{subject.label}** on `{data}` split `{spec.split}`, task `{spec.name}`." + (
+            f" `<metric>` is on all the split's users, `public/<metric>` on the {spec.public_fraction:.0%} the "
+            "leaderboard ranks by, `private/<metric>` on the rest." if user_sides(spec) else ""),
         f"{TAG}task": spec.name,
         f"{TAG}kind": spec.kind,
         f"{TAG}subject": subject.key,
@@ -161,7 +170,8 @@ def experiment_description(spec: TaskSpec, entries: list[Entry]) -> str:
         f"Task ({spec.kind}): {spec.description or 'see tasks/' + spec.name + '.toml'}",
         "",
         f"Primary metric: `{key}` ({'higher' if spec.primary_direction == 'max' else 'lower'} is better); one run per "
-        "evaluated model (or baseline) and data version, from `lumos eval`.",
+        "evaluated model (or baseline) and data version, from `lumos eval`."
+        + (f" Ranked on the public side ({spec.public_fraction:.0%} of the users, `public/{key}`)." if user_sides(spec) else ""),
         "",
         f"| rank | entry | kind | data | {key} |",
         "|---|---|---|---|---|",
@@ -180,23 +190,26 @@ def leaderboard(workspace: Workspace, spec: TaskSpec, top: int | None = None) ->
         return []
     runs = client.search_runs([experiment.experiment_id], max_results=5000)
     sign = -1.0 if spec.primary_direction == "max" else 1.0
-
-    def order(run) -> tuple[int, float, str]:
-        value = run.data.metrics.get(mlflow_key(spec.primary_metric))
-        missing = value is None or math.isnan(value)  # NaN would break the sort's ordering
-        return (missing, 0.0 if missing else sign * value, run.info.run_id)
-
     entries = []
-    for rank, run in enumerate(sorted(runs, key=order)[:top] if top else sorted(runs, key=order), start=1):
+    for run in runs:
         tags = run.data.tags
+        logged = {metric_name(key): value for key, value in run.data.metrics.items()}
+        public = on_side(logged, "public")
         entries.append(Entry(
-            rank=rank, label=tags.get(f"{TAG}label", run.info.run_id),
+            rank=0, label=tags.get(f"{TAG}label", run.info.run_id),
             kind=tags.get(f"{TAG}entry") or entry_kind(tags.get(f"{TAG}subject", "")), run_id=tags.get(f"{TAG}run"),
-            model=tags.get(f"{TAG}model"), data=tags.get(f"{TAG}data", ""),
-            metrics={metric_name(key): value for key, value in run.data.metrics.items()},
-            date=_date(run.info.start_time), eval_run_id=run.info.run_id,
+            model=tags.get(f"{TAG}model"), data=tags.get(f"{TAG}data", ""), metrics=public or whole_split(logged),
+            date=_date(run.info.start_time), eval_run_id=run.info.run_id, scored_on="public" if public else "all",
+            private_metrics=on_side(logged, "private"),
         ))
-    return entries
+
+    def order(entry: Entry) -> tuple[int, float, str]:
+        value = entry.metrics.get(spec.primary_metric)
+        missing = value is None or math.isnan(value)  # NaN would break the sort's ordering
+        return (missing, 0.0 if missing else sign * value, entry.eval_run_id)
+
+    ranked = sorted(entries, key=order)
+    return [replace(entry, rank=rank) for rank, entry in enumerate(ranked[:top] if top else ranked, start=1)]
 
 
 # Params that tell seeds of one config apart; everything else logged from the config groups runs.
@@ -259,9 +272,12 @@ def group_json(group: Group) -> dict[str, Any]:
             "metrics": {name: {"mean": mean, "std": std} for name, (mean, std) in group.metrics.items()}}
 
 
-def entry_json(entry: Entry) -> dict[str, Any]:
-    return {"rank": entry.rank, "label": entry.label, "kind": entry.kind, "run_id": entry.run_id, "model": entry.model,
-            "data": entry.data, "metrics": entry.metrics, "date": entry.date, "eval_run_id": entry.eval_run_id}
+def entry_json(entry: Entry, private: bool = False) -> dict[str, Any]:
+    """An entry for scripts; its private scores only when asked (`--private`)."""
+    shown = {"rank": entry.rank, "label": entry.label, "kind": entry.kind, "run_id": entry.run_id, "model": entry.model,
+             "data": entry.data, "scored_on": entry.scored_on, "metrics": entry.metrics, "date": entry.date,
+             "eval_run_id": entry.eval_run_id}
+    return shown | ({"private_metrics": entry.private_metrics} if private else {})
 
 
 def _quote(text: str) -> str:

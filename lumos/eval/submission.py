@@ -33,10 +33,12 @@ from lumos.core.errors import GateError, UsageError
 from lumos.core.tables import TableRef
 from lumos.core.workspace import Workspace
 from lumos.data.sequences_version import SequencesVersion, open_sequences
+from lumos.data.user_share import UserShare
 from lumos.eval.embeddings import split_rows
 from lumos.eval.kinds import KINDS
-from lumos.eval.kinds.kind import Broken, Prediction
+from lumos.eval.kinds.kind import Broken, Prediction, Scores
 from lumos.eval.leaderboard import Subject, entry_start_times, record
+from lumos.eval.sides import on_side, side_metrics
 from lumos.eval.tasks import LoadedTask, TaskSpec
 
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*$")
@@ -60,6 +62,9 @@ class SubmissionResult:
     """Rows the metrics count (a retrieval row with no next item is not scored)."""
     sha256: str
     eval_run_id: str
+    scored_on: str = "all"
+    """Which users `metrics` are on: public (the leaderboard's side; the private side is logged,
+    not shown) or all (the task has no private side)."""
 
 
 def prediction_of(spec: TaskSpec) -> Prediction:
@@ -95,14 +100,23 @@ def submit(workspace: Workspace, task: LoadedTask, path: Path, name: str, descri
     table = read_predictions(path, prediction)
     column = checked_predictions(spec, data, prediction, rows, table, path)
     scores = prediction.score(spec, data, rows, column)
+    sides = side_metrics(spec, lambda share: score_side(spec, data, prediction, rows, column, share).metrics)
     digest = file_sha256(path)
     details = {"sha256": digest, "file": path.name, "file_rows": str(table.num_rows), "description": description}
     commit = checkout_commit(path)
     if commit:
         details["file_commit"] = commit
-    eval_run_id = record(workspace, spec, subject, str(data.ref), scores.metrics, scores.rows, details)
-    return SubmissionResult(spec.name, name, str(data.ref), scores.metrics, table.num_rows, scores.rows, digest,
-                            eval_run_id)
+    eval_run_id = record(workspace, spec, subject, str(data.ref), scores.metrics | sides, scores.rows, details)
+    public = on_side(sides, "public")
+    return SubmissionResult(spec.name, name, str(data.ref), public or scores.metrics, table.num_rows, scores.rows, digest,
+                            eval_run_id, "public" if public else "all")
+
+
+def score_side(spec: TaskSpec, data: SequencesVersion, prediction: Prediction, rows: pa.Table,
+                column: pa.ChunkedArray, share: UserShare) -> Scores:
+    """The submission's scores on one side of the task's users."""
+    held = pa.array(share.holds(rows["user_id"]))
+    return prediction.score(spec, data, rows.filter(held), column.filter(held))
 
 
 def check_daily_limit(workspace: Workspace, spec: TaskSpec, subject: Subject, now_ms: int | None = None) -> None:

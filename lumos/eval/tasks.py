@@ -77,6 +77,12 @@ class TaskSpec:
     daily_submissions: int = 5
     """Predictions files one submission name may enter in 24 hours (`lumos eval --predictions`);
     past it, exit 3 with the count and when the next one is allowed."""
+    public_fraction: float = 0.5
+    """Share of the split's users on the public side of the leaderboard (ranked and shown); the
+    rest are the private side, shown only with `lumos eval leaderboard --private`. 1 keeps no
+    private side. Only tasks that take submissions (not embedding probes) have sides."""
+    public_seed: int = 0
+    """Seed of the hash of user ids that puts each user on one side."""
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:  # a spec built in code; a file's kind is checked by its type
@@ -105,6 +111,8 @@ class TaskSpec:
             problems.append(("ks", "every k must be at least 1"))
         if self.batch_size < 1:
             problems.append(("batch_size", "must be at least 1"))
+        if not 0 < self.public_fraction <= 1:
+            problems.append(("public_fraction", "must be above 0 and at most 1"))
         if self.daily_submissions < 1:
             problems.append(("daily_submissions", "must be at least 1"))
         require_valid(problems)

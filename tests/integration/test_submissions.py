@@ -27,6 +27,7 @@ from lumos.core.workspace import open_workspace
 from lumos.data.loader import table_batches
 from lumos.data.sequences_version import open_sequences
 from lumos.eval.leaderboard import experiment_name
+from lumos.eval.sides import user_sides
 from lumos.eval.promote import parse_requirement, promote
 from lumos.eval.submission import task_users
 from lumos.eval.tasks import TaskSpec
@@ -170,8 +171,8 @@ def test_a_submission_never_moves_a_promotion_gate_and_the_leaderboard_shows_kin
                for target in rows["next_item"].to_pylist()]
     pq.write_table(pa.table({"user_id": rows["user_id"], "top_items": perfect}), tmp_path / "perfect.parquet")
 
-    model_score = next(entry for entry in leaderboard_json(project, "next_item")["entries"]
-                       if entry["kind"] == "model")["metrics"]["ndcg@10"]
+    # Gates read the whole split's score, which the model's entry logged into its training run.
+    model_score = tracking_client(workspace).get_run(run_id).data.metrics["eval/next_item/ndcg_at_10"]
     requirement = parse_requirement(f"next_item:ndcg@10>={model_score + 0.01}")
     with pytest.raises(GateError):
         promote(workspace, "submissions-test", "champion", run_id=run_id, requirements=[requirement], dry_run=True)
@@ -192,6 +193,43 @@ def test_a_submission_never_moves_a_promotion_gate_and_the_leaderboard_shows_kin
     assert table.exit_code == 0, table.output
     kinds = {row["entry"]: row["kind"] for row in csv.DictReader(io.StringIO(table.stdout))}
     assert kinds["acme/oracle"] == "submission" and kinds["baseline: popularity"] == "baseline"
+
+
+def test_the_leaderboard_ranks_on_the_public_side_and_only_private_shows_the_rest(project, tmp_path):
+    """Two files, each perfect on one side of the users and worst-possible on the other: the one
+    perfect on the public side ranks first, and only --private shows the other's perfect score."""
+    workspace = open_workspace(project)
+    spec = spec_of(project, "next_item")
+    rows = task_users(spec, open_sequences(workspace, TableRef.parse(spec.data)))
+    public, _ = user_sides(spec)
+    on_public = public.holds(rows["user_id"])
+    vocabulary = list(range(2, max(item for item in rows["next_item"].to_pylist() if item) + 1))
+
+    def ranking(target, perfect: bool) -> list[int]:
+        others = [item for item in vocabulary if item != target]
+        return [target, *others] if perfect and target and target >= 2 else [*others, *([target] if target and target >= 2 else [])]
+
+    for name, good_side in (("acme/public-oracle", True), ("acme/private-oracle", False)):
+        top = [ranking(target, bool(held) == good_side) for target, held in zip(rows["next_item"].to_pylist(), on_public)]
+        pq.write_table(pa.table({"user_id": rows["user_id"], "top_items": top}), tmp_path / "side.parquet")
+        result = lumos(project, "eval", "--task", "next_item", "--predictions", str(tmp_path / "side.parquet"),
+                       "--name", name, "--json")
+        assert result.exit_code == 0, result.output
+        shown = json.loads(result.stdout)
+        assert shown["scored_on"] == "public"
+        assert shown["metrics"]["hr@10"] == (1.0 if good_side else 0.0)  # the team sees its public scores only
+
+    board = leaderboard_json(project, "next_item")["entries"]
+    labels = [entry["label"] for entry in board]
+    assert labels.index("acme/public-oracle") < labels.index("acme/private-oracle")
+    assert all(entry["scored_on"] == "public" and "private_metrics" not in entry for entry in board)
+    private = lumos(project, "eval", "leaderboard", "--task", "next_item", "--private", "--json")
+    assert private.exit_code == 0, private.output
+    entries = {entry["label"]: entry for entry in json.loads(private.stdout)["entries"]}
+    assert entries["acme/private-oracle"]["private_metrics"]["hr@10"] == 1.0
+    assert entries["acme/public-oracle"]["private_metrics"]["hr@10"] == 0.0
+    table = lumos(project, "eval", "leaderboard", "--task", "next_item", "--private", "--csv")
+    assert "private hr@10" in next(csv.reader(io.StringIO(table.stdout)))
 
 
 def test_the_daily_limit_counts_only_that_name_and_task(project, tmp_path):

@@ -20,7 +20,8 @@ from lumos.data.loader import table_batches
 from lumos.data.sequences_version import SequencesVersion
 from lumos.eval.kinds import KINDS
 from lumos.eval.score import score_model
-from lumos.eval.submission import SubmissionError, checked_predictions, task_users
+from lumos.eval.sides import user_sides
+from lumos.eval.submission import SubmissionError, score_side, checked_predictions, task_users
 from lumos.eval.tasks import LoadedTask, TaskSpec
 from lumos.train.model import LumosModel, ModelConfig, signed_expm1
 
@@ -154,3 +155,37 @@ def test_a_file_in_a_git_checkout_records_its_commit(tmp_path):
     head = subprocess.run([*git, "rev-parse", "HEAD"], check=True, capture_output=True, text=True).stdout.strip()
     (repo / "p.parquet").write_bytes(b"x")
     assert checkout_commit(repo / "p.parquet") == head
+
+
+def test_the_public_and_private_sides_split_the_users_once_and_for_all(data):
+    spec = task("binary").spec
+    public, private = user_sides(spec)
+    users = task_users(spec, data)["user_id"]
+    on_public, on_private = public.holds(users), private.holds(users)
+    assert (on_public ^ on_private).all()  # every user on exactly one side
+    assert 0 < on_public.sum() < len(users)
+    assert (public.holds(users) == on_public).all()  # the same side every time
+    # A user's side depends on its own id only: the first ten users keep theirs among fewer users.
+    assert (public.holds(users[:10]) == on_public[:10]).all()
+    reseeded, _ = user_sides(task("binary", public_seed=1).spec)
+    assert (reseeded.holds(users) != on_public).any()
+    assert user_sides(task("binary", public_fraction=1.0).spec) == ()
+
+
+@pytest.mark.parametrize("kind", SUBMITTED)
+def test_a_model_and_its_submission_score_the_same_on_each_side(data, model, kind):
+    """The model's side is read by the loader (rows skipped by user), the submission's by filtering
+    its rows: both must score the same users the same way, and the sides' rows add up."""
+    loaded = task(kind)
+    rows = task_users(loaded.spec, data)
+    prediction = KINDS[kind].prediction
+    column = checked_predictions(loaded.spec, data, prediction, rows, model_submission(model, kind, rows),
+                                 Path("predictions.parquet"))
+    scored = 0
+    for share in user_sides(loaded.spec):
+        by_model = score_model(model, loaded, data.side(share))
+        by_file = score_side(loaded.spec, data, prediction, rows, column, share)
+        assert by_file.rows == by_model.rows
+        assert by_file.metrics == pytest.approx(by_model.metrics, rel=1e-12, abs=1e-12)
+        scored += by_model.rows
+    assert scored == score_model(model, loaded, data).rows

@@ -93,10 +93,10 @@ def picked_scores(spec: TaskSpec, values: Mapping[str, float], rows: int) -> Sco
 
 
 def task_batches(data: SequencesVersion, spec: TaskSpec, split: str | None = None) -> SequenceLoader:
-    """Batches of the task's split (or `split`). Every row is scored and the metrics do not depend
+    """Batches of the task's split (or `split`), on `data`'s side of its users. Every row is scored and the metrics do not depend
     on row order, so batches go by history length: a batch is padded to its longest."""
     return SequenceLoader(data.snapshot, data.spec, spec.batch_size, split=split or spec.split, shuffle=False,
-                          by_length=True)
+                          by_length=True, users=data.users)
 
 
 def horizon_index(spec: TaskSpec, data: SequencesVersion) -> int:
