@@ -66,13 +66,13 @@ def evaluate(
         data = opened[spec.data]
         report(f"{spec.name}: scoring {data.ref} split {spec.split}")
         scores = score_model(model, task, data, embeddings)
-        sides = side_metrics(spec, lambda share: score_model(model, task, data.side(share), embeddings).metrics)
+        sides = side_metrics(spec, lambda share, task=task, data=data: score_model(model, task, data.side(share), embeddings).metrics)
         eval_run_id = record(workspace, spec, subject, str(data.ref), scores.metrics | sides, scores.rows)
         result = TaskResult(spec.name, str(data.ref), scores.metrics, scores.rows, eval_run_id)
         if has_baseline(task):
             result.baseline, baseline = score_baseline(task, data)
             result.baseline_metrics = baseline.metrics
-            sides = side_metrics(spec, lambda share: score_baseline(task, data.side(share))[1].metrics)
+            sides = side_metrics(spec, lambda share, task=task, data=data: score_baseline(task, data.side(share))[1].metrics)
             record(workspace, spec, Subject(key=f"baseline:{result.baseline}", label=f"baseline: {result.baseline}"),
                    str(data.ref), baseline.metrics | sides, baseline.rows)
         result.failures = gate_failures(spec.thresholds, fail_below or {}, scores.metrics)

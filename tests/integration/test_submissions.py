@@ -8,6 +8,8 @@ import csv
 import io
 import json
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -27,8 +29,8 @@ from lumos.core.workspace import open_workspace
 from lumos.data.loader import table_batches
 from lumos.data.sequences_version import open_sequences
 from lumos.eval.leaderboard import experiment_name
-from lumos.eval.sides import user_sides
 from lumos.eval.promote import parse_requirement, promote
+from lumos.eval.sides import user_sides
 from lumos.eval.submission import task_users
 from lumos.eval.tasks import TaskSpec
 from lumos.quickstart import RECIPES
@@ -210,7 +212,7 @@ def test_the_leaderboard_ranks_on_the_public_side_and_only_private_shows_the_res
         return [target, *others] if perfect and target and target >= 2 else [*others, *([target] if target and target >= 2 else [])]
 
     for name, good_side in (("acme/public-oracle", True), ("acme/private-oracle", False)):
-        top = [ranking(target, bool(held) == good_side) for target, held in zip(rows["next_item"].to_pylist(), on_public)]
+        top = [ranking(target, bool(held) == good_side) for target, held in zip(rows["next_item"].to_pylist(), on_public, strict=True)]
         pq.write_table(pa.table({"user_id": rows["user_id"], "top_items": top}), tmp_path / "side.parquet")
         result = lumos(project, "eval", "--task", "next_item", "--predictions", str(tmp_path / "side.parquet"),
                        "--name", name, "--json")
@@ -230,6 +232,22 @@ def test_the_leaderboard_ranks_on_the_public_side_and_only_private_shows_the_res
     assert entries["acme/public-oracle"]["private_metrics"]["hr@10"] == 0.0
     table = lumos(project, "eval", "leaderboard", "--task", "next_item", "--private", "--csv")
     assert "private hr@10" in next(csv.reader(io.StringIO(table.stdout)))
+
+
+def test_the_example_outside_model_enters_from_an_export_alone(project, tmp_path):
+    """examples/submissions/item_knn.py reads only what `lumos eval tasks export` wrote."""
+    exported = lumos(project, "eval", "tasks", "export", "next_item", "--out", str(tmp_path / "export"))
+    assert exported.exit_code == 0, exported.output
+    script = Path(__file__).parents[2] / "examples" / "submissions" / "item_knn.py"
+    fitted = subprocess.run([sys.executable, str(script), str(tmp_path / "export"), "--out", str(tmp_path / "knn.parquet")],
+                            capture_output=True, text=True, timeout=300)
+    assert fitted.returncode == 0, fitted.stderr
+    result = lumos(project, "eval", "--task", "next_item", "--predictions", str(tmp_path / "knn.parquet"),
+                   "--name", "acme/item-knn", "--json")
+    assert result.exit_code == 0, result.output
+    entry = next(entry for entry in leaderboard_json(project, "next_item")["entries"] if entry["label"] == "acme/item-knn")
+    assert entry["kind"] == "submission" and entry["metrics"] == json.loads(result.stdout)["metrics"]
+    assert entry["metrics"]["hr@50"] > 0
 
 
 def test_the_daily_limit_counts_only_that_name_and_task(project, tmp_path):

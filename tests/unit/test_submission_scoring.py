@@ -4,6 +4,9 @@ A tiny hand-made sequences table (Parquet + a Delta snapshot, no Spark), as in t
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -18,10 +21,11 @@ from lumos.data.contract import FeatureSpec
 from lumos.data.delta_snapshot import DataFile, DeltaSnapshot
 from lumos.data.loader import table_batches
 from lumos.data.sequences_version import SequencesVersion
+from lumos.data.user_share import public_hash
 from lumos.eval.kinds import KINDS
 from lumos.eval.score import score_model
 from lumos.eval.sides import user_sides
-from lumos.eval.submission import SubmissionError, score_side, checked_predictions, task_users
+from lumos.eval.submission import SubmissionError, checked_predictions, score_side, task_users
 from lumos.eval.tasks import LoadedTask, TaskSpec
 from lumos.train.model import LumosModel, ModelConfig, signed_expm1
 
@@ -189,3 +193,14 @@ def test_a_model_and_its_submission_score_the_same_on_each_side(data, model, kin
         assert by_file.metrics == pytest.approx(by_model.metrics, rel=1e-12, abs=1e-12)
         scored += by_model.rows
     assert scored == score_model(model, loaded, data).rows
+
+
+def test_a_users_side_is_the_same_in_every_process_and_on_every_machine():
+    """blake2b of the seed and id, never Python's hash() (salted per process): pinned values, and a
+    fresh interpreter with another hash seed agrees."""
+    assert [round(public_hash(0, user), 12) for user in ("u00", "u01", "42")] == [0.494515050174, 0.188191209424,
+                                                                                    0.353478847799]
+    code = "from lumos.data.user_share import public_hash; print([public_hash(0, u) for u in ('u00', 'u01', '42')])"
+    other = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                           env={**os.environ, "PYTHONHASHSEED": "123"})
+    assert other.stdout.strip() == str([public_hash(0, user) for user in ("u00", "u01", "42")])
