@@ -86,21 +86,20 @@ def sibling_pairs(kernels: list[Kernel]) -> tuple[list[tuple[Kernel, Kernel]], d
         facts += [reads_buffer(i64(index), i64(node.id)) for node in kernel.reads]
         if _row_statistic(kernel):
             facts.append(row_statistic(i64(index)))
+    following = []
     for first, earlier in enumerate(kernels):
         for later in range(first + 1, len(kernels)):
             kernel = kernels[later]
             if kernel.node.shape == earlier.node.shape and not any(
                     written_at.get(node, -1) > first and node not in earlier.outputs for node in kernel.reads):
-                facts.append(may_follow(i64(first), i64(later)))
+                following.append((first, later))
+    facts += [may_follow(i64(first), i64(later)) for first, later in following]
     egraph = EGraph()
     if facts:
         egraph.register(*facts)
     report = egraph.run(sibling_rules.saturate())
-    pairs = []
-    for first, earlier in enumerate(kernels):
-        for later in range(first + 1, len(kernels)):
-            if _holds(egraph, joinable(i64(first), i64(later))):
-                pairs.append((earlier, kernels[later]))
+    pairs = [(kernels[first], kernels[later]) for first, later in following
+             if _holds(egraph, joinable(i64(first), i64(later)))]
     fired = {getattr(r, "name", None) or str(r): n for r, n in report.num_matches_per_rule.items() if n}
     return pairs, fired
 
@@ -167,6 +166,17 @@ class ProgramSpace:
             stack.extend(c for c in enode.children if c not in self.serialized.literals)
         return stored
 
+    def fuse_all_keep(self) -> set[Node]:
+        """The stores that fusing everything legal still keeps: the forced ones, and a node with
+        several consumers whose inlined form holds a reduction (never recomputed)."""
+        uses = self.graph.consumers()
+        keep, reduces = set(self.forced), {}
+        for node in self.graph.nodes:
+            reduces[node] = node.op in REDUCE or any(reduces[src] for src in node.srcs if src not in keep)
+            if node.op not in LEAF and reduces[node] and len(uses[node]) > 1:
+                keep.add(node)
+        return keep
+
     def traffic_keep(self) -> set[Node]:
         """The stores that memory traffic against recomputation prices as worth keeping: a node
         with several consumers is stored when recomputing it for all but one costs more than
@@ -187,10 +197,8 @@ class ProgramSpace:
     def extractions(self) -> dict[str, set[Node]]:
         """Each named extraction's buffers: the scheduler's, all fusion legal (no reduction
         recomputed), and memory traffic against recomputation."""
-        uses = self.graph.consumers()
-        no_recomputed_reduction = {node for node in self.graph.nodes if node.op in REDUCE and len(uses[node]) > 1}
         return {"scheduler": self.stores(self.heuristic),
-                "fuse all legal": self.stores(self.forced | no_recomputed_reduction),
+                "fuse all legal": self.stores(self.fuse_all_keep()),
                 "memory traffic": self.stores(self.traffic_keep())}
 
 
