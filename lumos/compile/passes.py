@@ -54,14 +54,24 @@ def programs(c: Compilation, cache: KernelCache) -> None:
     if not c.options.egraph_fusion or not c.kernels:
         return
     found = propose(c.graph, c.options.recompute_cheap)
-    if c.options.search_budget_s > 0:
+    c.programs = found.report()
+    if c.options.search_budget_s <= 0:
+        return
+    store = SearchCache(cache, c.options.cc, c.options.cflags) if c.options.search_cache else None
+    key = "programs:" + found.fingerprint()
+    cached = store.get_decision(key) if store is not None else None
+    if cached is not None:  # the genome kept here before, for the same proposals on this machine
+        genes, c.programs = frozenset(cached["genes"]), {**cached["report"], "cached": True}
+    else:
         inputs = c.example_inputs if c.example_inputs is not None else random_inputs(c.graph, c.options.search_seed)
         bench = Bench(c.graph, {kernel.node for kernel in c.kernels}, inputs, cache, c.options.cc, c.options.cflags)
-        best = climb_programs(found, bench, PROGRAM_SHARE * c.options.search_budget_s, c.options.search_seed)
-        unjoined = found.build(best.genes, join=False)
-        c.kernels, c.materialized = unjoined.kernels, unjoined.materialized
-        c.joins = found.pairs(best.genes)
-    c.programs = found.report()
+        genes = climb_programs(found, bench, PROGRAM_SHARE * c.options.search_budget_s, c.options.search_seed).genes
+        c.programs = found.report()
+        if store is not None:
+            store.put_decision(key, {"genes": sorted(genes), "report": c.programs})
+    unjoined = found.build(genes, join=False)
+    c.kernels, c.materialized = unjoined.kernels, unjoined.materialized
+    c.joins = found.pairs(genes)
 
 
 PROGRAM_SHARE = 0.25

@@ -18,7 +18,14 @@ import random
 import time
 from dataclasses import dataclass, field
 
-from lumos.compile.egraph.programs import ProgramSpace, Proposal, fusion_proposals, program_space, sibling_proposals
+from lumos.compile.egraph.programs import (
+    ProgramSpace,
+    Proposal,
+    family,
+    fusion_proposals,
+    program_space,
+    sibling_proposals,
+)
 from lumos.compile.ir.graph import Graph, Node
 from lumos.compile.kernel.lower import reads_siblings_in_place
 from lumos.compile.runtime.kernel_cache import BuildError
@@ -84,6 +91,11 @@ class ProgramSearch:
                                        allowed=lambda earlier, later: (earlier.node, later.node) in pairs)
         shape = sorted(node.id for node in stored), [[node.id for node in kernel.outputs] for kernel in kernels]
         return Program(genes, kernels, stored, hashlib.sha256(repr(shape).encode()).hexdigest()[:16])
+
+    def fingerprint(self) -> str:
+        """The proposals and the scheduler's program they start from: a kept genome is cached by it."""
+        text = repr((sorted(p.key for p in self.proposals), sorted(family(node) for node in self.space.heuristic)))
+        return hashlib.sha256(text.encode()).hexdigest()[:24]
 
     def report(self) -> dict:
         """What --explain shows: every proposal (what the scheduler would not have done), the

@@ -147,6 +147,17 @@ def test_explain_lists_the_proposals_and_which_were_kept(kernel_cache):
         np.testing.assert_allclose(got[name].reshape(want[name].shape), want[name], rtol=1e-4, atol=1e-4)
 
 
+def test_the_kept_genome_is_cached(kernel_cache):
+    """A second compile of the same graph on this machine takes the kept genome from the search
+    cache and times nothing."""
+    options = Options(egraph_fusion=True, search_budget_s=2.0)
+    first = compile_graph(_shared_chain(rows=24), kernel_cache, options)
+    again = compile_graph(_shared_chain(rows=24), kernel_cache, options)
+    assert again.programs["cached"] and "cached" not in first.programs
+    assert again.programs["kept"] == first.programs["kept"]
+    assert [len(k.outputs) for k in again.kernels] == [len(k.outputs) for k in first.kernels]
+
+
 def test_without_a_budget_the_proposals_are_reported_and_the_program_is_the_schedulers(kernel_cache):
     graph = _shared_chain()
     plain = compile_graph(graph, kernel_cache, Options())
