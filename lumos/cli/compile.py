@@ -89,6 +89,28 @@ def _fusion_step(step: dict) -> str:
     return f"  {step['site']}: {step['ms']:.3f} ms vs {step['before_ms']:.3f} ms, {verdict}"
 
 
+def program_lines(programs: dict) -> list[str]:
+    """--explain with --egraph-fusion: each fusion the e-graph proposed that the scheduler would not
+    have made, whether the kept program has it, and the programs timed (whole call, against the
+    best so far)."""
+    proposed = programs["proposed"]
+    lines = [f"e-graph programs: {len(proposed)} proposals the scheduler would not make "
+             f"({programs['enodes']:,} e-nodes; "
+             + (", ".join(f"{name}×{count}" for name, count in programs["rules"].items()) or "no rule fired")
+             + f"), {len(programs['tried'])} programs timed, {len(programs['kept'])} proposals kept"]
+    lines += [f"  {'kept' if p['kept'] else 'not kept'}: {p['describe']}" for p in proposed]
+    for tried in programs["tried"]:
+        genes = "; ".join(tried["genes"]) or "the scheduler's program"
+        if tried["rejected"]:
+            verdict = tried["rejected"]
+        elif tried["ms"] is None:
+            verdict = "not timed"
+        else:
+            verdict = f"{tried['ms']:.3f} ms vs {tried['against_ms']:.3f} ms" + (", kept" if tried["kept"] else "")
+        lines.append(f"  timed [{genes}]: {verdict}")
+    return lines
+
+
 def _explain_row(group: dict) -> tuple:
     names = ", ".join(group["kernels"][:3]) + (f" (+{len(group['kernels']) - 3})" if len(group["kernels"]) > 3 else "")
     rules = ", ".join(f"{name}×{count}" for name, count in group["rules"].items()) or "-"
@@ -114,6 +136,7 @@ def compile_model(
     clear_cache: Annotated[bool, typer.Option("--clear-cache", help="Empty the kernel cache of the target first (alone: only that).")] = False,
     search_budget: Annotated[float | None, typer.Option("--search-budget", metavar="SECONDS", help="Time to search kernel schedules by measurement (results are cached per kernel and machine).")] = None,
     no_search: Annotated[bool, typer.Option("--no-search", help="Skip the search: the renderer's heuristic schedules.")] = False,
+    egraph_fusion: Annotated[bool, typer.Option("--egraph-fusion", help="Let the e-graph propose the program (fusions, recomputations, sibling kernels the scheduler does not make) and the search pick among them by measurement.")] = False,
     explain: Annotated[bool, typer.Option("--explain", help="Per distinct kernel: rules fired, alternatives tried with their times; the e-graph's size and the cost model's rank correlation.")] = False,
     json_output: JsonOption = False,
 ) -> None:
@@ -144,7 +167,8 @@ def compile_model(
     subject = resolve_run(workspace, run, model)
     with progress(f"compiling {subject.label} for {target}") as report:
         summary = compile_run(workspace, subject.run_id, target, seq_len=seq, report=report,
-                              **given(batch_size=batch, search_budget_s=0.0 if no_search else search_budget))
+                              **given(batch_size=batch, search_budget_s=0.0 if no_search else search_budget,
+                                      egraph_fusion=egraph_fusion or None))
     stats = summary.stats
     if json_output:
         fields = renamed(json_data(summary), batch_size="batch", seq_len="seq")
@@ -168,6 +192,9 @@ def compile_model(
         ("plan", f"{summary.artifact} of run {summary.run_id}"),
     ]
     print_table(f"{subject.label} → {target}, batch {summary.batch_size}, sequence {summary.seq_len}", ["", ""], rows)
+    if explain and summary.programs:
+        for line in program_lines(summary.programs):
+            echo(line)
     if explain and summary.search:
         echo(f"cost model: {_cost_model_line(summary.cost_model)}")
         if summary.fusion and summary.fusion["steps"]:

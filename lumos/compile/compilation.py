@@ -54,6 +54,11 @@ class Options:
     """Join sibling row statistics (a layer norm's mean and variance) into one kernel with several
     outputs (schedule/siblings.py). Off by default: the same values bit for bit, but no faster
     on both benchmark models' layer norms (benchmarks/layer_norm_stats.py; README, Compile)."""
+    egraph_fusion: bool = False
+    """Let the e-graph propose the program (egraph/programs.py: fusions, recomputations and sibling
+    kernels the scheduler does not make) and the search pick among the extracted programs by
+    measurement (search/genome.py, a quarter of `search_budget_s`; without a budget, the proposals
+    are only reported). Off by default: not yet measured faster on the benchmark models."""
     register_blocks: bool = True
     """Let the search try the register-blocked matmul micro-kernel (False: measure what it gains;
     then also turn `search_cache` off, since the cache does not tell the two searches apart)."""
@@ -92,6 +97,12 @@ class Compilation:
     where the target has no horizontal pass."""
     attention: int | None = None
     """How many attentions run as one online-softmax kernel; None where the target has no attention pass."""
+    programs: dict | None = None
+    """With Options.egraph_fusion: what the e-graph proposed beyond the scheduler, the programs
+    timed and the one kept (search/genome.py: ProgramSearch.report)."""
+    joins: set | None = None
+    """With Options.egraph_fusion: the sibling kernel pairs (earlier node, later node) the chosen
+    program joins, after the schedule search (which times single-output kernels)."""
 
     def stats(self) -> dict[str, int]:
         primitive = [node for node in self.graph.nodes if node.op not in LEAF]

@@ -110,11 +110,15 @@ class CompileSummary:
     """How the cost model ranked the candidates against their measured times (search/cost_model.py)."""
     fusion: dict | None = None
     """The fusion choices the e-graph offered, each tried as a whole call, and which were kept (search.py)."""
+    programs: dict | None = None
+    """With --egraph-fusion: the fusions the e-graph proposed that the scheduler does not make, the
+    programs timed, and which were kept (search/genome.py)."""
 
 
 def compile_run(workspace: Workspace, run_id: str, target: str = "cpu", batch_size: int = 256,
                 seq_len: int | None = None, options: Options | None = None,
-                report: Report = lambda _: None, search_budget_s: float = SEARCH_BUDGET_S) -> CompileSummary:
+                report: Report = lambda _: None, search_budget_s: float = SEARCH_BUDGET_S,
+                egraph_fusion: bool = False) -> CompileSummary:
     """Compile a training run's model, verify it against PyTorch, store the plan on the run.
 
     For a target this machine cannot run (CUDA without a GPU) it builds everything, then raises
@@ -124,7 +128,7 @@ def compile_run(workspace: Workspace, run_id: str, target: str = "cpu", batch_si
     chosen = target_named(target)
     settings = workspace.settings.compile
     options = options or Options(cc=settings.cc, cflags=tuple(settings.cflags), search_budget_s=search_budget_s,
-                                 arch=gpu_arch() or DEFAULT_ARCH)
+                                 arch=gpu_arch() or DEFAULT_ARCH, egraph_fusion=egraph_fusion)
     model = load_training_run(workspace, run_id).model
     model.eval()
     seq_len = seq_len or model.features.max_len
@@ -144,7 +148,8 @@ def compile_run(workspace: Workspace, run_id: str, target: str = "cpu", batch_si
                           bool(search and search.cache_hit), search.attention if search else None,
                           search.confirmed if search else None,
                           result.compilation.rewrite.as_dict() if result.compilation.rewrite else None,
-                          search.cost_model if search else None, search.fusion if search else None)
+                          search.cost_model if search else None, search.fusion if search else None,
+                          result.compilation.programs)
 
 
 def no_gpu_message(result: CompileResult) -> str:

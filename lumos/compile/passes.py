@@ -22,7 +22,8 @@ from lumos.compile.schedule.kernels import schedule
 from lumos.compile.schedule.layout import transpose_activations, transpose_weights
 from lumos.compile.schedule.siblings import join_siblings
 from lumos.compile.search.cache import SearchCache
-from lumos.compile.search.climb import search_schedules
+from lumos.compile.search.climb import Bench, random_inputs, search_schedules
+from lumos.compile.search.genome import climb_programs, propose
 
 Pass = Callable[[Compilation, KernelCache], None]
 
@@ -47,21 +48,56 @@ def fuse(c: Compilation, cache: KernelCache) -> None:
     c.kernels, c.materialized = schedule(c.graph, c.options.recompute_cheap)
 
 
+def programs(c: Compilation, cache: KernelCache) -> None:
+    """Options.egraph_fusion: the e-graph's proposals, and (with a budget) the program the climb
+    over them keeps; its sibling joins wait for the siblings pass."""
+    if not c.options.egraph_fusion or not c.kernels:
+        return
+    found = propose(c.graph, c.options.recompute_cheap)
+    c.programs = found.report()
+    if c.options.search_budget_s <= 0:
+        return
+    store = SearchCache(cache, c.options.cc, c.options.cflags) if c.options.search_cache else None
+    key = "programs:" + found.fingerprint()
+    cached = store.get_decision(key) if store is not None else None
+    if cached is not None:  # the genome kept here before, for the same proposals on this machine
+        genes, c.programs = frozenset(cached["genes"]), {**cached["report"], "cached": True}
+    else:
+        inputs = c.example_inputs if c.example_inputs is not None else random_inputs(c.graph, c.options.search_seed)
+        bench = Bench(c.graph, {kernel.node for kernel in c.kernels}, inputs, cache, c.options.cc, c.options.cflags)
+        genes = climb_programs(found, bench, PROGRAM_SHARE * c.options.search_budget_s, c.options.search_seed).genes
+        c.programs = found.report()
+        if store is not None:
+            store.put_decision(key, {"genes": sorted(genes), "report": c.programs})
+    unjoined = found.build(genes, join=False)
+    c.kernels, c.materialized = unjoined.kernels, unjoined.materialized
+    c.joins = found.pairs(genes)
+
+
+PROGRAM_SHARE = 0.25
+"""The part of the search budget the climb over the e-graph's programs takes (Options.egraph_fusion)."""
+
+
 def search(c: Compilation, cache: KernelCache) -> None:
     if c.options.search_budget_s <= 0 or not c.kernels:
         return
     store = SearchCache(cache, c.options.cc, c.options.cflags) if c.options.search_cache else None
+    budget = c.options.search_budget_s * (1 - PROGRAM_SHARE if c.programs is not None else 1)
     c.search = search_schedules(c.graph, c.kernels, c.materialized, cache, c.options.cc, c.options.cflags,
-                                c.options.search_budget_s, c.example_inputs, store, c.options.search_seed,
+                                budget, c.example_inputs, store, c.options.search_seed,
                                 register_blocks=c.options.register_blocks)
     c.schedules = c.search.schedules
     c.kernels, c.materialized = c.search.kernels, c.search.materialized
 
 
 def siblings(c: Compilation, cache: KernelCache) -> None:
-    if not c.options.multi_output:
+    if c.joins:  # the genome's pairs (Options.egraph_fusion)
+        c.kernels, changed = join_siblings(c.kernels, lambda kernel: reads_siblings_in_place(kernel, c.materialized),
+                                           allowed=lambda earlier, later: (earlier.node, later.node) in c.joins)
+    elif c.options.multi_output:
+        c.kernels, changed = join_siblings(c.kernels, lambda kernel: reads_siblings_in_place(kernel, c.materialized))
+    else:
         return
-    c.kernels, changed = join_siblings(c.kernels, lambda kernel: reads_siblings_in_place(kernel, c.materialized))
     kept = {kernel.name for kernel in c.kernels} - set(changed)  # a joined kernel: the default schedule
     c.schedules = {name: schedule for name, schedule in c.schedules.items() if name in kept}
 

@@ -2,9 +2,12 @@
 
     check → e-graph (algebra and view rules, the cheapest equivalent program extracted: egraph/rewrite.py)
     → horizontal (C: linear layers on one input as one matmul) → layout (transpose weights)
-    → schedule (fuse into kernels) → search (C: schedule variants by measurement, search/)
+    → schedule (fuse into kernels) → programs (C, Options.egraph_fusion: the e-graph's fusion
+    proposals, egraph/programs.py, and a measured climb over them, search/genome.py)
+    → search (C: schedule variants by measurement, search/)
     or attention (CUDA: online-softmax kernels, egraph/attention.py)
-    → siblings (C, Options.multi_output: a layer norm's statistics as one kernel with two outputs)
+    → siblings (C, Options.multi_output or the chosen program's joins: a layer norm's statistics
+    as one kernel with two outputs)
     → plan buffers → render (C or CUDA) → build (gcc or NVRTC, through the kernel cache) → load
 
 Each pass (passes.py) takes and returns the `Compilation` it fills in; the graph is checked before

@@ -116,6 +116,7 @@ CPU = Target(
         ("horizontal", passes.horizontal),
         ("layout", passes.layout),
         ("schedule", passes.fuse),
+        ("programs", passes.programs),  # Options.egraph_fusion: the e-graph's programs, climbed
         ("search", passes.search),
         ("siblings", passes.siblings),  # after the search, which times single-output kernels
         ("plan_buffers", passes.buffers),

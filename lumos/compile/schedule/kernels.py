@@ -117,6 +117,13 @@ def is_buffer(node: Node, materialized: set[Node]) -> bool:
 
 
 def choose_materialized(graph: Graph, recompute_cheap: bool = True) -> set[Node]:
+    return materialized_and_forced(graph, recompute_cheap)[0]
+
+
+def materialized_and_forced(graph: Graph, recompute_cheap: bool = True) -> tuple[set[Node], set[Node]]:
+    """The heuristic's buffers, and those among them that no program may inline (outputs, reads
+    with broadcast or overlapping windows that are not row-wise, gather tables, reductions read
+    through padding): the legality facts of the e-graph's fusion rules (egraph/programs.py)."""
     uses = graph.consumers()
     outputs = set(graph.outputs.values())
     materialized: set[Node] = set()
@@ -139,7 +146,7 @@ def choose_materialized(graph: Graph, recompute_cheap: bool = True) -> set[Node]
             materialized.add(node)
         elif len(uses[node]) > 1 and not (recompute_cheap and cost[node] <= CHEAP_OPS):
             materialized.add(node)
-    return _share_within_kernels(graph, uses, materialized, forced, row_wise, cost)
+    return _share_within_kernels(graph, uses, materialized, forced, row_wise, cost), forced
 
 
 def _row_wise_operand(product: Node, index: int, uses, materialized: set[Node]) -> bool:

@@ -46,14 +46,16 @@ def _row_statistic(kernel: Kernel) -> bool:
             and not any(_is_product(node) for node in kernel.fused))
 
 
-def join_siblings(kernels: list[Kernel], lowers: Lowers) -> tuple[list[Kernel], list[str]]:
+def join_siblings(kernels: list[Kernel], lowers: Lowers,
+                  allowed: Callable[[Kernel, Kernel], bool] | None = None) -> tuple[list[Kernel], list[str]]:
     """`kernels` with sibling row statistics joined, and the names of the kernels that changed
-    (a joined kernel's name is its first member's; their searched schedules no longer apply)."""
+    (a joined kernel's name is its first member's; their searched schedules no longer apply).
+    With `allowed` (earlier, later), only the pairs it allows (the genome's, search/genome.py)."""
     written_at = {node: position for position, kernel in enumerate(kernels) for node in kernel.outputs}
     joined: list[Kernel] = []
     changed: list[str] = []
     for kernel in kernels:
-        target = _sibling_for(kernel, joined, written_at, lowers) if _row_statistic(kernel) else None
+        target = _sibling_for(kernel, joined, written_at, lowers, allowed) if _row_statistic(kernel) else None
         if target is None:
             joined.append(kernel)
             continue
@@ -63,11 +65,13 @@ def join_siblings(kernels: list[Kernel], lowers: Lowers) -> tuple[list[Kernel], 
     return joined, list(dict.fromkeys(changed))
 
 
-def _sibling_for(kernel: Kernel, joined: list[Kernel], written_at: dict[Node, int],
-                 lowers: Lowers) -> tuple[int, Kernel] | None:
+def _sibling_for(kernel: Kernel, joined: list[Kernel], written_at: dict[Node, int], lowers: Lowers,
+                 allowed: Callable[[Kernel, Kernel], bool] | None = None) -> tuple[int, Kernel] | None:
     """The earliest kernel of `joined` that `kernel` can join, as (its index, the joined kernel)."""
     for index, earlier in enumerate(joined):
         if not _row_statistic(earlier) or earlier.node.shape != kernel.node.shape:
+            continue
+        if allowed is not None and not allowed(earlier, kernel):
             continue
         own = set(earlier.outputs)
         if not (set(earlier.reads) - own) & (set(kernel.reads) - own):

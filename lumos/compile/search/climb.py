@@ -384,17 +384,18 @@ class Bench:
                 wrong.add(kernel.node)
                 inconclusive.add(kernel.name)
                 continue
-            if kernel.node in self.unchecked:
-                continue
-            want = self.reference[kernel.node]
-            if kernel.node in self.outputs:
-                have = got[self.outputs[kernel.node]].reshape(-1)[:want.size]
-            else:
-                buffer = buffers.buffers[kernel.node]
-                have = program.arena[buffer.offset:buffer.offset + want.size * FLOAT_BYTES].view(np.float32)
-            scale = max(1.0, float(np.max(np.abs(want)))) if want.size else 1.0
-            if not np.allclose(have, want.reshape(-1), rtol=TOLERANCE, atol=TOLERANCE * scale, equal_nan=True):
-                wrong.add(kernel.node)
+            for node in kernel.outputs:  # a kernel with several outputs (siblings.py): each one
+                if node in self.unchecked:
+                    continue
+                want = self.reference[node]
+                if node in self.outputs:
+                    have = got[self.outputs[node]].reshape(-1)[:want.size]
+                else:
+                    buffer = buffers.buffers[node]
+                    have = program.arena[buffer.offset:buffer.offset + want.size * FLOAT_BYTES].view(np.float32)
+                scale = max(1.0, float(np.max(np.abs(want)))) if want.size else 1.0
+                if not np.allclose(have, want.reshape(-1), rtol=TOLERANCE, atol=TOLERANCE * scale, equal_nan=True):
+                    wrong.add(kernel.node)
         times = [program.kernel_seconds(self.inputs, len(kernels)) for _ in range(WARMUP)]
         slow = self.slowest_ms is not None and times[-1].sum() * 1000 > 5 * self.slowest_ms
         times = [program.kernel_seconds(self.inputs, len(kernels)) for _ in range(1 if slow else REPEATS)]
