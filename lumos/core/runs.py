@@ -114,6 +114,33 @@ def resolve_run(workspace: Workspace, run_id: str | None, model: str | None) -> 
     return RunSubject(run=training_run(workspace, run_id, "--model" if model is not None else "--run"), version=version)
 
 
+def init_chain(workspace: Workspace, run) -> list[dict]:
+    """The runs `run` started from (train.init_from): its parent first, then the parent's parent.
+    Each is {run, name, data, checkpoint, model, exists}; `exists` is False for a run no longer in
+    the store (deleted), where the chain stops, since its own parent is unknown."""
+    import mlflow
+
+    client = tracking_client(workspace)
+    chain: list[dict] = []
+    seen = {run.info.run_id}
+    tags = run.data.tags
+    while INIT_RUN_TAG in tags and tags[INIT_RUN_TAG] not in seen:  # `seen`: a hand-edited tag cannot loop
+        parent_id = tags[INIT_RUN_TAG]
+        seen.add(parent_id)
+        entry = {"run": parent_id, "name": None, "data": tags.get(INIT_DATA_TAG),
+                 "checkpoint": tags.get(INIT_CHECKPOINT_TAG), "model": tags.get(INIT_MODEL_TAG), "exists": False}
+        chain.append(entry)
+        try:
+            parent = client.get_run(parent_id)
+        except mlflow.exceptions.MlflowException:
+            break
+        if parent.info.lifecycle_stage != "active":
+            break
+        entry.update(name=parent.info.run_name, exists=True)
+        tags = parent.data.tags
+    return chain
+
+
 def delta_dataset_input(table, location: str, context: str):
     """An MLflow dataset input for Delta table version `table` (a TableRef with its version) at
     `location`, used in `context` (train, eval): MLflow's UI lists it under the run's Datasets,

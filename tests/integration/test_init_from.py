@@ -12,9 +12,13 @@ from typer.testing import CliRunner
 
 from lumos.cli.app import app
 from lumos.core.config import from_dict, to_toml
+from lumos.core.registry import ModelVersionInfo
+from lumos.core.tables import TableRef
 from lumos.core.tracking import tracking_client
 from lumos.core.workspace import open_workspace
+from lumos.data.sequences_version import open_sequences
 from lumos.data.synthetic import SyntheticSpec
+from lumos.infer.trace import model_snapshot
 from lumos.train.checkpoint import load_model
 from lumos.train.config import TrainConfig
 from lumos.train.run import train
@@ -24,7 +28,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 EXPERIMENT = "test-init-from"
 
 TINY = {
-    "data": {"table": "quickstart.sequences", "loader_workers": 1},
+    "data": {"table": "quickstart.sequences@0", "loader_workers": 1},  # later tests ingest again
     "model": {"d_model": 8, "n_heads": 2, "encoder_layers": 1, "decoder_layers": 1, "d_ff": 16,
               "dropout": 0.0, "max_len": 20, "heads": ["retrieval"]},
     "optim": {"lr": 3e-3, "warmup_steps": 2},
@@ -150,3 +154,57 @@ def test_init_from_on_two_ranks_loads_on_every_rank(project, parent):
     for name in theirs:
         if not name.startswith("log_variance"):
             assert torch.equal(ours[name], theirs[name]), name
+
+
+def test_init_from_a_registered_alias_and_the_trace_names_the_parent(project, parent):
+    workspace = open_workspace(project)
+    client = tracking_client(workspace)
+    client.create_registered_model("pretrained")
+    version = client.create_model_version("pretrained", f"runs:/{parent}/model", run_id=parent)
+    client.set_registered_model_alias("pretrained", "base", version.version)
+    child = train(from_dict(TrainConfig, {**TINY, "init_from": "pretrained@base", "freeze": ["encoder"]}), workspace)
+    assert child.init_from.run == parent and child.init_from.model == "pretrained/1"
+    run = client.get_run(child.run_id)
+    assert run.data.tags["lumos.init_from.model"] == "pretrained/1" and run.data.params["init_from"] == parent
+
+    # A grandchild: the trace follows the chain back through the child to the pretrained run.
+    grandchild = train(from_dict(TrainConfig, {**TINY, "init_from": child.run_id}), workspace)
+    snapshot = model_snapshot(workspace, ModelVersionInfo("finetuned", 1, grandchild.run_id, ()),
+                              client.get_run(grandchild.run_id))
+    chain = snapshot["run"]["init_from"]
+    assert [(entry["run"], entry["data"], entry["exists"]) for entry in chain] == [
+        (child.run_id, "quickstart.sequences@0", True), (parent, "quickstart.sequences@0", True)]
+    assert chain[1]["model"] == "pretrained/1"
+
+
+@pytest.mark.slow  # an ingest and a training run rebuilt: about a minute
+def test_reproduce_of_a_child_starts_from_the_same_parent_and_refuses_a_moved_one(project, parent):
+    workspace = open_workspace(project)
+    child = train(from_dict(TrainConfig, {**TINY, "init_from": parent, "freeze": ["encoder"]}), workspace).run_id
+    result = runner.invoke(app, ["--workspace", str(project), "reproduce", child, "--json"])
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.stdout)
+    assert summary["matches"] and summary["mode"] == "exact" and summary["parent_run_id"] == parent
+
+    client = tracking_client(workspace)
+    client.set_tag(parent, "lumos.checkpoint", "checkpoints/step-00000002")  # as if the parent were resumed
+    try:
+        moved = runner.invoke(app, ["--workspace", str(project), "reproduce", child])
+    finally:
+        client.set_tag(parent, "lumos.checkpoint", "checkpoints/step-00000004")
+    assert moved.exit_code == 2, moved.output
+    assert f"parent run {parent} of {child} has moved on" in moved.stderr
+
+
+@pytest.mark.slow  # a second ingest: about a minute
+def test_data_with_other_vocabularies_exits_2_naming_the_feature(project, parent, ingest_quickstart):
+    workspace = open_workspace(project)
+    ingest_quickstart(project, SyntheticSpec(users=200, events=8_000, seed=4), max_len=20)  # other events
+    latest = open_sequences(workspace, TableRef.parse("quickstart.sequences")).ref
+    before = run_count(workspace)
+    config = child_config(project, data__table=str(latest))
+    result = runner.invoke(app, ["--workspace", str(project), "train", "--config", str(config), "--init-from", parent])
+    assert result.exit_code == 2, result.output
+    assert f"number tokens differently from {latest}" in result.stderr
+    assert "\n  item: token " in result.stderr
+    assert run_count(workspace) == before
