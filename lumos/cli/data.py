@@ -170,7 +170,7 @@ def _print_trace(result: dict, user: str, as_of: str) -> None:
                        f"written {commit['created_at']}"),
         ("model", f"{result['model']['version']} (aliases: {', '.join(result['model']['aliases']) or 'none'})"),
         ("training run", f"{run['id']} {run['name'] or ''}, config {run['config_hash']}, code {run['code_version']}"),
-        *[("  started from", f"run {parent['run']} {parent['name'] or ''}"
+        *[("  started from", f"run {' '.join(filter(None, (parent['run'], parent['name'])))}"
                              f"{' (' + parent['model'] + ')' if parent['model'] else ''}, trained on {parent['data']}"
                              f"{'' if parent['exists'] else '; no longer in MLflow'}")
           for parent in run.get("init_from", [])],  # absent from snapshots infer recorded before init_from
