@@ -170,6 +170,10 @@ def _print_trace(result: dict, user: str, as_of: str) -> None:
                        f"written {commit['created_at']}"),
         ("model", f"{result['model']['version']} (aliases: {', '.join(result['model']['aliases']) or 'none'})"),
         ("training run", f"{run['id']} {run['name'] or ''}, config {run['config_hash']}, code {run['code_version']}"),
+        *[("  started from", f"run {' '.join(filter(None, (parent['run'], parent['name'])))}"
+                             f"{' (' + parent['model'] + ')' if parent['model'] else ''}, trained on {parent['data']}"
+                             f"{'' if parent['exists'] else '; no longer in MLflow'}")
+          for parent in run.get("init_from", [])],  # absent from snapshots infer recorded before init_from
         ("training data", f"{data['table']}, recipe {data['recipe_hash']}"),
         *[("  input", f"{item['kind']} {item['uri']} @ {item['version']}") for item in data["inputs"]],
     ]

@@ -45,6 +45,8 @@ def reproduce(
         print_table(f"run {result.run_id} (data {result.data_recorded}) against run {result.reproduced_run_id} "
                     f"(data {result.data_rebuilt}), {result.mode}", ["", "recorded", "reproduced", "match"], rows)
         echo(f"code: recorded {result.code_recorded}, now {result.code_current}")
+        if result.parent_run_id:
+            echo(f"both started from the weights of parent run {result.parent_run_id} (lumos reproduce it to rebuild it)")
     if not result.matches:
         differing = [c.name for c in result.comparisons if not c.match]
         raise GateError(f"run {result.run_id} did not reproduce ({result.mode}): {', '.join(differing)} differ")

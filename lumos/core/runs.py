@@ -33,11 +33,20 @@ STEP_TAG = "lumos.step"
 """The step of that checkpoint."""
 MODEL_URI_TAG = "lumos.model_uri"
 """models:/<model id>: the final checkpoint logged as an MLflow model (what promote registers)."""
+INIT_RUN_TAG = "lumos.init_from.run"
+"""The parent training run whose weights this run started from (train.init_from)."""
+INIT_DATA_TAG = "lumos.init_from.data"
+"""The sequences version the parent trained on, e.g. quickstart.sequences@0."""
+INIT_CHECKPOINT_TAG = "lumos.init_from.checkpoint"
+"""The parent's checkpoint artifact path the weights were read from."""
+INIT_MODEL_TAG = "lumos.init_from.model"
+"""NAME/VERSION, when the parent was named by a registered version."""
 COMPILE_TAG_PREFIX = "lumos.compile."
 """lumos.compile.<target>: a verified compiled plan is stored on the run for that target."""
 
 # Tags on a model version: the training run's lineage (copied) and the run it was made from.
-LINEAGE_TAGS = (DATA_TAG, DATA_VERSION_TAG, CONFIG_HASH_TAG, RECIPE_HASH_TAG, CODE_VERSION_TAG, SEED_TAG, CHECKPOINT_TAG)
+LINEAGE_TAGS = (DATA_TAG, DATA_VERSION_TAG, CONFIG_HASH_TAG, RECIPE_HASH_TAG, CODE_VERSION_TAG, SEED_TAG, CHECKPOINT_TAG,
+                INIT_RUN_TAG, INIT_DATA_TAG)
 RUN_TAG = "lumos.run"
 
 # Tags on leaderboard entries (lumos.eval.task, .subject, .primary_metric, ...) and, on a model
@@ -103,6 +112,33 @@ def resolve_run(workspace: Workspace, run_id: str | None, model: str | None) -> 
     if run_id is None:
         raise UsageError("name a training run: --run RUN_ID or --model NAME@alias")
     return RunSubject(run=training_run(workspace, run_id, "--model" if model is not None else "--run"), version=version)
+
+
+def init_chain(workspace: Workspace, run) -> list[dict]:
+    """The runs `run` started from (train.init_from): its parent first, then the parent's parent.
+    Each is {run, name, data, checkpoint, model, exists}; `exists` is False for a run no longer in
+    the store (deleted), where the chain stops, since its own parent is unknown."""
+    import mlflow
+
+    client = tracking_client(workspace)
+    chain: list[dict] = []
+    seen = {run.info.run_id}
+    tags = run.data.tags
+    while INIT_RUN_TAG in tags and tags[INIT_RUN_TAG] not in seen:  # `seen`: a hand-edited tag cannot loop
+        parent_id = tags[INIT_RUN_TAG]
+        seen.add(parent_id)
+        entry = {"run": parent_id, "name": None, "data": tags.get(INIT_DATA_TAG),
+                 "checkpoint": tags.get(INIT_CHECKPOINT_TAG), "model": tags.get(INIT_MODEL_TAG), "exists": False}
+        chain.append(entry)
+        try:
+            parent = client.get_run(parent_id)
+        except mlflow.exceptions.MlflowException:
+            break
+        if parent.info.lifecycle_stage != "active":
+            break
+        entry.update(name=parent.info.run_name, exists=True)
+        tags = parent.data.tags
+    return chain
 
 
 def delta_dataset_input(table, location: str, context: str):

@@ -8,7 +8,9 @@
 3. **Data**: the recorded recipe, with its inputs pinned to the recorded locations, is ingested
    again into a new sequences version; its order-independent content hash must equal the recorded one.
 4. **Train**: the recorded config and seed on the rebuilt version, at the recorded thread count
-   and number of ranks; the new run is tagged lumos.reproduces = RUN_ID.
+   and number of ranks; the new run is tagged lumos.reproduces = RUN_ID. A run that started from
+   a parent's weights (init_from) starts from them again: the parent must still hold the
+   checkpoint it read (checked first, exit 2 otherwise).
 5. **Eval**: the tasks the run was scored on (its eval/<task>/<metric> metrics), on the rebuilt version.
 6. **Compare**: every train/, valid/ and eval/ metric and, in exact mode, the checkpoint's weights.
 
@@ -31,7 +33,7 @@ from lumos.core.config import from_dict
 from lumos.core.errors import GateError, UsageError
 from lumos.core.lineage import LineageInput, LineageRecord, code_version
 from lumos.core.progress import Report
-from lumos.core.runs import DATA_TAG, download_checkpoint, training_run
+from lumos.core.runs import CHECKPOINT_TAG, DATA_TAG, INIT_CHECKPOINT_TAG, download_checkpoint, training_run
 from lumos.core.tables import TableRef, content_hash, hash_algorithm, open_delta_table, read_table
 from lumos.core.tracking import tracking_client
 from lumos.core.workspace import Workspace
@@ -67,6 +69,8 @@ class ReproduceResult:
     tolerance: float
     comparisons: list[Comparison] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+    parent_run_id: str | None = None
+    """The run whose weights both runs started from (train.init_from); None for a run from scratch."""
 
     @property
     def matches(self) -> bool:
@@ -80,6 +84,7 @@ class ReproduceResult:
         return {"run_id": self.run_id, "reproduced_run_id": self.reproduced_run_id, "matches": self.matches,
                 "mode": self.mode, "code": {"recorded": self.code_recorded, "current": self.code_current},
                 "data": {"recorded": self.data_recorded, "rebuilt": self.data_rebuilt}, "warnings": self.warnings,
+                "parent_run_id": self.parent_run_id,
                 "comparisons": [{"name": c.name, "recorded": c.recorded, "reproduced": c.reproduced, "match": c.match}
                                 for c in self.comparisons]}
 
@@ -102,6 +107,9 @@ def reproduce(
     lineage = _run_lineage(workspace, run_id)
     config = from_dict(TrainConfig, lineage.config, source=f"lineage.json of run {run_id}")
     recorded_ref = TableRef.parse(run.data.tags[DATA_TAG])
+    if config.init_from is not None:
+        report(f"checking parent run {config.init_from}")
+        check_parent(workspace, run, config.init_from)
     ingest, _ = ingest_lineage(workspace, recorded_ref)
     recipe = from_dict(IngestRecipe, ingest.config, source=f"the recipe in the lineage of {recorded_ref}")
 
@@ -159,7 +167,24 @@ def reproduce(
         difference = _weights_difference(workspace, run_id, new_run_id)
         comparisons.append(Comparison("checkpoint weights (max |Δ|)", 0.0, difference, difference == 0.0))
     return ReproduceResult(run_id, new_run_id, lineage.code_version, current_code, str(recorded_ref), str(rebuilt_ref),
-                           exact, tolerance, comparisons, warnings)
+                           exact, tolerance, comparisons, warnings, parent_run_id=config.init_from)
+
+
+def check_parent(workspace: Workspace, run, parent_id: str) -> None:
+    """A run that started from a parent's weights rebuilds only from those same weights: the parent
+    must still be a training run whose checkpoint is the one read (UsageError, exit 2, otherwise).
+    The parent itself is not rebuilt: `lumos reproduce PARENT` does that."""
+    try:
+        parent = training_run(workspace, parent_id, "init_from")
+    except UsageError as error:
+        raise UsageError(f"run {run.info.run_id} started from a parent run that cannot be read: {error}") from None
+    if parent.info.lifecycle_stage != "active":
+        raise UsageError(f"the parent run {parent_id} of {run.info.run_id} was deleted; restore it "
+                         f"(mlflow runs restore --run-id {parent_id}) to rebuild this run")
+    recorded, now = run.data.tags.get(INIT_CHECKPOINT_TAG), parent.data.tags[CHECKPOINT_TAG]
+    if recorded is not None and recorded != now:
+        raise UsageError(f"the parent run {parent_id} of {run.info.run_id} has moved on: its checkpoint is {now}, "
+                         f"the run started from {recorded}; it cannot be rebuilt from the same weights")
 
 
 def recorded_content_hash(spark, workspace: Workspace, recorded: TableRef, recorded_hash: str | None,

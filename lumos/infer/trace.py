@@ -1,5 +1,6 @@
 """Walk one prediction back: row → infer commit → model version → training run → config → data
-version → the recipe and source versions that made that data.
+version → the recipe and source versions that made that data; and from the run, the runs it
+started from (train.init_from), each with its data version.
 
 The infer commit's lineage is the trace's source. Besides the model version, run id and data
 version it holds a snapshot of what MLflow said about them when infer ran (`model_snapshot`: the
@@ -19,7 +20,15 @@ from typing import Any
 from lumos.core.errors import UsageError
 from lumos.core.lineage import LineageRecord
 from lumos.core.registry import ModelVersionInfo, resolve_model
-from lumos.core.runs import CODE_VERSION_TAG, CONFIG_HASH_TAG, DATA_TAG, RECIPE_HASH_TAG, SEED_TAG, training_run
+from lumos.core.runs import (
+    CODE_VERSION_TAG,
+    CONFIG_HASH_TAG,
+    DATA_TAG,
+    RECIPE_HASH_TAG,
+    SEED_TAG,
+    init_chain,
+    training_run,
+)
 from lumos.core.tables import TableRef, table_location
 from lumos.core.tracking import tracking_client
 from lumos.core.workspace import Workspace
@@ -69,7 +78,8 @@ def model_snapshot(workspace: Workspace, version: ModelVersionInfo, run) -> dict
         "model": {"version": version.label, "aliases": list(version.aliases), "tags": version.tags},
         "run": {"id": run.info.run_id, "name": run.info.run_name, "config_hash": tags.get(CONFIG_HASH_TAG),
                 "code_version": tags.get(CODE_VERSION_TAG), "seed": tags.get(SEED_TAG),
-                "config": json.loads(_run_text(workspace, run.info.run_id, "lineage.json"))["config"]},
+                "config": json.loads(_run_text(workspace, run.info.run_id, "lineage.json"))["config"],
+                "init_from": init_chain(workspace, run)},
         "data": {"table": tags[DATA_TAG], "recipe_hash": tags.get(RECIPE_HASH_TAG)},
     }
 
