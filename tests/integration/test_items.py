@@ -139,8 +139,8 @@ def test_items_join_keeps_every_event_counts_the_missing_and_has_its_own_vocabul
 
 def test_bad_items_tables_fail_with_exit_2_and_write_nothing(tmp_path):
     cases = {
-        "absent": (ITEMS, RECIPE.replace('path = "items.csv"', 'path = "catalog.csv"'),
-                   "items.path = 'catalog.csv'"),
+        "absent": (ITEMS, RECIPE.replace('path = "items.csv"', 'path = "data/catalog.csv"'),
+                   "items.path = 'data/catalog.csv'"),
         "column": (ITEMS, RECIPE.replace('numeric = ["rank"]', 'numeric = ["price"]'),
                    "no column 'price' (named in items)"),
         "duplicate": (ITEMS + "a,Drama,1980,2\n", RECIPE, "item ids appear more than once (e.g. a)"),
