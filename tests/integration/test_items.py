@@ -15,6 +15,7 @@ from typer.testing import CliRunner
 from lumos.cli.app import app
 from lumos.core.tables import TableRef
 from lumos.core.workspace import open_workspace
+from lumos.data.items import multi_valued_token
 from lumos.data.sequences_version import open_sequences
 
 runner = CliRunner()
@@ -112,6 +113,11 @@ def test_items_join_keeps_every_event_counts_the_missing_and_has_its_own_vocabul
     assert test["u1"]["item_year"] == [Y1995, Y1990, OOV]
     assert test["u1"]["item_rank"] == [1.5, 0.0, 0.0]
     assert test["u2"]["item_genres"] == [DRAMA, ACTION_COMEDY]
+
+    # Space-separated lists (MovieLens' genres) parse the same way.
+    lists = spark.createDataFrame([(" Drama  Comedy",), ("Comedy Drama Comedy",), (" ",), (None,)], "genres string")
+    assert [row[0] for row in lists.select(multi_valued_token(lists["genres"], " ")).collect()] == [
+        "Comedy Drama", "Comedy Drama", None, None]
 
     # The attributes reach the model as token features; the items file is a fingerprinted input.
     version = open_sequences(open_workspace(tmp_path), TableRef.parse(summary["tables"]["sequences"]))
