@@ -2,7 +2,7 @@
 # MovieLens-100K end to end: fetch → ingest → train → eval, then the test metrics beside popularity.
 #
 #   examples/movielens/run.sh                       # fetches recbole==1.2.1 from PyPI (2 MB)
-#   examples/movielens/run.sh --u-data PATH/u.data  # or use the original file (any fetch.py option)
+#   examples/movielens/run.sh --wheel PATH.whl      # or a downloaded wheel (any fetch.py option)
 #   SEED=1 examples/movielens/run.sh                # another seed
 #   TRAIN_SET="run.max_steps=20" examples/movielens/run.sh   # train.toml overrides (a smoke test)
 #

@@ -57,6 +57,7 @@ def ingest(
         ("rows read", f"{stats.get('rows_read', 0):,}"),
         ("rows rejected", f"{stats.get('rows_rejected', 0):,}  " + ", ".join(
             f"{rule}={count}" for rule, count in stats.get("rejected_by_rule", {}).items())),
+        *([("events, item not in items", f"{stats['events_item_missing']:,}")] if "events_item_missing" in stats else []),
         ("users", f"{stats.get('users', 0):,}"),
         ("tokens", f"{stats.get('tokens', 0):,}"),
         ("rows by split", ", ".join(f"{split}={count:,}" for split, count in stats.get("rows_by_split", {}).items())),

@@ -29,6 +29,7 @@ from lumos.core.tables import (
     write_table,
 )
 from lumos.core.workspace import Workspace
+from lumos.data.items import count_missing_items, read_items, with_item_attributes
 from lumos.data.recipe import IngestRecipe
 from lumos.data.sequence_files import SequenceFiles, write_sequence_files
 from lumos.data.sequences import (
@@ -74,8 +75,11 @@ class CheckedInputs:
     """The users frame (user_id, user_<name>), or None when the recipe has no users."""
     calendar: Any
     """The calendar frame (date, flags), or None when the recipe has no calendar."""
+    items: Any
+    """The items frame (item_id, item_<name>), or None when the recipe has no items; `checked`
+    carries its attributes already."""
     inputs: list[LineageInput]
-    """What was read: events, then users, then calendar (each only when the recipe has it)."""
+    """What was read: events, then users, calendar and items (each only when the recipe has it)."""
 
     def rejects(self, counts: RejectCounts):
         """The rejected events (rule, reason, row), with `counts` from `count_rejects(checked)`."""
@@ -104,15 +108,18 @@ class RejectCounts:
 
 def read_checked_inputs(spark, workspace: Workspace, recipe: IngestRecipe, base_dir: Path,
                         source_key: str = "source.path") -> CheckedInputs:
-    """Read the recipe's events, users and calendar (relative paths against `base_dir`) and check
-    the events with `validation.check_events`: the one read → check chain ingest and infer share.
+    """Read the recipe's events, users, calendar and items (relative paths against `base_dir`),
+    check the events with `validation.check_events` and join the items' attributes to them: the
+    one read → check chain ingest and infer share.
     `source_key` names the events location in errors (source.path, or infer's --source)."""
     raw, events_input = read_source(spark, workspace, recipe.source.path, recipe.source.format, base_dir, source_key)
     check_columns(raw, [c.source for c in event_columns(recipe)], "columns", recipe.source.path)
     users, users_input = read_users(spark, workspace, recipe, base_dir)
     calendar, calendar_input = read_calendar(spark, workspace, recipe, base_dir)
-    inputs = [item for item in (events_input, users_input, calendar_input) if item is not None]
-    return CheckedInputs(raw, check_events(raw, recipe), users, calendar, inputs)
+    items, items_input = read_items(spark, workspace, recipe, base_dir)
+    inputs = [item for item in (events_input, users_input, calendar_input, items_input) if item is not None]
+    checked = with_item_attributes(check_events(raw, recipe), items, recipe.items)
+    return CheckedInputs(raw, checked, users, calendar, items, inputs)
 
 
 def count_rejects(checked) -> RejectCounts:
@@ -164,6 +171,10 @@ def run_ingest(spark, workspace: Workspace, recipe: IngestRecipe, recipe_dir: Pa
         rows_read, rejected = counts.rows_read, counts.by_rule
 
         events = valid_events(checked)
+        # Events whose item the items table lacks are kept (their attributes read OOV and 0.0),
+        # and counted: a high count means the table and the events disagree on ids.
+        items_missing = {} if sources.items is None else {
+            "events_item_missing": count_missing_items(events, sources.items)}
         step("building vocabularies")
         vocab_table = number_tokens(tokens_counted)
         vocab, vocab_rows = vocab_frame(spark, vocab_table), vocab_table.num_rows
@@ -181,6 +192,7 @@ def run_ingest(spark, workspace: Workspace, recipe: IngestRecipe, recipe_dir: Pa
                 "rows_rejected": sum(rejected.values()),
                 "rejected_by_rule": rejected,
                 "events": rows_read - counts.rejected,
+                **items_missing,
                 "users": summary.users,
                 "tokens": sum(summary.tokens_by_split.values()),
                 "rows_by_split": summary.rows_by_split,

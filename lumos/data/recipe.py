@@ -60,6 +60,35 @@ class UsersSpec:
 
 
 @dataclass(frozen=True)
+class ItemsSpec:
+    path: str
+    """Item attributes, one row per item: file or folder (relative to the recipe) or dataset.table[@version]."""
+    item_id: str = "item_id"
+    """Column holding the item id, matched to the events' columns.item_id. An id listed twice is an error."""
+    categorical: tuple[str, ...] = ()
+    """Single-valued attributes (release year, brand); each a history-token feature item_<column>
+    with its own vocabulary, counted over the valid events as event features are."""
+    multi_valued: tuple[str, ...] = ()
+    """Attributes holding several values (genres "Action|Comedy"), split at `separator`. The token
+    is the item's set of values, sorted and joined by `separator` ("Comedy|Action" and
+    "Action|Comedy" are one token): one id per history token, which the model embeds like any
+    other feature (a bag of values would need a third tensor dimension in loader and model)."""
+    separator: str = "|"
+    """What separates the values of a multi_valued column (" " for space-separated lists)."""
+    numeric: tuple[str, ...] = ()
+    """Numeric attributes: history-token features item_<column> of floats (0.0 when missing)."""
+    format: SourceFormat = "auto"
+    """As for the event source."""
+
+    def __post_init__(self) -> None:
+        require_valid([("separator", "must not be empty")] if not self.separator else [])
+
+    @property
+    def attributes(self) -> tuple[str, ...]:
+        return (*self.categorical, *self.multi_valued, *self.numeric)
+
+
+@dataclass(frozen=True)
 class CalendarSpec:
     path: str
     """Known future events, one row per date: file (relative to the recipe) or dataset.table[@version]."""
@@ -208,6 +237,9 @@ class IngestRecipe:
     """Optional static user attributes."""
     calendar: CalendarSpec | None = None
     """Optional calendar of known future events."""
+    items: ItemsSpec | None = None
+    """Optional item attributes, joined to the events by item id; events whose item the table
+    lacks keep them missing (OOV ids, 0.0) and are counted (stats events_item_missing)."""
     vocab: VocabSpec = field(default_factory=VocabSpec)
     """Vocabularies of categorical features: 0 is padding, 1 is out-of-vocabulary."""
     tokens: TokenSpec = field(default_factory=TokenSpec)
@@ -233,11 +265,12 @@ class IngestRecipe:
         if "value" in self.cleaning.non_negative and self.columns.value is None:
             problems.append(("cleaning.non_negative", "names value, but columns.value is not set"))
         features = [*self.columns.categorical, *self.columns.numeric]
-        # Extra columns name output features (cat_<name>, num_<name>, user_<name>, future_<flag>).
+        # Extra columns name output features (cat_<name>, num_<name>, user_<name>, future_<flag>, item_<name>).
         extra_names = [
             ("columns", features),
             ("users", [*self.users.categorical, *self.users.numeric] if self.users else []),
             ("calendar.flags", list(self.calendar.flags) if self.calendar else []),
+            ("items", list(self.items.attributes) if self.items else []),
         ]
         for key, names in extra_names:
             bad = [name for name in names if not NAME.match(name)]
@@ -247,6 +280,17 @@ class IngestRecipe:
                 problems.append((key, "lists a column twice"))
         if self.users and "id" in [*self.users.categorical, *self.users.numeric]:
             problems.append(("users", "an attribute named 'id' would clash with user_id; rename it"))
+        if self.items and "id" in self.items.attributes:
+            problems.append(("items", "an attribute named 'id' would clash with item_id; rename it"))
+        if self.items and self.columns.item_id is None:
+            problems.append(("items", "needs columns.item_id: attributes are joined to the events by item"))
         if self.calendar and "date" in self.calendar.flags:
             problems.append(("calendar.flags", "a flag named 'date' would clash with the date column; rename it"))
         require_valid(problems)
+
+    def source_sections(self) -> list[tuple[str, str]]:
+        """(lineage role, recipe section) of every source the recipe reads, in the order ingest
+        reads them and records them as lineage inputs: events, then users, calendar and items,
+        each only when the recipe has it."""
+        optional = [(name, name) for name in ("users", "calendar", "items") if getattr(self, name) is not None]
+        return [("events", "source"), *optional]

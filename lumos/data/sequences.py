@@ -14,7 +14,9 @@ Semantics (the contract the training loader and the model rely on):
   table. Tokens seen at least `vocab.min_count` times get ids 2, 3, … by descending count, then
   ascending token. Event features (`item`, `event_type`, `cat_<name>`) are counted over all valid
   events (not over day tokens, not per split); `user_<name>` over the rows of the users table.
-  Null, rare and unknown tokens all map to 1.
+  Null, rare and unknown tokens all map to 1. Item attributes (`item_<name>`, from the recipe's
+  `[items]`: `lumos.data.items`) are event features too: counted over the valid events, and an
+  event whose item the items table lacks reads 1 (and 0.0 for a numeric attribute).
 - **Token order.** A user's events are sorted by `ts`, then the event type's position in
   `cleaning.event_types` (funnel order: a view before a purchase at the same instant: a real
   order), then `xxhash64(tokens.tie_seed, user_id, item_id, ts)`: events still tied have no order
@@ -147,7 +149,23 @@ def _event_vocab_features(recipe: IngestRecipe) -> list[tuple[str, str]]:
     features = [("item", "item_id")] if recipe.columns.item_id else []
     features.append(("event_type", "event_type"))
     features += [(f"cat_{name}", f"cat_{name}") for name in recipe.columns.categorical]
+    features += [(column, column) for column in _item_attribute_columns(recipe)[0]]
     return features
+
+
+def _float_features(recipe: IngestRecipe) -> list[str]:
+    """History features of floats, each also the events column it is read from (nulls read 0.0)."""
+    return (["value"] if recipe.columns.value else []) + [f"num_{name}" for name in recipe.columns.numeric] \
+        + _item_attribute_columns(recipe)[1]
+
+
+def _item_attribute_columns(recipe: IngestRecipe) -> tuple[list[str], list[str]]:
+    """The item_<name> events columns (`lumos.data.items`) of tokens (categorical and
+    multi-valued attributes), and of floats (numeric ones)."""
+    spec = recipe.items
+    if spec is None:
+        return [], []
+    return [f"item_{name}" for name in (*spec.categorical, *spec.multi_valued)], [f"item_{name}" for name in spec.numeric]
 
 
 def _user_vocab_features(recipe: IngestRecipe) -> list[tuple[str, str]]:
@@ -245,10 +263,7 @@ def output_columns(recipe: IngestRecipe) -> list[str]:
 
 def _history_features(recipe: IngestRecipe) -> list[str]:
     """Per-token features, in the order they are written (age_days comes after, from as_of)."""
-    features = [feature for feature, _ in _event_vocab_features(recipe)]
-    if recipe.columns.value:
-        features.append("value")
-    features += [f"num_{name}" for name in recipe.columns.numeric]
+    features = [feature for feature, _ in _event_vocab_features(recipe)] + _float_features(recipe)
     if recipe.tokens.unit == "day":
         features.append("count")
     return features + ["hour", "weekday", "gap_bucket"]
@@ -293,6 +308,9 @@ def _token_order(recipe: IngestRecipe) -> list[str]:
     order += ["value"] if recipe.columns.value else []
     order += [f"cat_{name}" for name in recipe.columns.categorical]
     order += [f"num_{name}" for name in recipe.columns.numeric]
+    # Item attributes follow from item_id, so they break no tie it leaves; listed so that a day
+    # token carries its last event's attributes.
+    order += [column for columns in _item_attribute_columns(recipe) for column in columns]
     return order
 
 
@@ -392,7 +410,7 @@ def _token_ids(vocab: DataFrame, recipe: IngestRecipe) -> TokenIds:
 
 
 def _time_rows_plan(recipe: IngestRecipe, targets: bool) -> TimeRowsPlan:
-    floats = (["value"] if recipe.columns.value else []) + [f"num_{name}" for name in recipe.columns.numeric]
+    floats = _float_features(recipe)
     return TimeRowsPlan(
         cutoffs=tuple((cutoff.split, (cutoff.as_of - EPOCH).days * MICROS_PER_DAY) for cutoff in recipe.splits.cutoffs),
         max_len=recipe.tokens.max_len,
@@ -552,10 +570,8 @@ def _user_tokens(tokens: DataFrame, vocab: DataFrame, recipe: IngestRecipe) -> D
     micros = F.unix_micros("ts")
     fields = {"position": F.col("position"), "ts_micros": micros}  # position first: it sorts the array
     fields |= {feature: F.col(feature) for feature, _ in _event_vocab_features(recipe)}
-    if recipe.columns.value:
-        fields["value"] = F.coalesce(F.col("value"), F.lit(0.0)).cast("float")
-    for name in recipe.columns.numeric:
-        fields[f"num_{name}"] = F.coalesce(F.col(f"num_{name}"), F.lit(0.0)).cast("float")
+    for name in _float_features(recipe):
+        fields[name] = F.coalesce(F.col(name), F.lit(0.0)).cast("float")
     if recipe.tokens.unit == "day":
         fields["count"] = F.col("count")
     fields["hour"] = F.floor(F.pmod(micros, F.lit(MICROS_PER_DAY)) / MICROS_PER_HOUR).cast("int")

@@ -26,7 +26,7 @@ from lumos.data.user_share import UserShare
 # Columns of the sequences table that are neither features nor targets.
 KEY_COLUMNS = ("user_id", "split", "as_of", "length")
 # History id columns with a vocabulary (event features); the time features have fixed sizes.
-_VOCAB_TOKEN = re.compile(r"^(item|event_type|cat_.+)$")
+_VOCAB_TOKEN = re.compile(r"^(item|event_type|cat_.+|item_.+)$")
 _HORIZON = re.compile(r"^(act|value)_(\d+)d$")
 MIN_VOCAB_SIZE = 2  # padding and OOV exist even when no token made the vocabulary
 
@@ -38,7 +38,7 @@ def feature_spec_for(
     """Derive the FeatureSpec of a sequences table from its Parquet schema and its vocab table.
 
     History list<int> columns are categorical (vocab size = max id + 1, at least 2; hour, weekday
-    and gap_bucket have fixed sizes), other history lists numeric (value, num_*, count,
+    and gap_bucket have fixed sizes), other history lists numeric (value, num_*, item_*, count,
     age_days); user_<name> ints are static categorical, floats static numeric; future_<flag>
     arrays are calendar flags; act_<K>d/value_<K>d give the horizons; max_len is the recipe's
     tokens.max_len. `sequences`/`vocab` are snapshots or table folders (latest version).

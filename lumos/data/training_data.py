@@ -27,15 +27,14 @@ class TrainingData:
     recipe: IngestRecipe
     vocab: TableRef
     sources: dict[str, LineageInput]
-    """Role (events, users, calendar) → the input the ingest read."""
+    """Role (events, users, calendar, items) → the input the ingest read."""
 
 
 def training_data(workspace: Workspace, sequences: TableRef) -> TrainingData:
     """Read the recipe, vocab version and sources from the ingest lineage of `sequences` (pinned)."""
     lineage, vocab = ingest_lineage(workspace, sequences)
     recipe = from_dict(IngestRecipe, lineage.config, source=f"the recipe recorded in {sequences}")
-    # The ingest lists its inputs as events, then users, then calendar, each only when the recipe has it.
-    roles = ["events"] + (["users"] if recipe.users else []) + (["calendar"] if recipe.calendar else [])
+    roles = [role for role, _ in recipe.source_sections()]  # the order ingest lists its inputs in
     return TrainingData(sequences, recipe, vocab, dict(zip(roles, lineage.inputs, strict=True)))
 
 

@@ -224,9 +224,9 @@ def pin_inputs(recipe: IngestRecipe, inputs: list[LineageInput]) -> IngestRecipe
     """The recipe with each source path replaced by the exact location its ingest read.
 
     Recipe paths may be relative to a recipe folder that is not recorded; the lineage inputs hold
-    the resolved locations, in the order the ingest reads them: events, users, calendar.
+    the resolved locations, in the order the ingest reads them: events, users, calendar, items.
     """
-    sections = ["source"] + [name for name in ("users", "calendar") if getattr(recipe, name) is not None]
+    sections = [section for _, section in recipe.source_sections()]
     if len(sections) != len(inputs):
         raise UsageError(f"the ingest lineage names {len(inputs)} input(s) but its recipe reads {len(sections)}")
     pinned = {name: replace(getattr(recipe, name), path=item.uri) for name, item in zip(sections, inputs, strict=True)}

@@ -61,8 +61,8 @@ def inference_rows(spark, workspace: Workspace, data: TrainingData, as_of: datet
     """The features of users with history before `as_of`, the events rejected, and the inputs read.
 
     Events come from the recorded source unless `events_source` (a path, relative to the working
-    directory as at ingest, or a URI) replaces it; users and calendar always from the recorded
-    ones. A missing source, a reject fraction above the recipe's budget, or no user with history
+    directory as at ingest, or a URI) replaces it; users, calendar and items always from the
+    recorded ones. A missing source, a reject fraction above the recipe's budget, or no user with history
     before the date is a UsageError: the caller writes nothing. The caller calls `release()` on
     the result once its rows and rejects are written.
     """
@@ -70,9 +70,8 @@ def inference_rows(spark, workspace: Workspace, data: TrainingData, as_of: datet
 
     recipe = _as_of_recipe(data, as_of, events_source)
     _require_exists(recipe.source.path, "--source" if events_source else "the events source")
-    for role, spec in (("users", recipe.users), ("calendar", recipe.calendar)):
-        if spec is not None:
-            _require_exists(spec.path, f"the {role} source")
+    for role, section in recipe.source_sections()[1:]:
+        _require_exists(getattr(recipe, section).path, f"the {role} source")
     sources = read_checked_inputs(spark, workspace, recipe, Path.cwd(), "--source")
     vocab = read_table(spark, workspace, data.vocab)
     inputs = [*sources.inputs, LineageInput("delta", table_location(workspace, data.vocab), data.vocab.version)]
@@ -124,10 +123,8 @@ def _as_of_recipe(data: TrainingData, as_of: datetime.date, events_source: str |
         # before it, so the window would silently drop every event after max_timestamp.
         "cleaning": replace(recipe.cleaning, min_timestamp=None, max_timestamp=None),
     }
-    if recipe.users is not None:
-        changes["users"] = replace(recipe.users, path=data.sources["users"].uri)
-    if recipe.calendar is not None:
-        changes["calendar"] = replace(recipe.calendar, path=data.sources["calendar"].uri)
+    for role, section in recipe.source_sections()[1:]:  # users, calendar, items: where ingest read them
+        changes[section] = replace(getattr(recipe, section), path=data.sources[role].uri)
     return replace(recipe, **changes)
 
 

@@ -8,6 +8,7 @@ import copy
 import hashlib
 import importlib.util
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -45,6 +46,11 @@ fetch = load_script(MOVIELENS / "fetch.py", "movielens_fetch")
 sasrec = load_script(ROOT / "benchmarks" / "sasrec.py", "sasrec_benchmark")
 
 
+def ratings_recipe(overrides: list[str]) -> IngestRecipe:
+    """The MovieLens recipe without its items table: for rows built from ratings frames alone."""
+    return replace(load_config(IngestRecipe, MOVIELENS / "ingest.toml", overrides), items=None)
+
+
 def synthetic_u_data(users: int = 24, per_user: int = 14, items: int = 40) -> bytes:
     """Ratings in u.data's layout: no repeated (user, item), and every third rating of a user
     shares its second with the one before (as about half of MovieLens' rows do)."""
@@ -58,12 +64,35 @@ def synthetic_u_data(users: int = 24, per_user: int = 14, items: int = 40) -> by
     return ("\n".join(lines) + "\n").encode()
 
 
+def synthetic_item(items: int = 40) -> bytes:
+    """Movies in ml-100k.item's layout: space-separated genres, and one year the file lacks."""
+    genres = ["Action Comedy", "Drama", "Comedy Romance Drama", "unknown"]
+    rows = [f"{item}\tMovie {item}\t{'unkonwn' if item == 7 else 1990 + item % 9}\t{genres[item % 4]}"
+            for item in range(1, items + 1)]
+    return ("\t".join(fetch.ITEM_HEADER) + "\n" + "\n".join(rows) + "\n").encode()
+
+
+def synthetic_user(users: int = 24) -> bytes:
+    rows = [f"{user}\t{18 + user}\t{'MF'[user % 2]}\t{['student', 'writer', 'other'][user % 3]}\t0{user:04d}"
+            for user in range(1, users + 1)]
+    return ("\t".join(fetch.USER_HEADER) + "\n" + "\n".join(rows) + "\n").encode()
+
+
+def write_attributes(data: Path) -> None:
+    """items.parquet and users.parquet from the synthetic files, as fetch writes them."""
+    fetch.write_events(fetch.parse_item(synthetic_item()), data, fetch.ITEMS_FILE)
+    fetch.write_events(fetch.parse_user(synthetic_user()), data, fetch.USERS_FILE)
+
+
 @pytest.fixture
 def trusted(monkeypatch):
-    """Make the synthetic file the one the fetch expects: its checksum and its counts."""
+    """Make the synthetic files the ones the fetch expects: their checksums and their counts."""
     content = synthetic_u_data()
     monkeypatch.setattr(fetch, "INTER_SHA256", hashlib.sha256(fetch.inter_from_u_data(content)).hexdigest())
+    monkeypatch.setattr(fetch, "ITEM_SHA256", hashlib.sha256(synthetic_item()).hexdigest())
+    monkeypatch.setattr(fetch, "USER_SHA256", hashlib.sha256(synthetic_user()).hexdigest())
     monkeypatch.setattr(fetch, "EXPECTED", {"rows": 24 * 14, "users": 24, "items": 40})
+    monkeypatch.setattr(fetch, "EXPECTED_ROWS", {"items": 40, "users": 24})
     return content
 
 
@@ -110,15 +139,30 @@ def test_inter_and_u_data_parse_to_the_same_events():
         fetch.parse_inter(b"user\titem\n1\t2\n")
 
 
-def test_fetch_from_u_data_writes_checked_events_once(tmp_path, trusted):
+def test_fetch_from_u_data_writes_checked_events_items_and_users_once(tmp_path, trusted):
     (tmp_path / "u.data").write_bytes(trusted)
-    target = fetch.fetch(tmp_path / "data", u_data=tmp_path / "u.data")
+    (tmp_path / "ml-100k.item").write_bytes(synthetic_item())
+    (tmp_path / "ml-100k.user").write_bytes(synthetic_user())
+    files = {"u_data": tmp_path / "u.data", "item": tmp_path / "ml-100k.item", "user": tmp_path / "ml-100k.user"}
+    target = fetch.fetch(tmp_path / "data", **files)
     events = pq.read_table(target)
     assert events.num_rows == 24 * 14 and events.schema == fetch.EVENTS_SCHEMA
+    items = pq.read_table(tmp_path / "data" / fetch.ITEMS_FILE)
+    assert items.schema == fetch.ITEMS_SCHEMA and items.num_rows == 40
+    assert items.slice(0, 2).to_pylist() == [{"item_id": "1", "genres": "Drama", "release_year": 1991},
+                                             {"item_id": "2", "genres": "Comedy Romance Drama", "release_year": 1992}]
+    assert items.column("release_year")[6].as_py() is None  # "unkonwn"
+    users = pq.read_table(tmp_path / "data" / fetch.USERS_FILE)
+    assert users.column_names == ["user_id", "age", "gender", "occupation"] and users.schema == fetch.USERS_SCHEMA
+    assert users.slice(0, 1).to_pylist() == [{"user_id": "1", "age": 19, "gender": "F", "occupation": "writer"}]
     (tmp_path / "u.data").write_bytes(b"changed")
-    assert fetch.fetch(tmp_path / "data", u_data=tmp_path / "u.data") == target  # kept, not refetched
+    assert fetch.fetch(tmp_path / "data", **files) == target  # kept, not refetched
     with pytest.raises(fetch.FetchError, match="checksum mismatch"):
-        fetch.fetch(tmp_path / "data", u_data=tmp_path / "u.data", force=True)
+        fetch.fetch(tmp_path / "data", **files, force=True)
+    (tmp_path / "u.data").write_bytes(trusted)
+    (tmp_path / "ml-100k.item").write_bytes(synthetic_item().replace(b"Drama", b"Drama ", 1))
+    with pytest.raises(fetch.FetchError, match="ml-100k.item: checksum mismatch"):
+        fetch.fetch(tmp_path / "data", **files, force=True)
 
 
 @pytest.mark.slow
@@ -126,6 +170,9 @@ def test_real_fetch_from_pypi(tmp_path):
     events = pq.read_table(fetch.fetch(tmp_path))
     assert events.num_rows == 100_000
     assert len(set(events["user_id"].to_pylist())) == 943 and len(set(events["item_id"].to_pylist())) == 1_682
+    items, users = pq.read_table(tmp_path / fetch.ITEMS_FILE), pq.read_table(tmp_path / fetch.USERS_FILE)
+    assert set(items["item_id"].to_pylist()) == set(events["item_id"].to_pylist())
+    assert set(users["user_id"].to_pylist()) == set(events["user_id"].to_pylist())
 
 
 # ---------------------------------------------------------------------------------------------
@@ -173,7 +220,7 @@ def test_early_stopping_settings_are_checked():
 def test_every_train_target_and_ties_by_the_seeded_hash(spark):
     from pyspark.sql import functions as F
 
-    recipe = load_config(IngestRecipe, MOVIELENS / "ingest.toml", ["tokens.max_len=2", "splits.train_targets=every"])
+    recipe = ratings_recipe(["tokens.max_len=2", "splits.train_targets=every"])
     rows = [("u", 100, "9", 5.0), ("u", 100, "10", 4.0), ("u", 200, "3", 1.0), ("u", 300, "7", 2.0),
             ("u", 300, "2", 3.0), ("v", 50, "3", 4.0)]  # fmt: skip
     events = spark.createDataFrame(
@@ -196,7 +243,7 @@ def test_every_train_target_and_ties_by_the_seeded_hash(spark):
 
 
 def test_windows_of_train_rows_tile_the_train_tokens(spark):
-    recipe = load_config(IngestRecipe, MOVIELENS / "ingest.toml", ["tokens.max_len=2"])
+    recipe = ratings_recipe(["tokens.max_len=2"])
     start = __import__("datetime").datetime(2026, 1, 1, tzinfo=__import__("datetime").UTC)
     items = [f"i{index}" for index in range(9)]  # one user, 9 ratings a minute apart
     events = spark.createDataFrame(
@@ -245,7 +292,9 @@ def project(spark, tmp_path_factory) -> Path:
     data.mkdir()
     content = synthetic_u_data()
     fetch.write_events(fetch.parse_u_data(content), data)
-    recipe = load_config(IngestRecipe, MOVIELENS / "ingest.toml", [f"source.path={data / fetch.EVENTS_FILE}"])
+    write_attributes(data)
+    recipe = load_config(IngestRecipe, MOVIELENS / "ingest.toml", [f"source.path={data / fetch.EVENTS_FILE}",
+                                                                   f"items.path={data / fetch.ITEMS_FILE}"])
     result = run_ingest(spark, open_workspace(folder), recipe, MOVIELENS)
     assert result.stats["rows_by_split"] == {"test": 24, "train": 24, "valid": 24}  # 12 train tokens: one window
     return folder
@@ -349,7 +398,7 @@ def test_sasrec_rebuilds_the_same_sequences_from_either_layout(spark, project):
     events = raw.select("user_id", "item_id", "event_type", raw.rating.alias("value"), raw.ts.cast("timestamp").alias("ts"))
     rebuilt = {}
     for layout, rebuild in (("every", sasrec._chained_sequences), ("windows", sasrec._tiled_sequences)):
-        recipe = load_config(IngestRecipe, MOVIELENS / "ingest.toml", [f"splits.train_targets={layout}", "tokens.max_len=5"])
+        recipe = ratings_recipe([f"splits.train_targets={layout}", "tokens.max_len=5"])
         rows = build_sequences(events, build_vocab(events, None, recipe), None, None, recipe)
         table = pa.Table.from_pandas(rows.select("user_id", "split", "as_of", "item", "next_item").toPandas())
         rebuilt[layout] = rebuild(sasrec._split_rows([table], "train"))
