@@ -1,0 +1,105 @@
+"""torch.compile(dynamic=True) with backend="lumos": a new sequence length reuses its bucket's
+program (inputs padded, outputs sliced: frontend/buckets.py) where padding is exact, and falls
+back to a program per length where it is not; eager's results either way."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from lumos.compile.frontend import torch_backend
+from lumos.compile.frontend.buckets import bucket
+from lumos.compile.frontend.torch_backend import make_backend
+
+C, VOCAB = 16, 30
+
+
+class CausalLM(nn.Module):
+    """Token ids (B, T) → logits (B, T, VOCAB): a position reads only earlier ones, so padding T
+    changes nothing the caller keeps."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed = nn.Embedding(VOCAB, C)
+        self.qkv = nn.Linear(C, 3 * C)
+        self.norm = nn.LayerNorm(C)
+        self.head = nn.Linear(C, VOCAB)
+
+    def forward(self, ids):
+        x = self.embed(ids)  # (B, T, C)
+        q, k, v = self.qkv(x).split(C, dim=-1)
+        x = x + F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.head(self.norm(x))
+
+
+class Bidirectional(nn.Module):
+    """Every position attends to all: padding T would change every output; compiled per length."""
+
+    def __init__(self):
+        super().__init__()
+        self.qkv = nn.Linear(C, 3 * C)
+
+    def forward(self, x):
+        q, k, v = self.qkv(x).split(C, dim=-1)
+        return F.scaled_dot_product_attention(q, k, v)
+
+
+@pytest.fixture
+def counted_compiles(monkeypatch):
+    """How many programs the backend compiles (compile_module itself runs: this only counts)."""
+    calls = []
+    compile_module = torch_backend.compile_module
+
+    def counting(*args, **kwargs):
+        calls.append(tuple(args[1][0].shape))
+        return compile_module(*args, **kwargs)
+
+    monkeypatch.setattr(torch_backend, "compile_module", counting)
+    torch._dynamo.reset()
+    yield calls
+    torch._dynamo.reset()
+
+
+def test_bucket_rounds_up():
+    assert [bucket(size, 1, None) for size in (1, 8, 9, 16, 17, 40)] == [16, 16, 16, 16, 32, 64]
+    assert [bucket(size, 0, None) for size in (1, 2, 3, 5)] == [1, 2, 4, 8]  # dim 0: no floor
+    assert bucket(9, 1, 48) == 48  # a declared maximum: one program for every length
+
+
+def test_lengths_8_9_10_compile_once(counted_compiles, kernel_cache):
+    torch.manual_seed(0)
+    module = CausalLM().eval()
+    fast = torch.compile(module, backend=make_backend(kernel_cache, strict=True), dynamic=True)
+    with torch.no_grad():
+        for length in (8, 9, 10, 9):
+            ids = torch.randint(0, VOCAB, (2, length))
+            got = fast(ids)
+            assert got.shape == (2, length, VOCAB)
+            torch.testing.assert_close(got, module(ids), atol=1e-4, rtol=1e-4)
+    assert counted_compiles == [(2, 16)]  # one program, at the bucket of 16
+
+
+def test_a_declared_maximum_serves_every_length(counted_compiles, kernel_cache):
+    torch.manual_seed(0)
+    module = CausalLM().eval()
+    fast = torch.compile(module, backend=make_backend(kernel_cache, strict=True))
+    with torch.no_grad():
+        for length in (5, 20, 31):
+            ids = torch.randint(0, VOCAB, (2, length))
+            torch._dynamo.mark_dynamic(ids, 1, max=32)
+            torch.testing.assert_close(fast(ids), module(ids), atol=1e-4, rtol=1e-4)
+    assert counted_compiles == [(2, 32)]
+
+
+def test_padding_that_changes_results_falls_back_to_a_program_per_length(counted_compiles, kernel_cache):
+    torch.manual_seed(0)
+    module = Bidirectional().eval()
+    fast = torch.compile(module, backend=make_backend(kernel_cache, strict=True), dynamic=True)
+    with torch.no_grad():
+        for length in (8, 9, 9):
+            x = torch.randn(2, length, C)
+            torch.testing.assert_close(fast(x), module(x), atol=1e-4, rtol=1e-4)
+    # The bucket's program was built, its padded result refused; then one per length.
+    assert counted_compiles == [(2, 16, C), (2, 8, C), (2, 9, C)]
