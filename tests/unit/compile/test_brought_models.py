@@ -198,3 +198,14 @@ def test_a_convolutions_matmul_is_stored_before_the_next_ones_padding(kernel_cac
     x = torch.randn(2, 3, 10, 10)
     with torch.no_grad():
         assert_close(compiled(x), module(x))
+
+
+def test_the_search_checks_max_pooling_of_a_symbolic_batch(kernel_cache):
+    """Max pooling's -inf border is a literal of the batch's rows: the search's reference, at
+    fewer rows than traced, reads its first rows (it used to fail to broadcast them)."""
+    module = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.ReLU(), nn.MaxPool2d(3, 2, padding=1)).eval()
+    compiled = compile_module(module, (torch.randn(4, 3, 8, 8),), kernel_cache, strict=True, search_budget=1)
+    assert compiled.batch == 4 and compiled.compilation.search is not None
+    x = torch.randn(3, 3, 8, 8)
+    with torch.no_grad():
+        assert_close(compiled(x), module(x))
