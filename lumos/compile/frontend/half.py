@@ -21,6 +21,8 @@ import torch
 from torch import nn
 from torch.utils import _pytree as pytree
 
+from lumos.core.errors import UsageError
+
 HALF = (torch.bfloat16, torch.float16)
 
 TOLERANCE = {torch.bfloat16: 3e-2, torch.float16: 5e-3}
@@ -34,7 +36,7 @@ def half_dtype(module: nn.Module, example_inputs: Sequence) -> torch.dtype | Non
     tensors = [*module.parameters(), *module.buffers(), *(x for x in example_inputs if isinstance(x, torch.Tensor))]
     found = {tensor.dtype for tensor in tensors if tensor.dtype in HALF}
     if len(found) > 1:
-        raise ValueError("the module mixes bfloat16 and float16; compile it in one of them")
+        raise UsageError("the module mixes bfloat16 and float16; compile it in one of them")
     return found.pop() if found else None
 
 
@@ -65,6 +67,8 @@ class HalfPrecision:
                                       for value, dtype in zip(flat, self.output_dtypes, strict=True)], spec)
 
     def __getattr__(self, name: str):  # the compiled program's attributes (batch, max_error, eager_ops ...)
+        if name == "compiled":  # not set yet (a copy being made): no recursion
+            raise AttributeError(name)
         return getattr(self.compiled, name)
 
 
