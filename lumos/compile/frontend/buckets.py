@@ -7,17 +7,16 @@ sequence length used to cost a compile. Here each symbolic size is rounded up to
 them and its outputs sliced back to their real sizes (the graph's symbolic output shapes,
 evaluated at the call's sizes).
 
-Padding is exact only where no output position the caller keeps reads a padded position: a
-causal model (a position attends to earlier ones), a per-position MLP, a model that masks its
-padding. A bidirectional encoder without a mask is not. So each new size is checked once before
-its results are trusted: the padded program is run with the padding filled with other values
-(positions of the input drawn at random) and compared with eager on the unpadded inputs; a
-difference makes the graph fall back to a program per size (`Buckets.exact`), as before.
+Padding is with zeros: a padded token is id 0, a padded attention-mask position 0 (masked out,
+as a Hugging Face model masks its own padding), a padded feature 0. It is exact only where no
+output position the caller keeps reads a padded position, or reads it masked out: a causal model,
+a per-position MLP, a model given a mask that is 0 at padding (BERT's attention_mask). A
+bidirectional encoder without a mask is not (the padded keys take their share of the softmax). So
+each new size's first call is checked against eager on the unpadded inputs; a difference makes the
+graph fall back to a program per size (`Buckets.exact`), as before.
 
-Runtime padding repeats the last position (a valid id, mask value or offset wherever the input
-holds one). The work done is the bucket's: up to twice the real length's (the price of no
-recompile; a runtime loop bound in the kernels would not pay it, but the kernel IR has one only
-for the batch).
+The work done is the bucket's: up to twice the real length's (the price of no recompile; a
+runtime loop bound in the kernels would not pay it, but the kernel IR has one only for the batch).
 """
 
 from __future__ import annotations
@@ -105,21 +104,17 @@ class Buckets:
         dim_of = {symbol: dim for dims in self.input_dims.values() for dim, symbol in reversed(dims)}
         return {symbol: bucket(size, dim_of[symbol], self.uppers.get(symbol)) for symbol, size in sizes.items()}
 
-    def padded(self, inputs: Sequence, sizes: dict[sympy.Symbol, int],
-               scramble: torch.Generator | None = None) -> list:
-        """The call's arguments at the bucket's `sizes`: tensors padded with their last position
-        repeated (or, given `scramble`, positions drawn at random), size arguments evaluated."""
+    def padded(self, inputs: Sequence, sizes: dict[sympy.Symbol, int]) -> list:
+        """The call's arguments at the bucket's `sizes`: tensors padded with zeros at the end of
+        each symbolic dim, size arguments evaluated."""
         args = list(inputs)
         for slot, dims in self.input_dims.items():
             tensor = inputs[slot]
             for dim, symbol in dims:
-                real = tensor.shape[dim]
-                if sizes[symbol] > real:
-                    extra = sizes[symbol] - real
-                    picks = (torch.randint(0, real, (extra,), generator=scramble) if scramble is not None
-                             else torch.full((extra,), real - 1))
-                    index = torch.cat([torch.arange(real), picks]).to(tensor.device)
-                    tensor = tensor.index_select(dim, index)
+                extra = sizes[symbol] - tensor.shape[dim]
+                if extra > 0:
+                    zeros = tensor.new_zeros((*tensor.shape[:dim], extra, *tensor.shape[dim + 1:]))
+                    tensor = torch.cat([tensor, zeros], dim)
             args[slot] = tensor
         for slot, expr in self.size_args.items():
             args[slot] = int(expr.xreplace(sizes))

@@ -1,6 +1,6 @@
 """torch.compile(dynamic=True) with backend="lumos": a new sequence length reuses its bucket's
-program (inputs padded, outputs sliced: frontend/buckets.py) where padding is exact, and falls
-back to a program per length where it is not; eager's results either way."""
+program (inputs padded with zeros, outputs sliced: frontend/buckets.py) where padding is exact,
+and falls back to a program per length where it is not; eager's results either way."""
 
 from __future__ import annotations
 
@@ -44,6 +44,19 @@ class Bidirectional(nn.Module):
     def forward(self, x):
         q, k, v = self.qkv(x).split(C, dim=-1)
         return F.scaled_dot_product_attention(q, k, v)
+
+
+class MaskedEncoder(nn.Module):
+    """Bidirectional, but given an attention mask (1: a token, 0: padding) as BERT is: padding the
+    mask with zeros masks the padded keys out, so one program serves every length."""
+
+    def __init__(self):
+        super().__init__()
+        self.qkv = nn.Linear(C, 3 * C)
+
+    def forward(self, x, mask):  # (B, T, C), (B, T)
+        q, k, v = self.qkv(x).split(C, dim=-1)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask[:, None, :] > 0)
 
 
 @pytest.fixture
@@ -103,3 +116,15 @@ def test_padding_that_changes_results_falls_back_to_a_program_per_length(counted
             torch.testing.assert_close(fast(x), module(x), atol=1e-4, rtol=1e-4)
     # The bucket's program was built, its padded result refused; then one per length.
     assert counted_compiles == [(2, 16, C), (2, 8, C), (2, 9, C)]
+
+
+def test_a_model_that_masks_its_padding_compiles_once(counted_compiles, kernel_cache):
+    torch.manual_seed(0)
+    module = MaskedEncoder().eval()
+    fast = torch.compile(module, backend=make_backend(kernel_cache, strict=True), dynamic=True)
+    with torch.no_grad():
+        for length in (8, 9, 10):
+            x, mask = torch.randn(2, length, C), torch.ones(2, length)
+            mask[0, -2:] = 0  # the caller's own padding
+            torch.testing.assert_close(fast(x, mask), module(x, mask), atol=1e-4, rtol=1e-4)
+    assert counted_compiles == [(2, 16, C)]
