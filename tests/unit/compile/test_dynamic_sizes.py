@@ -4,6 +4,10 @@ and falls back to a program per length where it is not; eager's results either w
 
 from __future__ import annotations
 
+import importlib.util
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -128,3 +132,29 @@ def test_a_model_that_masks_its_padding_compiles_once(counted_compiles, kernel_c
             mask[0, -2:] = 0  # the caller's own padding
             torch.testing.assert_close(fast(x, mask), module(x, mask), atol=1e-4, rtol=1e-4)
     assert counted_compiles == [(2, 16, C)]
+
+
+def test_hugging_face_bert_compiles_once_for_every_length(counted_compiles, kernel_cache):
+    """BERT pads with its attention mask; dynamo bounds the length by its position table (32 in
+    the tiny config): one program, at that maximum, for every length."""
+    pytest.importorskip("transformers")
+    brought = sys.modules.get("brought_models") or _load_brought_models()
+    model = brought.bert(brought.TINY)
+    fast = torch.compile(model, backend=make_backend(kernel_cache, strict=True), dynamic=True)
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for length in (8, 9, 10):
+            ids = torch.randint(0, brought.TINY.vocab, (2, length), generator=generator)
+            mask = torch.ones(2, length, dtype=torch.long)
+            mask[1, -3:] = 0
+            torch.testing.assert_close(fast(ids, mask), model(ids, mask), atol=1e-4, rtol=1e-4)
+    assert counted_compiles == [(2, 32)]
+
+
+def _load_brought_models():
+    path = Path(__file__).resolve().parents[3] / "benchmarks" / "brought_models.py"
+    spec = importlib.util.spec_from_file_location("brought_models", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["brought_models"] = module  # dataclasses look their module up while the class is built
+    spec.loader.exec_module(module)
+    return module
