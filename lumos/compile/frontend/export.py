@@ -28,7 +28,8 @@ The graph is made functional (`masked_fill_` becomes `masked_fill`, dropout disa
 decomposed, so linear, layer norm and attention stay whole; only the fused fast-path kernels a
 graph may already hold (dynamo's) are rewritten into the ops they stand for.
 
-Values in the IR are float32: integer inputs (ids, exact below 2**24) and bool inputs (masks) are
+Values in the IR are float32 (a bfloat16 or float16 module is compiled as its float32 copy,
+frontend/half.py): integer inputs (ids, exact below 2**24) and bool inputs (masks) are
 passed as floats, and each output is converted back to the dtype eager returns. Shapes are those
 of the example, except the batch: when every input has the same first dim (> 1) and the module
 traced at one more row differs only there (ir.mark_batch), the batch is symbolic, and any number
@@ -50,6 +51,7 @@ from torch.utils import _pytree as pytree
 from lumos.compile import passes
 from lumos.compile.compilation import DEFAULT_ARCH
 from lumos.compile.frontend.fast_path import DECOMPOSITIONS, math_path
+from lumos.compile.frontend.half import HalfPrecision, eager_output_dtypes, float32_copy, half_dtype, widened
 from lumos.compile.frontend.lumos_model import UnsupportedOp, lower_program
 from lumos.compile.frontend.partition import PartitionedModule, compile_partitioned, unsupported_nodes
 from lumos.compile.ir.graph import Graph, mark_batch
@@ -177,7 +179,8 @@ def _check_inputs(example_inputs: Sequence) -> None:
         if not isinstance(value, torch.Tensor):
             raise UsageError(f"example input {index} is a {type(value).__name__}; compile_module takes tensors only")
         if value.is_floating_point() and value.dtype != torch.float32:
-            raise UsageError(f"example input {index} is {value.dtype}; the compiler computes in float32")
+            raise UsageError(f"example input {index} is {value.dtype}; the compiler computes in float32 "
+                             "(bfloat16 and float16 modules are widened to it; float64 is refused)")
 
 
 def export_module(module: nn.Module, example_inputs: Sequence[torch.Tensor]):
@@ -313,7 +316,7 @@ class CompiledModule:
 
 def compile_module(module: nn.Module, example_inputs: Sequence[torch.Tensor], cache: KernelCache | None = None,
                    options: Options | None = None, verify: bool = True, strict: bool = False,
-                   search_budget: float | str | None = None) -> CompiledModule | PartitionedModule:
+                   search_budget: float | str | None = None) -> CompiledModule | PartitionedModule | HalfPrecision:
     """Export, lower, fuse, search, plan, render and build `module` at the example inputs' shapes
     (the batch symbolic where it can be, unless `options.symbolic_batch` is off) for the target of
     their device (`target_for`: CUDA tensors compile for the CUDA target and return CUDA tensors);
@@ -326,7 +329,16 @@ def compile_module(module: nn.Module, example_inputs: Sequence[torch.Tensor], ca
 
     A module with ops no lowering reads is partitioned around them (partition.py: each supported
     partition compiled and verified like this, static shapes, one EagerFallbackWarning);
-    `strict` refuses it instead with UnsupportedOp."""
+    `strict` refuses it instead with UnsupportedOp.
+
+    A bfloat16 or float16 module (weights or inputs) is compiled as its float32 copy, called
+    with its half inputs widened and its outputs returned in eager's dtypes (frontend/half.py)."""
+    if half_dtype(module, example_inputs) is not None:
+        with math_path(module):
+            dtypes = eager_output_dtypes(module, example_inputs)
+        compiled = compile_module(float32_copy(module), [widened(value) for value in example_inputs], cache, options,
+                                  verify, strict, search_budget)
+        return HalfPrecision(compiled, dtypes)
     target = target_for(module_devices(module, example_inputs))
     if not target.runs_here():
         raise UsageError(f"the inputs are on {target.device.upper()}, but torch sees no CUDA GPU here")

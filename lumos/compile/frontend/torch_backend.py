@@ -19,9 +19,13 @@ Dynamo traces whichever path the module takes: for nn.TransformerEncoder in eval
 that is PyTorch's fused fast path (`torch._transformer_encoder_layer_fwd`), which export rewrites
 into the ops it stands for (frontend/fast_path.py); `torch.backends.mha`'s flag is left alone.
 
-One program is kept per input shape (a graph dynamo made dynamic is compiled at each new shape's
-first call); it is compiled again when a parameter is replaced or changed in place. Calls that
-need gradients are refused: the compiled program has no backward.
+A graph dynamo made dynamic (torch.compile(dynamic=True), or after a second shape) is compiled
+once per size bucket, not per size: each symbolic size is rounded up (a power of two, at least
+16 beyond dim 0; the maximum `torch._dynamo.mark_dynamic(x, dim, max=...)` declares), the inputs
+padded with zeros, the outputs sliced back, and each new size's first result checked against
+eager; where padding changes a result (a bidirectional encoder without a mask) the graph falls back
+to one program per shape (frontend/buckets.py). A program is compiled again when a parameter is replaced
+or changed in place. Calls that need gradients are refused: the compiled program has no backward.
 """
 
 from __future__ import annotations
@@ -32,12 +36,15 @@ import torch
 from torch import nn
 
 from lumos.compile.compilation import DEFAULT_ARCH
+from lumos.compile.frontend.buckets import Buckets
 from lumos.compile.frontend.export import CompiledModule, compile_module
+from lumos.compile.frontend.half import TOLERANCE, HalfPrecision
 from lumos.compile.frontend.lumos_model import UnsupportedOp
 from lumos.compile.frontend.partition import GraphWithWeights, PartitionedModule, fixed
 from lumos.compile.program import Options
 from lumos.compile.runtime.cuda import gpu_arch
 from lumos.compile.runtime.kernel_cache import KernelCache
+from lumos.compile.target import ATOL
 
 
 class LumosGraph:
@@ -51,9 +58,12 @@ class LumosGraph:
         self.weight_slots = [slot for slot, value in enumerate(example_inputs) if isinstance(value, nn.Parameter)]
         self.tensor_slots = [slot for slot, value in enumerate(example_inputs)
                              if not fixed(value) and slot not in self.weight_slots]
-        self.compiled: dict[tuple, tuple[tuple, CompiledModule | PartitionedModule]] = {}
+        self.compiled: dict[tuple, tuple[tuple, Program]] = {}
         """Per shape key: the weights it was compiled with (`_weights_key`) and the program."""
         _refuse_gradients(example_inputs)
+        self.buckets = Buckets.of(graph) if _symbolic(example_inputs) else None
+        """Where the graph's symbolic sizes are, for padding them to a bucket (None: static shapes,
+        or sizes that padding cannot serve)."""
         if not _symbolic(example_inputs):  # else at the first call, when the sizes are known
             self._compiled_for(example_inputs)  # now, so that an unsupported op fails at once
 
@@ -65,7 +75,7 @@ class LumosGraph:
         """Changes when a parameter is replaced or changed in place (its version counter)."""
         return tuple((id(inputs[slot]), inputs[slot].data_ptr(), inputs[slot]._version) for slot in self.weight_slots)
 
-    def _compiled_for(self, inputs: Sequence) -> CompiledModule | PartitionedModule:
+    def _compiled_for(self, inputs: Sequence) -> Program:
         shapes, weights = self._shape_key(inputs), self._weights_key(inputs)
         if shapes not in self.compiled or self.compiled[shapes][0] != weights:
             module = GraphWithWeights(self.graph, inputs, self.weight_slots)
@@ -79,7 +89,46 @@ class LumosGraph:
 
     def __call__(self, *inputs):
         _refuse_gradients(inputs)
+        if self.buckets is not None and not self.buckets.exact:
+            padded = self._run_padded(inputs)
+            if padded is not None:
+                return padded
+        return self._run(inputs)
+
+    def _run(self, inputs: Sequence):
         return self._compiled_for(inputs)(*(inputs[slot] for slot in self.tensor_slots))
+
+    def _run_padded(self, inputs: Sequence):
+        """The call run by its bucket's program, or None where padding does not serve this graph
+        (then `buckets.exact` is set: one program per shape from now on)."""
+        buckets = self.buckets
+        sizes = buckets.sizes(inputs)
+        padded_sizes = buckets.bucketed(sizes)
+        try:
+            result = buckets.sliced(self._run(buckets.padded(inputs, padded_sizes)), sizes)
+        except (UnsupportedOp, RuntimeError, ValueError):  # e.g. a padded channel dim a weight fixes
+            buckets.exact = True
+            return None
+        key = self._shape_key(inputs)
+        if key not in buckets.checked:  # a new size: its first result is compared with eager's
+            with torch.no_grad():
+                expected = self.graph(*inputs)
+            if not all(_close(want, have) for want, have in zip(
+                    torch.utils._pytree.tree_leaves(expected), torch.utils._pytree.tree_leaves(result), strict=True)):
+                buckets.exact = True
+                return None
+            buckets.checked.add(key)
+        return result
+
+
+Program = CompiledModule | PartitionedModule | HalfPrecision
+
+
+def _close(want: torch.Tensor, have: torch.Tensor) -> bool:
+    """Within the compile's verification tolerance (a half dtype's for half outputs: eager rounds
+    after each op, the program computes in float32)."""
+    tolerance = TOLERANCE.get(want.dtype, ATOL)
+    return want.shape == have.shape and torch.allclose(want.float(), have.float(), atol=tolerance, rtol=tolerance)
 
 
 def _fixed_value(value):

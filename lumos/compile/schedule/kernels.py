@@ -12,8 +12,11 @@ A node is materialized when
   or pooling's unfolded input): inlining would recompute it once per repeat, e.g. each input of a
   matmul — except an input of a matmul that runs row-wise, which
   is computed once per row and reduction step anyway (layer norm, GELU, softmax → next matmul);
-- it is a reduction read through padding (its loop would run outside the guarded region), or the
-  table of a gather (read at a data-dependent row).
+- it is padded (read through a masked view, nothing else summed in) and it inlines a reduction: its loop
+  would run per padded element under the padding's guard, outside the fast matmul loops (a
+  convolution's matmul, batch norm and ReLU read by the next convolution's padded copy or a padded
+  pooling: materialized, they are one row-wise matmul kernel with its epilogue); or the table of a
+  gather (read at a data-dependent row).
 A node used several times inside one kernel only, at the same index, is not stored either: the
 kernel computes it once into a local.
 """
@@ -146,7 +149,8 @@ def materialized_and_forced(graph: Graph, recompute_cheap: bool = True) -> tuple
             materialized.add(node)
         elif len(uses[node]) > 1 and not (recompute_cheap and cost[node] <= CHEAP_OPS):
             materialized.add(node)
-    return _share_within_kernels(graph, uses, materialized, forced, row_wise, cost), forced
+    materialized = _share_within_kernels(graph, uses, materialized, forced, row_wise, cost)
+    return _stored_before_padding(graph, uses, materialized), forced
 
 
 def _row_wise_operand(product: Node, index: int, uses, materialized: set[Node]) -> bool:
@@ -204,6 +208,31 @@ def _share_within_kernels(graph: Graph, uses, materialized: set[Node], forced: s
             if all(view == views[0] for view in views):
                 materialized.discard(node)
         roots[node] = frozenset({node}) if node in materialized else consumer_roots
+    return materialized
+
+
+def _padded(consumer: Node, index: int) -> bool:
+    """`consumer` pads its operand `index`: reads it through a masked view, with nothing but
+    constants besides (a scalar, or max pooling's border of -inf); a piece of a concatenation
+    is summed with the other pieces, computed ones: not a pad."""
+    return consumer.views[index].mask is not None and all(
+        src.op is Op.CONST for other, src in enumerate(consumer.srcs) if other != index)
+
+
+def _stored_before_padding(graph: Graph, uses, materialized: set[Node]) -> set[Node]:
+    """A node padded (`_padded`) that inlines a reduction is stored: else the
+    reduction's loop runs once per padded element under the padding's guard, outside the fast
+    matmul loops (a convolution's matmul, batch norm and ReLU computed inside the next
+    convolution's padded copy). Stored, they are one matmul kernel with its epilogue."""
+    holds_reduction: dict[Node, bool] = {}
+    for node in graph.nodes:
+        if node.op in LEAF:
+            holds_reduction[node] = False
+            continue
+        holds_reduction[node] = node.op in REDUCE or any(
+            holds_reduction[src] and src not in materialized for src in node.srcs)
+        if node not in materialized and holds_reduction[node] and any(_padded(*use) for use in uses[node]):
+            materialized.add(node)
     return materialized
 
 

@@ -124,7 +124,8 @@ def reference_values(graph: Graph, inputs: Mapping[str, np.ndarray], keep: set[N
             for src, view in zip(node.srcs, node.views, strict=True):
                 source = values[src]
                 if rows is not None and node.batched:
-                    view = _rows_view(view, rows, graph.batch, src.batched or src in mixed)
+                    # A literal of the batch's rows (max pooling's -inf border) is read row by row too.
+                    view = _rows_view(view, rows, graph.batch, src.batched or src in mixed or src.op is Op.CONST)
                 elif node in mixed and src.batched:  # zeros for the rows not given
                     source = np.pad(source, [(0, graph.batch - rows)] + [(0, 0)] * (source.ndim - 1))
                 operands.append(read_view(source, view))

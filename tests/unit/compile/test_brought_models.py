@@ -22,6 +22,7 @@ from torch.nn import functional as F
 from lumos.compile.frontend.export import compile_module
 from lumos.compile.frontend.partition import EagerFallbackWarning
 from lumos.compile.frontend.torch_backend import make_backend
+from lumos.compile.ir.graph import REDUCE
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -179,5 +180,32 @@ def test_no_kernel_recomputes_what_overlapping_windows_read(kernel_cache):
             assert not any(src in inlined and view.repeats and not view.broadcasts
                            for src, view in zip(node.srcs, node.views, strict=True)), (kernel.name, node)
     x = torch.randn(2, 3, 10, 10)
+    with torch.no_grad():
+        assert_close(compiled(x), module(x))
+
+
+def test_a_convolutions_matmul_is_stored_before_the_next_ones_padding(kernel_cache):
+    """A convolution's matmul (with its batch norm and ReLU) read by a padded convolution or
+    pooling is a kernel of its own: computed inside the padded copy, its dot products would run
+    per padded element under the padding's guard, outside the matmul loops (ResNet ~25x slower)."""
+    module = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.ReLU(), nn.Conv2d(4, 4, 3, padding=1),
+                           nn.ReLU(), nn.MaxPool2d(3, 2, padding=1))
+    compiled = compile_module(module.eval(), (torch.randn(2, 3, 10, 10),), kernel_cache, strict=True)
+    padded_matmuls = [kernel.name for kernel in compiled.compilation.kernels
+                      if any(node.op in REDUCE for node in kernel.unique_fused)
+                      and any(view.mask is not None for node in kernel.unique_fused for view in node.views)]
+    assert padded_matmuls == []
+    x = torch.randn(2, 3, 10, 10)
+    with torch.no_grad():
+        assert_close(compiled(x), module(x))
+
+
+def test_the_search_checks_max_pooling_of_a_symbolic_batch(kernel_cache):
+    """Max pooling's -inf border is a literal of the batch's rows: the search's reference, at
+    fewer rows than traced, reads its first rows (it used to fail to broadcast them)."""
+    module = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.ReLU(), nn.MaxPool2d(3, 2, padding=1)).eval()
+    compiled = compile_module(module, (torch.randn(4, 3, 8, 8),), kernel_cache, strict=True, search_budget=1)
+    assert compiled.batch == 4 and compiled.compilation.search is not None
+    x = torch.randn(3, 3, 8, 8)
     with torch.no_grad():
         assert_close(compiled(x), module(x))
