@@ -60,7 +60,8 @@ def model() -> LumosModel:
 
 
 def task(kind: str, tmp_path: Path, **fields) -> LoadedTask:
-    primary = {"retrieval": "mrr", "binary": "log_loss", "regression": "mae", "embedding_probe": "accuracy"}[kind]
+    primary = {"retrieval": "mrr", "binary": "log_loss", "regression": "mae", "embedding_probe": "accuracy",
+               "user_label": "accuracy"}[kind]
     spec = from_dict(TaskSpec, {"name": f"tiny_{kind}", "kind": kind, "primary_metric": primary, "data": "tiny.sequences",
                                 "batch_size": 5, **fields})
     return LoadedTask(spec, tmp_path / f"tiny_{kind}.toml")
@@ -78,7 +79,7 @@ def test_the_registry_is_what_the_task_loader_accepts(tmp_path):
 
 def test_only_kinds_that_take_labels_accept_them(tmp_path):
     labels = {"path": "labels.csv", "label": "segment"}
-    with pytest.raises(ConfigError, match="only embedding_probe tasks take labels, not binary"):
+    with pytest.raises(ConfigError, match="only embedding_probe, user_label tasks take labels, not binary"):
         task("binary", tmp_path, labels=labels)
     with pytest.raises(ConfigError, match="an embedding_probe task needs a \\[labels\\] table"):
         task("embedding_probe", tmp_path)
