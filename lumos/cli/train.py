@@ -10,6 +10,7 @@ import typer
 from lumos.cli.options import JsonOption, SetOption, given
 from lumos.cli.output import echo, emit_json, handles_errors, json_data, print_table, progress, renamed, state
 from lumos.core.config import load_config
+from lumos.core.errors import UsageError
 from lumos.core.workspace import open_workspace
 
 
@@ -40,6 +41,10 @@ def train(
     resume: Annotated[
         str | None, typer.Option("--resume", help="Continue this MLflow run from its latest checkpoint.")
     ] = None,
+    init_from: Annotated[
+        str | None, typer.Option("--init-from", help="Start from a trained model's weights: RUN_ID, NAME@alias or "
+                                                     "NAME/VERSION (tensors matched by name and shape); overrides init_from.")
+    ] = None,
     json_output: JsonOption = False,
 ) -> None:
     """Train the encoder-decoder user model; every run is an MLflow run with its lineage.
@@ -47,7 +52,9 @@ def train(
     The run records the exact data version, the resolved config and its hash, the data recipe and
     the seed, logs losses, learning rate, samples/s and data-wait every few steps, and keeps
     checkpoints (safetensors) from which the model rebuilds alone. Ctrl-C or SIGTERM writes a
-    checkpoint and exits 130; `--resume RUN_ID` continues it. See lumos/quickstart/train.toml.
+    checkpoint and exits 130; `--resume RUN_ID` continues it. `--init-from` starts from a trained
+    run's weights (fine-tuning; `freeze` in the recipe keeps parts fixed) and records that run as
+    the parent. See lumos/quickstart/train.toml.
     """
     from lumos.train.config import TrainConfig
     from lumos.train.loop import FitResult
@@ -57,6 +64,10 @@ def train(
     overrides = list(overrides or [])
     if data is not None:
         overrides.append(f"data.table={data}")
+    if init_from is not None:
+        if resume is not None:
+            raise UsageError("--init-from with --resume: a resumed run continues from its own checkpoint")
+        overrides.append(f"init_from={init_from}")
     config = load_config(TrainConfig, config_file, overrides)
     nodes = Nodes(**given(count=nnodes, rank=node_rank, master_addr=master_addr, master_port=master_port))
     workspace = open_workspace(state(ctx).workspace_dir)
@@ -76,6 +87,13 @@ def train(
         f"memory per rank at batch {summary.batch_size // max(summary.world_size * config.run.grad_accum, 1)}",
         ["", "MiB"], [(name, f"{size / 2**20:,.1f}") for name, size in summary.memory_estimate],
     )
+    if summary.init_from is not None:
+        found = summary.init_from
+        new = f": {', '.join(found.new)}" if found.new else ""
+        echo(f"started from run {found.run}{f' ({found.model})' if found.model else ''}, trained on {found.data}: "
+             f"{found.loaded} tensors loaded, {len(found.new)} new{new}")
+    if summary.frozen:
+        echo(f"frozen: {len(summary.frozen)} parameter tensors under {', '.join(config.freeze)}")
     if summary.dry_run:
         echo(f"would train {summary.parameters:,} parameters on {summary.data} with batch size {summary.batch_size}")
         return

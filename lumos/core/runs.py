@@ -33,11 +33,20 @@ STEP_TAG = "lumos.step"
 """The step of that checkpoint."""
 MODEL_URI_TAG = "lumos.model_uri"
 """models:/<model id>: the final checkpoint logged as an MLflow model (what promote registers)."""
+INIT_RUN_TAG = "lumos.init_from.run"
+"""The parent training run whose weights this run started from (train.init_from)."""
+INIT_DATA_TAG = "lumos.init_from.data"
+"""The sequences version the parent trained on, e.g. quickstart.sequences@0."""
+INIT_CHECKPOINT_TAG = "lumos.init_from.checkpoint"
+"""The parent's checkpoint artifact path the weights were read from."""
+INIT_MODEL_TAG = "lumos.init_from.model"
+"""NAME/VERSION, when the parent was named by a registered version."""
 COMPILE_TAG_PREFIX = "lumos.compile."
 """lumos.compile.<target>: a verified compiled plan is stored on the run for that target."""
 
 # Tags on a model version: the training run's lineage (copied) and the run it was made from.
-LINEAGE_TAGS = (DATA_TAG, DATA_VERSION_TAG, CONFIG_HASH_TAG, RECIPE_HASH_TAG, CODE_VERSION_TAG, SEED_TAG, CHECKPOINT_TAG)
+LINEAGE_TAGS = (DATA_TAG, DATA_VERSION_TAG, CONFIG_HASH_TAG, RECIPE_HASH_TAG, CODE_VERSION_TAG, SEED_TAG, CHECKPOINT_TAG,
+                INIT_RUN_TAG, INIT_DATA_TAG)
 RUN_TAG = "lumos.run"
 
 # Tags on leaderboard entries (lumos.eval.task, .subject, .primary_metric, ...) and, on a model

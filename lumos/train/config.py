@@ -135,6 +135,15 @@ class TrainConfig:
     """AdamW with warm-up and cosine decay."""
     run: RunConfig = field(default_factory=RunConfig)
     """Batching, length, cadence, seed, device and tracking."""
+    init_from: str | None = None
+    """Start from a trained model's weights (`--init-from`): a training run id, NAME@alias or
+    NAME/VERSION. Tensors that match by name and shape are loaded, new ones (a head the parent did
+    not train) are initialised as usual, a shape mismatch is an error; the data's vocabularies must
+    number tokens as the parent's did. The logged config names the resolved run id."""
+    freeze: tuple[str, ...] = ()
+    """Parameter-name prefixes kept fixed (requires_grad off, out of the optimizer), matched at a
+    dot: "encoder" is every encoder block, "token_embeddings.item" the item table. Usually with
+    init_from, to train a new head on a pretrained encoder."""
 
     def __post_init__(self) -> None:
         problems = []
@@ -142,4 +151,8 @@ class TrainConfig:
             problems.append(("run.valid_metric", "needs data.valid_split"))
         if self.run.valid_metric is not None and "retrieval" not in self.model.heads:
             problems.append(("run.valid_metric", "needs the retrieval head in model.heads"))
+        if self.init_from is not None and not self.init_from.strip():
+            problems.append(("init_from", "must name a training run id, NAME@alias or NAME/VERSION"))
+        if any(not prefix.strip(". ") for prefix in self.freeze):
+            problems.append(("freeze", "holds an empty prefix; name parameter prefixes such as \"encoder\""))
         require_valid(problems)

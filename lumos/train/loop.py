@@ -39,6 +39,7 @@ from lumos.train.checkpoint import (
     save_checkpoint,
 )
 from lumos.train.config import TrainConfig
+from lumos.train.init_from import freeze, load_matching
 from lumos.train.model import LumosModel
 
 
@@ -58,6 +59,9 @@ class FitPlan:
     """Local folder for checkpoints of this run."""
     resume_from: str | None = None
     """A checkpoint folder to continue from."""
+    init_weights: str | None = None
+    """A parent's weights file (safetensors) to start from: its tensors that match by name are
+    loaded into the freshly initialised model (lumos.train.init_from; checked by the parent process)."""
 
 
 @dataclass
@@ -124,8 +128,11 @@ def lr_factor(step: int, warmup: int, total: int, min_ratio: float) -> float:
 
 def build_optimizer(model: LumosModel, config: TrainConfig) -> torch.optim.Optimizer:
     # Weight decay on matrices only: decaying biases, norms and embeddings hurts and helps nothing.
+    # Frozen parameters (config.freeze) stay out: AdamW's decay would move them otherwise.
     decay, no_decay = [], []
     for name, parameter in model.named_parameters():
+        if not parameter.requires_grad:
+            continue
         is_matrix = parameter.dim() >= 2 and "embedding" not in name and "table" not in name
         (decay if is_matrix else no_decay).append(parameter)
     groups = [{"params": decay, "weight_decay": config.optim.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
@@ -178,6 +185,10 @@ def fit(plan: FitPlan, log_metrics=None, log_checkpoint=None, report=None) -> Fi
         model, _ = load_model(Path(plan.resume_from), map_location=ranks.device)
     else:
         model = LumosModel(config.model, sequences.spec)
+        if plan.init_weights:
+            # Every rank loads the same file before DDP wraps the model: no broadcast needed.
+            load_matching(model, plan.init_weights)
+    freeze(model, config.freeze)  # before the optimizer is built, so frozen parameters stay out of it
     model = model.to(ranks.device)
     optimizer = build_optimizer(model, config)
     schedule = torch.optim.lr_scheduler.LambdaLR(

@@ -10,8 +10,10 @@ work. Under torchrun (WORLD_SIZE set) every process is a rank and rank 0 does th
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
+import shutil
 import signal
 import socket
 import sys
@@ -32,6 +34,10 @@ from lumos.core.runs import (
     CONFIG_HASH_TAG,
     DATA_TAG,
     DATA_VERSION_TAG,
+    INIT_CHECKPOINT_TAG,
+    INIT_DATA_TAG,
+    INIT_MODEL_TAG,
+    INIT_RUN_TAG,
     MODEL_URI_TAG,
     RECIPE_HASH_TAG,
     SEED_TAG,
@@ -48,6 +54,7 @@ from lumos.data.loader import SequenceLoader
 from lumos.data.sequences_version import open_sequences
 from lumos.train.checkpoint import load_model, load_training_state
 from lumos.train.config import TrainConfig
+from lumos.train.init_from import InitSource, InitSummary, frozen_parameters, prepare_init
 from lumos.train.loop import FitPlan, FitResult, fit
 from lumos.train.memory import estimate_memory, find_batch_size
 from lumos.train.model import LumosModel
@@ -94,6 +101,10 @@ class TrainSummary:
     world_size: int = 1
     result: FitResult | None = None
     dry_run: bool = False
+    init_from: InitSummary | None = None
+    """With config.init_from: the parent run, how many tensors were loaded and which were new."""
+    frozen: list[str] = field(default_factory=list)
+    """The parameters config.freeze keeps fixed."""
 
 
 def train(
@@ -130,25 +141,41 @@ def train(
     summary.memory_estimate = estimate_memory(model, micro_batch).rows()
     config = replace(config, run=replace(config.run, batch_size=global_batch))
     _check_batch_fits(config, data, train_rows, micro_batch, world_size)
+    summary.frozen = frozen_parameters(model, config.freeze)  # an unknown prefix: exit 2 before any run exists
+    init = None
+    if config.init_from is not None and resume_run_id is None:  # a resumed run continues its own weights
+        init = _init_source(workspace, config.init_from, model, sequences.ref, report)
+        summary.init_from = init.summary
+        config = replace(config, init_from=init.summary.run)  # the run id, wherever the alias points later
     if dry_run:
+        _remove_init(init)
         return summary
+    try:
+        plan = FitPlan(config=config, workspace=workspace, data=data, micro_batch=micro_batch, run_id=None,
+                       checkpoint_dir="", resume_from=str(resume_dir) if resume_dir else None,
+                       init_weights=str(init.weights_file) if init else None)
+        return _run(plan, sequences, train_loader.columns, resume_run_id, summary, report, nodes)
+    finally:
+        _remove_init(init)
 
+
+def _run(plan: FitPlan, sequences, columns: list[str], resume_run_id: str | None, summary: TrainSummary,
+         report: Report, nodes: Nodes) -> TrainSummary:
+    """Launch the planned ranks; on rank 0 of node 0, inside the MLflow run it opens and closes."""
+    workspace = plan.workspace
     if int(os.environ.get("RANK", "0")) != 0 or nodes.rank != 0:
         # A torchrun rank other than 0, or a node other than 0: it computes; rank 0 owns the MLflow
         # run and checkpoints.
-        plan = FitPlan(config=config, workspace=workspace, data=data, micro_batch=micro_batch, run_id=None,
-                       checkpoint_dir=tempfile.mkdtemp(prefix="lumos-rank-"), resume_from=str(resume_dir) if resume_dir else None)
-        summary.result = launch(plan, world_size, report, nodes)
+        plan = replace(plan, checkpoint_dir=tempfile.mkdtemp(prefix="lumos-rank-"))
+        summary.result = launch(plan, summary.world_size, report, nodes)
         return summary
-    client, run_id = _open_run(workspace, config, sequences, resume_run_id, summary)
+    client, run_id = _open_run(workspace, plan.config, sequences, resume_run_id, summary)
     summary.run_id = run_id
-    checkpoint_dir = str(Path(workspace.path("runs", run_id, "checkpoints")))
-    plan = FitPlan(config=config, workspace=workspace, data=data, micro_batch=micro_batch, run_id=run_id,
-                   checkpoint_dir=checkpoint_dir, resume_from=str(resume_dir) if resume_dir else None)
+    plan = replace(plan, run_id=run_id, checkpoint_dir=str(Path(workspace.path("runs", run_id, "checkpoints"))))
     status = "FAILED"
     monitor = _system_metrics(workspace, run_id)
     try:
-        result = launch(plan, world_size, report, nodes)
+        result = launch(plan, summary.world_size, report, nodes)
         summary.result = result
         if result.failure is not None:
             kept = f"the last good checkpoint is {result.checkpoint}" if result.checkpoint else "no checkpoint was written"
@@ -156,12 +183,29 @@ def train(
                              "Look for NaN or infinite values in the data, or lower optim.lr")
         if not result.interrupted and result.checkpoint:
             report("logging the checkpoint as an MLflow model")
-            _log_model(workspace, run_id, Path(result.checkpoint), sequences, train_loader.columns)
+            _log_model(workspace, run_id, Path(result.checkpoint), sequences, columns)
         status = "KILLED" if result.interrupted else "FINISHED"
         return summary
     finally:
         _stop_system_metrics(monitor)
         client.set_terminated(run_id, status)
+
+
+def _init_source(workspace: Workspace, ref: str, model: LumosModel, data: TableRef, report: Report) -> InitSource:
+    """The parent `init_from` names, checked against `model` (exit 2 on a mismatch, before any run exists)."""
+    report(f"init_from {ref}: reading its checkpoint")
+    init = prepare_init(workspace, ref, model, data)
+    found = init.summary
+    named = f" ({found.model})" if found.model else ""
+    new = f": {', '.join(found.new)}" if found.new else ""
+    report(f"init_from run {found.run}{named}, trained on {found.data}: {found.loaded} tensors loaded, "
+           f"{len(found.new)} new{new}")
+    return init
+
+
+def _remove_init(init: InitSource | None) -> None:
+    if init is not None:
+        shutil.rmtree(init.weights_file.parent, ignore_errors=True)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -215,14 +259,17 @@ def _open_run(workspace: Workspace, config: TrainConfig, sequences, resume_run_i
         return client, resume_run_id
     experiment_id = ensure_experiment(client, workspace, config.run.experiment)
     recipe = sequences.recipe
+    init = summary.init_from
     lineage = LineageRecord(
         stage=TRAIN_STAGE,
         config=to_plain(config),
         config_hash=config_hash(config),
-        inputs=[LineageInput("delta", table_location(workspace, sequences.ref), sequences.ref.version)],
+        inputs=[LineageInput("delta", table_location(workspace, sequences.ref), sequences.ref.version)]
+        + ([LineageInput("mlflow-run", f"runs:/{init.run}", init.checkpoint)] if init else []),
         # threads: CPU results are bit-for-bit repeatable only at the same thread count (reproduce uses it).
         stats={"parameters": summary.parameters, "batch_size": summary.batch_size, "world_size": summary.world_size,
-               "threads": torch.get_num_threads(), "cuda": config.run.device != "cpu" and torch.cuda.is_available()},
+               "threads": torch.get_num_threads(), "cuda": config.run.device != "cpu" and torch.cuda.is_available(),
+               "init_from": dataclasses.asdict(init) if init else None, "frozen": summary.frozen},
         seed=config.run.seed,
     )
     tags = {
@@ -235,6 +282,7 @@ def _open_run(workspace: Workspace, config: TrainConfig, sequences, resume_run_i
         RECIPE_HASH_TAG: config_hash(recipe),
         CODE_VERSION_TAG: lineage.code_version,
         SEED_TAG: str(config.run.seed),
+        **(_init_tags(init) if init else {}),
     }
     run = client.create_run(experiment_id, run_name=config.run.run_name or _run_name(config, lineage.config_hash), tags=tags)
     run_id = run.info.run_id
@@ -247,6 +295,12 @@ def _open_run(workspace: Workspace, config: TrainConfig, sequences, resume_run_i
     client.log_text(run_id, json.dumps(recipe, indent=2, sort_keys=True), "recipe.json")
     client.log_text(run_id, json.dumps(json.loads(lineage.to_json()), indent=2, sort_keys=True), "lineage.json")
     return client, run_id
+
+
+def _init_tags(init: InitSummary) -> dict[str, str]:
+    """The parent run and its data version, the lineage a fine-tuned run adds to its own."""
+    tags = {INIT_RUN_TAG: init.run, INIT_DATA_TAG: init.data, INIT_CHECKPOINT_TAG: init.checkpoint}
+    return tags | ({INIT_MODEL_TAG: init.model} if init.model else {})
 
 
 def _run_name(config: TrainConfig, config_hash_text: str) -> str:
@@ -267,6 +321,9 @@ def _description(sequences, lineage: LineageRecord, recipe_hash: str, location: 
         f"| config hash | `{lineage.config_hash}` |",
         f"| commit | `{lineage.code_version}` |",
         f"| seed | {lineage.seed} |",
+        *([f"| started from | run `{init['run']}`{' (' + init['model'] + ')' if init['model'] else ''}, "
+           f"trained on `{init['data']}`: {init['loaded']} tensors loaded, {len(init['new'])} new |"]
+          if (init := lineage.stats.get("init_from")) else []),
         "",
         "Artifacts: `config.toml` (the resolved config), `recipe.json` (the ingest recipe), `lineage.json`, "
         "`checkpoints/`. Scores from `lumos eval` appear under metrics `eval/<task>/…` and in the "
