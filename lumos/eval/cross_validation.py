@@ -122,8 +122,8 @@ def cross_validate(features: Any, labels: Sequence, user_ids: Sequence[str], tar
         train, test = np.flatnonzero(fold != k), np.flatnonzero(fold == k)
         probabilities = fit_and_predict(make_estimator(), _rows(features, train), y[train], _rows(features, test),
                                         target, len(names))
-        per_fold.append(_fold_metrics(y[test], probabilities, target))
-    return CrossValidated(_mean_and_std(per_fold), per_fold, len(user_ids), names)
+        per_fold.append(fold_metrics(y[test], probabilities, target))
+    return CrossValidated(mean_and_std(per_fold), per_fold, len(user_ids), names)
 
 
 def fit_and_predict(estimator: Any, train_x: Any, train_y: np.ndarray, test_x: Any, target: Target,
@@ -143,12 +143,12 @@ def fit_and_predict(estimator: Any, train_x: Any, train_y: np.ndarray, test_x: A
     return probabilities
 
 
-def _fold_metrics(y: np.ndarray, probabilities: np.ndarray, target: Target) -> dict[str, float]:
+def fold_metrics(y: np.ndarray, probabilities: np.ndarray, target: Target) -> dict[str, float]:
     metrics = class_metrics(y, probabilities) if target == "classes" else label_set_metrics(y, probabilities)
     return {name: float(value) for name, value in metrics.items() if name != "rows"}
 
 
-def _mean_and_std(per_fold: list[dict[str, float]]) -> dict[str, float]:
+def mean_and_std(per_fold: list[dict[str, float]]) -> dict[str, float]:
     result = {}
     for name in per_fold[0]:
         values = np.array([fold[name] for fold in per_fold])

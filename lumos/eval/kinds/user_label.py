@@ -13,7 +13,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-import pyarrow.compute as pc
 import torch
 
 from lumos.data.sequences_version import SequencesVersion
@@ -52,7 +51,7 @@ def bag_of_items_baseline(task: LoadedTask, data: SequencesVersion) -> tuple[str
     label_of = read_labels(task)
     users_of_rows = rows["user_id"].to_pylist()
     chosen = labelled_rows(spec, users_of_rows, rows["as_of"].to_pylist(), label_of)
-    histories = rows[data.spec.item_feature].take(pc.cast(chosen, "int64")).to_pylist()
+    histories = rows[data.spec.item_feature].take(chosen).to_pylist()
     bags = [[str(item) for item in history if item is not None] for history in histories]
     users = [users_of_rows[i] for i in chosen]
     return "bag_of_items", _scores(spec, cross_validate(bags, [label_of[user] for user in users], users,
