@@ -42,7 +42,7 @@ from lumos.train.init_from import match_tensors, resolve_parent
 from lumos.train.model import LumosModel
 
 HERE = Path(__file__).resolve().parent
-TASKS = ("movielens_gender", "movielens_age_band", "movielens_occupation", "movielens_genres")
+TASKS = ("movielens_gender", "movielens_genres", "movielens_age_band", "movielens_occupation")
 PATIENCE, BATCH, LR, WEIGHT_DECAY = 3, 32, 1e-3, 0.01
 MAX_EPOCHS = 20
 """The default of --max-epochs; the inner validation usually stops a run before it."""
@@ -138,7 +138,9 @@ def trained_entries(task, data, pretrained: LumosModel, max_epochs: int = MAX_EP
     return result
 
 
-def transfer_table(workspace_dir: Path, run_id: str, task_names: list[str], max_epochs: int = MAX_EPOCHS) -> dict[str, dict]:
+def transfer_table(workspace_dir: Path, run_id: str, task_names: list[str], max_epochs: int = MAX_EPOCHS,
+                   out: Path | None = None) -> dict[str, dict]:
+    """Every task's four entries; written to `out` (JSON) after each task, so a long run keeps what it has."""
     workspace = open_workspace(workspace_dir)
     tasks = load_tasks([HERE / "tasks"])
     pretrained = resolve_parent(workspace, run_id).model.eval()
@@ -152,6 +154,9 @@ def transfer_table(workspace_dir: Path, run_id: str, task_names: list[str], max_
         entries |= {entry: value["metrics"] for entry, value in trained_entries(task, data, pretrained.cpu(), max_epochs).items()}
         table[name] = {"metrics": list(task.spec.metric_names), "entries": entries}
         print(markdown({name: table[name]}), file=sys.stderr, flush=True)
+        if out is not None:
+            out.write_text(json.dumps({"run": run_id, "max_epochs": max_epochs, "tasks": table}, indent=2) + "\n",
+                           encoding="utf-8")
     return table
 
 
@@ -177,9 +182,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-epochs", type=int, default=MAX_EPOCHS, help="of fine-tuned and scratch training")
     parser.add_argument("--out", type=Path, default=HERE / "data" / "transfer.json")
     args = parser.parse_args(argv)
-    table = transfer_table(args.workspace, args.run, args.tasks, args.max_epochs)
-    args.out.write_text(json.dumps({"run": args.run, "max_epochs": args.max_epochs, "tasks": table}, indent=2) + "\n",
-                        encoding="utf-8")
+    table = transfer_table(args.workspace, args.run, args.tasks, args.max_epochs, args.out)
     print(markdown(table))
     return 0
 
