@@ -11,9 +11,11 @@ folds of users, each fold scored by the same metric code (lumos.eval.cross_valid
 
     python examples/movielens/transfer.py --run RUN_ID      # RUN_ID: a `lumos train` of train.toml
 
-Fine-tuned and scratch train identically: AdamW (lr 1e-3, weight decay 0.01), batches of 32 users,
-up to --max-epochs epochs, and keep the epoch with the lowest loss on an inner validation fifth of
-the training users (the test fold is never seen by any choice). Prints the Markdown table and
+Fine-tuned and scratch train identically: the head is first fitted alone on the starting network's
+embeddings (linear probing, then fine-tuning: LP-FT), then everything trains with AdamW (lr 1e-3,
+weight decay 0.01), batches of 32 users, up to --max-epochs epochs; the epoch kept (the fitted head
+alone counting as epoch 0) has the lowest loss on an inner validation fifth of the training users
+(the test fold is never seen by any choice). Prints the Markdown table and
 writes it with every fold's figures to --out.
 """
 
@@ -77,9 +79,11 @@ def train_and_predict(model: Classifier, rows, fit: np.ndarray, valid: np.ndarra
                       target: str, spec, seed: int, max_epochs: int) -> np.ndarray:
     """(len(test), width) probabilities after training `model` on rows `fit`, the epoch kept being
     the one with the lowest loss on rows `valid`."""
+    fit_head(model, rows, fit, y, target, spec)
     optimizer = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=WEIGHT_DECAY)
     rng = np.random.default_rng(seed)
-    best, best_loss, since_best = copy.deepcopy(model.state_dict()), float("inf"), 0
+    best, since_best = copy.deepcopy(model.state_dict()), 0
+    best_loss = _valid_loss(model, rows, valid, y, target, spec)  # epoch 0: the fitted head alone
     for _ in range(max_epochs):
         model.train()
         order = fit[rng.permutation(fit.size)]
@@ -90,7 +94,7 @@ def train_and_predict(model: Classifier, rows, fit: np.ndarray, valid: np.ndarra
             optimizer.zero_grad()
             loss.backward()
             optimizer.step()
-        valid_loss = float(_loss(torch.from_numpy(_logits(model, rows, valid, spec)), torch.from_numpy(y[valid]), target))
+        valid_loss = _valid_loss(model, rows, valid, y, target, spec)
         if valid_loss < best_loss:
             best, best_loss, since_best = copy.deepcopy(model.state_dict()), valid_loss, 0
         else:
@@ -100,6 +104,30 @@ def train_and_predict(model: Classifier, rows, fit: np.ndarray, valid: np.ndarra
     model.load_state_dict(best)
     logits = torch.from_numpy(_logits(model, rows, test, spec))
     return (torch.softmax(logits, dim=1) if target == "classes" else torch.sigmoid(logits)).numpy()
+
+
+def fit_head(model: Classifier, rows, fit: np.ndarray, y: np.ndarray, target: str, spec, l2: float = 1e-3) -> None:
+    """Linear probing before fine-tuning (LP-FT, Kumar et al. 2022): the head is first fitted to
+    convergence (L-BFGS, l2 penalty) on the starting network's embeddings of the fit users, so that
+    training starts from a fitted head, not a random one that would pull the network's features
+    towards noise while it learns."""
+    model.eval()
+    with torch.no_grad():
+        x = torch.cat([model.encoder.embed_users(batch) for batch in table_batches(rows.take(fit), spec, 256, "transfer")])
+    labels = torch.from_numpy(y[fit])
+    optimizer = torch.optim.LBFGS(model.head.parameters(), max_iter=200, line_search_fn="strong_wolfe")
+
+    def closure() -> torch.Tensor:
+        optimizer.zero_grad()
+        loss = _loss(model.head(x), labels, target) + 0.5 * l2 * model.head.weight.pow(2).sum()
+        loss.backward()
+        return loss
+
+    optimizer.step(closure)
+
+
+def _valid_loss(model: Classifier, rows, valid: np.ndarray, y: np.ndarray, target: str, spec) -> float:
+    return float(_loss(torch.from_numpy(_logits(model, rows, valid, spec)), torch.from_numpy(y[valid]), target))
 
 
 def _loss(logits: torch.Tensor, y: torch.Tensor, target: str) -> torch.Tensor:
