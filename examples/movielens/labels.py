@@ -39,16 +39,18 @@ def age_band(age: int) -> str:
 
 def last_rated_items(workspace_dir: Path, table: str = "movielens.sequences") -> dict[str, str]:
     """user id -> movie id of the user's test target (the last rating), from the ingested table."""
-    from lumos.core.tables import TableRef
+    from lumos.core.tables import TableRef, table_location
     from lumos.core.workspace import open_workspace
-    from lumos.data.sequences_version import open_sequences
+    from lumos.data.delta_snapshot import open_snapshot
+    from lumos.data.sequences_version import ingest_lineage, open_sequences
     from lumos.eval.embeddings import split_rows
-    from lumos.eval.export import _vocab
 
     workspace = open_workspace(workspace_dir)
     data = open_sequences(workspace, TableRef.parse(table))
     rows = split_rows(data, "test")
-    vocab = _vocab(workspace, data)
+    _, vocab_ref = ingest_lineage(workspace, data.ref)  # the vocab version the sequences were written with
+    vocab = pq.read_table([file.path for file in open_snapshot(table_location(workspace, vocab_ref), vocab_ref.version).files],
+                          columns=["feature", "token", "id"])
     items = vocab.filter(pc.equal(vocab["feature"], data.spec.item_feature))
     movie_of = dict(zip(items["id"].to_pylist(), items["token"].to_pylist(), strict=True))
     return {user: movie_of[target] for user, target in zip(rows["user_id"].to_pylist(), rows["next_item"].to_pylist(),
