@@ -18,7 +18,7 @@ from lumos.data.sequences_version import SequencesVersion, open_sequences
 from lumos.eval.embeddings import EmbeddingCache
 from lumos.eval.leaderboard import Subject, record
 from lumos.eval.metrics import direction
-from lumos.eval.score import has_baseline, score_baseline, score_model
+from lumos.eval.score import Scores, has_baseline, score_baseline, score_model
 from lumos.eval.sides import side_metrics
 from lumos.eval.tasks import LoadedTask
 from lumos.train.trained_model import load_training_run
@@ -33,6 +33,9 @@ class TaskResult:
     eval_run_id: str
     baseline: str | None = None
     baseline_metrics: dict[str, float] = field(default_factory=dict)
+    spread: dict[str, float] = field(default_factory=dict)
+    """Std over folds of each metric, for kinds that score over folds (mean ± spread)."""
+    baseline_spread: dict[str, float] = field(default_factory=dict)
     failures: list[str] = field(default_factory=list)
 
 
@@ -67,20 +70,25 @@ def evaluate(
         report(f"{spec.name}: scoring {data.ref} split {spec.split}")
         scores = score_model(model, task, data, embeddings)
         sides = side_metrics(spec, lambda share, task=task, data=data: score_model(model, task, data.side(share), embeddings).metrics)
-        eval_run_id = record(workspace, spec, subject, str(data.ref), scores.metrics | sides, scores.rows)
-        result = TaskResult(spec.name, str(data.ref), scores.metrics, scores.rows, eval_run_id)
+        eval_run_id = record(workspace, spec, subject, str(data.ref), logged_metrics(scores) | sides, scores.rows)
+        result = TaskResult(spec.name, str(data.ref), scores.metrics, scores.rows, eval_run_id, spread=scores.spread)
         if has_baseline(task):
             result.baseline, baseline = score_baseline(task, data)
-            result.baseline_metrics = baseline.metrics
+            result.baseline_metrics, result.baseline_spread = baseline.metrics, baseline.spread
             sides = side_metrics(spec, lambda share, task=task, data=data: score_baseline(task, data.side(share))[1].metrics)
             record(workspace, spec, Subject(key=f"baseline:{result.baseline}", label=f"baseline: {result.baseline}"),
-                   str(data.ref), baseline.metrics | sides, baseline.rows)
+                   str(data.ref), logged_metrics(baseline) | sides, baseline.rows)
         result.failures = gate_failures(spec.thresholds, fail_below or {}, scores.metrics)
         results.append(result)
     failures = [f"{result.task}: {failure}" for result in results for failure in result.failures]
     if failures:
         raise GateError("below the bar (results are logged):\n  " + "\n  ".join(failures))
     return results
+
+
+def logged_metrics(scores: Scores) -> dict[str, float]:
+    """What a leaderboard entry logs: the metrics, and beside each one scored over folds its std."""
+    return scores.metrics | {f"{name}_std": value for name, value in scores.spread.items()}
 
 
 def gate_failures(thresholds: dict[str, float], fail_below: dict[str, float], metrics: dict[str, float]) -> list[str]:

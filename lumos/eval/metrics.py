@@ -7,6 +7,8 @@ Three task families, matching the model's heads:
   `popularity_scores`); their names and directions are here.
 - **Binary** (labels y in {0, 1}, predicted probabilities p): `auc_roc`, `pr_auc`, `log_loss`,
   `accuracy`.
+- **Classes** (class ids y, (N, K) probabilities): `class_metrics` (accuracy, macro_f1, log_loss,
+  auc_roc for two classes); **label sets** ((N, L) indicators): `label_set_metrics` (macro_auc_roc).
 - **Regression** (targets y, predictions yhat): `rmse`, `mae`, `mape`.
 
 Tie rules (the one place where metric code silently differs between libraries):
@@ -126,6 +128,59 @@ def _binary_inputs(y: ArrayLike, p: ArrayLike) -> tuple[np.ndarray, np.ndarray]:
     return y, p
 
 
+# -- classes: one label among K (multiclass) or a set of labels (multilabel) -----------------------
+
+
+def macro_f1(y: ArrayLike, predicted: ArrayLike, classes: int) -> float:
+    """Mean over the classes 0..classes-1 of F1 = 2 TP / (2 TP + FP + FN), a class with no true and no
+    predicted row counting 0 (scikit-learn's f1_score(average="macro", labels=range(classes),
+    zero_division=0)). y and predicted are (N,) class ids."""
+    y, predicted = _class_ids(y, classes), _class_ids(predicted, classes)
+    if y.size != predicted.size:
+        raise ValueError(f"labels and predictions differ in length: {y.size} vs {predicted.size}")
+    if y.size == 0:
+        return math.nan
+    true_positive = np.bincount(y[y == predicted], minlength=classes)
+    wrong = 2 * true_positive + (np.bincount(predicted, minlength=classes) - true_positive) \
+        + (np.bincount(y, minlength=classes) - true_positive)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        f1 = np.where(wrong > 0, 2 * true_positive / np.maximum(wrong, 1), 0.0)
+    return float(f1.mean())
+
+
+def class_metrics(y: ArrayLike, probabilities: np.ndarray, eps: float = 1e-7) -> dict[str, float]:
+    """accuracy, macro_f1, log_loss (the true class's probability clipped at eps), and for two
+    classes auc_roc (class 1 positive); y (N,) class ids, probabilities (N, K) rows summing to 1."""
+    probabilities = np.asarray(probabilities, dtype=np.float64)
+    classes = probabilities.shape[1]
+    y = _class_ids(y, classes)
+    predicted = probabilities.argmax(axis=1)
+    metrics = {
+        "accuracy": mean_or_nan(predicted == y),
+        "macro_f1": macro_f1(y, predicted, classes),
+        "log_loss": mean_or_nan(-np.log(np.clip(probabilities[np.arange(y.size), y], eps, 1.0))),
+        "rows": y.size,
+    }
+    if classes == 2:
+        metrics["auc_roc"] = auc_roc((y == 1).astype(np.float64), probabilities[:, 1])
+    return metrics
+
+
+def label_set_metrics(y: np.ndarray, probabilities: np.ndarray) -> dict[str, float]:
+    """macro_auc_roc: the mean over labels of each label's AUC-ROC, over the labels that have both a
+    positive and a negative row (others have no AUC); y (N, L) in {0, 1}, probabilities (N, L)."""
+    y, probabilities = np.asarray(y, dtype=np.float64), np.asarray(probabilities, dtype=np.float64)
+    per_label = np.array([auc_roc(y[:, label], probabilities[:, label]) for label in range(y.shape[1])])
+    return {"macro_auc_roc": mean_or_nan(per_label[~np.isnan(per_label)]), "rows": y.shape[0]}
+
+
+def _class_ids(values: ArrayLike, classes: int) -> np.ndarray:
+    ids = np.asarray(values)
+    if ids.size and (not np.issubdtype(ids.dtype, np.integer) or ids.min() < 0 or ids.max() >= classes):
+        raise ValueError(f"class ids must be integers in [0, {classes})")
+    return ids.astype(np.int64)
+
+
 # -- regression -----------------------------------------------------------------------------------
 
 
@@ -182,6 +237,8 @@ METRIC_DIRECTIONS: dict[str, Literal["max", "min"]] = {
     "auc_roc": "max",
     "pr_auc": "max",
     "accuracy": "max",
+    "macro_f1": "max",
+    "macro_auc_roc": "max",
     "log_loss": "min",
     "rmse": "min",
     "mae": "min",

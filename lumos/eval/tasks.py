@@ -34,10 +34,16 @@ class ProbeLabels:
     test_fraction: float = 0.3
     """Share of users held out to score the probe; the split is seeded by user id."""
     seed: int = 0
-    """Seed of the user split and the probe fit."""
+    """Seed of the user split (or folds) and the probe fit."""
+    target: Literal["classes", "label_sets"] = "classes"
+    """user_label: one class per user, or a set of labels per user (a list, or one "|"-separated string)."""
+    folds: int = 5
+    """user_label: users are dealt into this many seeded folds, each scored once (mean ± std)."""
 
     def __post_init__(self) -> None:
-        require_valid([("test_fraction", "must be between 0 and 1")] if not 0 < self.test_fraction < 1 else [])
+        problems = [("test_fraction", "must be between 0 and 1")] if not 0 < self.test_fraction < 1 else []
+        problems += [("folds", "must be at least 2")] if self.folds < 2 else []
+        require_valid(problems)
 
 
 @dataclass(frozen=True)
@@ -46,7 +52,7 @@ class TaskSpec:
     """Task name: the MLflow experiment is lumos-eval/<name>."""
     kind: Kind
     """A kind of lumos/eval/kinds/ (retrieval: next item over the full corpus; binary; regression;
-    embedding_probe); it sets the default metrics, how a model is scored and the baseline."""
+    embedding_probe; user_label: a per-user label over folds); it sets the default metrics, how a model is scored and the baseline."""
     primary_metric: str
     """The metric leaderboards rank by."""
     description: str = ""
@@ -71,7 +77,7 @@ class TaskSpec:
     decision_threshold: float = 0.5
     """binary: probability at which accuracy counts a positive."""
     labels: ProbeLabels | None = None
-    """embedding_probe: the labels table and the probe."""
+    """embedding_probe and user_label: the labels table and the probe."""
     batch_size: int = 512
     """Rows scored at once."""
     daily_submissions: int = 5

@@ -60,7 +60,8 @@ def model() -> LumosModel:
 
 
 def task(kind: str, tmp_path: Path, **fields) -> LoadedTask:
-    primary = {"retrieval": "mrr", "binary": "log_loss", "regression": "mae", "embedding_probe": "accuracy"}[kind]
+    primary = {"retrieval": "mrr", "binary": "log_loss", "regression": "mae", "embedding_probe": "accuracy",
+               "user_label": "accuracy"}[kind]
     spec = from_dict(TaskSpec, {"name": f"tiny_{kind}", "kind": kind, "primary_metric": primary, "data": "tiny.sequences",
                                 "batch_size": 5, **fields})
     return LoadedTask(spec, tmp_path / f"tiny_{kind}.toml")
@@ -78,7 +79,7 @@ def test_the_registry_is_what_the_task_loader_accepts(tmp_path):
 
 def test_only_kinds_that_take_labels_accept_them(tmp_path):
     labels = {"path": "labels.csv", "label": "segment"}
-    with pytest.raises(ConfigError, match="only embedding_probe tasks take labels, not binary"):
+    with pytest.raises(ConfigError, match="only embedding_probe, user_label tasks take labels, not binary"):
         task("binary", tmp_path, labels=labels)
     with pytest.raises(ConfigError, match="an embedding_probe task needs a \\[labels\\] table"):
         task("embedding_probe", tmp_path)
@@ -155,3 +156,20 @@ def test_a_horizon_the_data_lacks_is_a_usage_error(data, model, tmp_path):
         score_baseline(task("binary", tmp_path, horizon_days=30), data)
     with pytest.raises(UsageError, match="no 30-day horizon"):
         score_model(model, task("regression", tmp_path, horizon_days=30), data)
+
+
+def test_user_label_bag_of_items_finds_a_label_the_histories_carry(data, model, tmp_path):
+    """user_label's baseline reads the split rows' history items: a label that is "item 5 is in the
+    history" is found (AUC near 1), and every entry reports each metric's spread over the folds."""
+    test = [row for row in pq.read_table(data.snapshot.files[0].path).to_pylist() if row["split"] == "test"]
+    labels = pa.table({"user_id": [row["user_id"] for row in test],
+                       "has_5": ["yes" if 5 in row["item"] else "no" for row in test]})
+    pq.write_table(labels, tmp_path / "labels.parquet")
+    loaded = task("user_label", tmp_path, metrics=["auc_roc", "accuracy", "macro_f1"],
+                  labels={"path": "labels.parquet", "label": "has_5", "folds": 3})
+    name, scores = score_baseline(loaded, data)
+    assert name == "bag_of_items" and scores.rows == TEST_ROWS
+    assert scores.metrics["auc_roc"] > 0.9
+    assert set(scores.spread) == set(scores.metrics) and all(value >= 0 for value in scores.spread.values())
+    model_scores = score_model(model, loaded, data)
+    assert set(model_scores.spread) == set(model_scores.metrics) == {"auc_roc", "accuracy", "macro_f1"}

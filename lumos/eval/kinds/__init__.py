@@ -10,9 +10,10 @@ and `lumos.eval.score` dispatches through them.
 
 from __future__ import annotations
 
-from lumos.eval.kinds import binary, embedding_probe, regression, retrieval
+from lumos.eval.kinds import binary, embedding_probe, regression, retrieval, user_label
 from lumos.eval.kinds.kind import Scores, TaskKind
 
-KINDS: dict[str, TaskKind] = {kind.name: kind for kind in (retrieval.KIND, binary.KIND, regression.KIND, embedding_probe.KIND)}
+KINDS: dict[str, TaskKind] = {kind.name: kind for kind in (retrieval.KIND, binary.KIND, regression.KIND, embedding_probe.KIND,
+                                                            user_label.KIND)}
 
 __all__ = ["KINDS", "Scores", "TaskKind"]

@@ -35,20 +35,32 @@ def score(model: LumosModel, task: LoadedTask, data: SequencesVersion, device: t
     spec, labels_spec = task.spec, task.spec.labels
     computed = embeddings.get(model, data, spec, device)
     users, as_of = computed.users, computed.as_of
+    label_of = read_labels(task)
+    chosen = labelled_rows(spec, users, as_of, label_of)
+    matrix = computed.matrix[chosen]
+    result = run_probe(matrix, [label_of[users[i]] for i in chosen], [users[i] for i in chosen], labels_spec.probe,
+                       test_fraction=labels_spec.test_fraction, seed=labels_spec.seed)
+    return Scores({name: float(value) for name, value in result.metrics.items()}, result.test_users)
+
+
+def read_labels(task: LoadedTask) -> dict[str, object]:
+    """The task's labels table as user id -> label."""
+    labels_spec = task.spec.labels
     table = _read_labels(task.path.parent, labels_spec.path, [labels_spec.user_id, labels_spec.label])
-    label_of = dict(zip(map(str, table[labels_spec.user_id].to_pylist()), table[labels_spec.label].to_pylist(), strict=True))
-    # One embedding per user: the split's latest row (largest as_of) when a user has several.
+    return dict(zip(map(str, table[labels_spec.user_id].to_pylist()), table[labels_spec.label].to_pylist(), strict=True))
+
+
+def labelled_rows(spec: TaskSpec, users: list[str], as_of: list, label_of: dict[str, object]) -> list[int]:
+    """Positions of the rows scored: one per labelled user, the split's latest row (largest as_of)
+    when a user has several; in row order."""
     latest: dict[str, int] = {}
     for index, user in enumerate(users):
         if user not in latest or as_of[index] > as_of[latest[user]]:
             latest[user] = index
     chosen = sorted(index for user, index in latest.items() if label_of.get(user) is not None)
     if not chosen:
-        raise UsageError(f"task {spec.name}: no user of split {spec.split!r} has a label in {labels_spec.path}")
-    matrix = computed.matrix[chosen]
-    result = run_probe(matrix, [label_of[users[i]] for i in chosen], [users[i] for i in chosen], labels_spec.probe,
-                       test_fraction=labels_spec.test_fraction, seed=labels_spec.seed)
-    return Scores({name: float(value) for name, value in result.metrics.items()}, result.test_users)
+        raise UsageError(f"task {spec.name}: no user of split {spec.split!r} has a label in {spec.labels.path}")
+    return chosen
 
 
 def _read_labels(base: Path, location: str, columns: list[str]):

@@ -5,7 +5,7 @@ returns, what a submission of the kind holds (`Prediction`), and the few helpers
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -27,6 +27,9 @@ class Scores:
     metrics: dict[str, float]
     rows: int
     """Rows of the split that were scored."""
+    spread: dict[str, float] = field(default_factory=dict)
+    """Kinds that score over folds (user_label): each metric's sample std over the folds, whose
+    mean `metrics` holds; a leaderboard entry logs it as <metric>_std."""
 
 
 ScoreModel = Callable[["LumosModel", "LoadedTask", SequencesVersion, torch.device, "EmbeddingCache"], Scores]
