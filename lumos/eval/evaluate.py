@@ -18,7 +18,7 @@ from lumos.data.sequences_version import SequencesVersion, open_sequences
 from lumos.eval.embeddings import EmbeddingCache
 from lumos.eval.leaderboard import Subject, record
 from lumos.eval.metrics import direction
-from lumos.eval.score import has_baseline, score_baseline, score_model
+from lumos.eval.score import has_baseline, score_baselines, score_model
 from lumos.eval.tasks import LoadedTask
 from lumos.train.trained_model import load_training_run
 
@@ -68,10 +68,11 @@ def evaluate(
         eval_run_id = record(workspace, spec, subject, str(data.ref), scores.metrics, scores.rows)
         result = TaskResult(spec.name, str(data.ref), scores.metrics, scores.rows, eval_run_id)
         if has_baseline(task):
-            result.baseline, baseline = score_baseline(task, data)
-            result.baseline_metrics = baseline.metrics
-            record(workspace, spec, Subject(key=f"baseline:{result.baseline}", label=f"baseline: {result.baseline}"),
-                   str(data.ref), baseline.metrics, baseline.rows)
+            baselines = score_baselines(task, data)  # the main one first: `lumos eval` prints it beside the model
+            result.baseline, result.baseline_metrics = baselines[0][0], baselines[0][1].metrics
+            for name, baseline in baselines:
+                record(workspace, spec, Subject(key=f"baseline:{name}", label=f"baseline: {name}"),
+                       str(data.ref), baseline.metrics, baseline.rows)
         result.failures = gate_failures(spec.thresholds, fail_below or {}, scores.metrics)
         results.append(result)
     failures = [f"{result.task}: {failure}" for result in results for failure in result.failures]
