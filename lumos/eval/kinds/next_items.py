@@ -14,10 +14,10 @@ The targets and the baselines' counts come from the events file the window names
 mapped to ids through the data's vocabulary. The model and both baselines (leaderboard kind
 baseline) give one score per item; one path ranks them (`top_items`) and one metric function
 (`metrics.next_items_metrics`) scores every entry:
-- popularity: counts of every event before the cutoff;
-- popularity_last_<N>d: counts in the N days before the cutoff (the window's recent_days), ties
-  by popularity. Under a global split it is the baseline to beat (arXiv 2508.06450 finds it ahead
-  of tuned SASRec variants on MovieLens-20M).
+- popularity_last_<N>d (the main one, printed beside the model): counts in the N days before the
+  cutoff (the window's recent_days), ties by popularity. Under a global split it is the baseline to
+  beat (arXiv 2508.06450 finds it ahead of tuned SASRec variants on MovieLens-20M);
+- popularity: counts of every event before the cutoff.
 Both are deterministic (ties left after the counts go to the smaller id): nothing to seed.
 """
 
@@ -206,5 +206,5 @@ def _strings(column: pa.ChunkedArray) -> np.ndarray:
     return np.array(pc.cast(column, pa.string()).to_pylist(), dtype=object)
 
 
-KIND = TaskKind("next_items", default_metrics, score, baselines=(popularity_baseline, recent_popularity_baseline),
+KIND = TaskKind("next_items", default_metrics, score, baselines=(recent_popularity_baseline, popularity_baseline),
                 head="retrieval", takes_window=True)
