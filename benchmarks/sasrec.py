@@ -66,6 +66,9 @@ class SASRecConfig:
     max_epochs: int = 100
     patience: int = 8
     """Epochs without a better valid NDCG@10 before stopping; the best epoch's weights are kept."""
+    keep_best: bool = True
+    """False: train max_epochs and keep the last epoch's weights, so that no split chooses them
+    (benchmarks/selection.py compares validations on equal terms)."""
     exclude_seen: bool = False
     """Leave the items a position has already seen out of its softmax, as Lumos's
     model.exclude_seen_in_loss does (the protocol excludes them when ranking)."""
@@ -95,13 +98,15 @@ class TableData:
     """Per user: every item before the valid target, in token order."""
     valid: SplitRows
     test: SplitRows
+    holdout: SplitRows
+    """The held-out users' rows (splits.holdout_users), none otherwise: they never train."""
 
 
 def read_table(workspace_dir: str, table: str) -> TableData:
     workspace = open_workspace(workspace_dir)
     sequences = open_sequences(workspace, TableRef.parse(table))
     parts = [pq.read_table(f.path, columns=["user_id", "split", "as_of", "item", "next_item"]) for f in sequences.snapshot.files]
-    rows = {split: _split_rows(parts, split) for split in ("train", "valid", "test")}
+    rows = {split: _split_rows(parts, split) for split in ("train", "valid", "test", "holdout")}
     layout = sequences.recipe["splits"]["train_targets"]
     rebuild = {"every": _chained_sequences, "windows": _tiled_sequences}.get(layout)
     if rebuild is None:
@@ -109,6 +114,7 @@ def read_table(workspace_dir: str, table: str) -> TableData:
     return TableData(
         ref=str(sequences.ref), item_vocab_size=sequences.spec.item_vocab_size, max_len=sequences.spec.max_len,
         train_sequences=_checked(rebuild(rows["train"]), rows["valid"]), valid=rows["valid"], test=rows["test"],
+        holdout=rows["holdout"],
     )
 
 
@@ -283,6 +289,17 @@ def seen_items(inputs: Tensor) -> Tensor:
 
 
 def train_and_score(data: TableData, config: SASRecConfig, report=print) -> dict:
+    model, best, seconds = train_model(data, config, report)
+    max_len = config.max_len or data.max_len
+    test = M.retrieval_metrics(rank_rows(model, data.test, data.max_len, max_len))
+    return {"seed": config.seed, "best_epoch": best["epoch"], "valid_ndcg@10": best["ndcg@10"],
+            "seconds": seconds, "parameters": sum(p.numel() for p in model.parameters()),
+            **{name: test[name] for name in METRICS}, "test_rows": int(test["scored_rows"])}
+
+
+def train_model(data: TableData, config: SASRecConfig, report=print) -> tuple[SASRec, dict, float]:
+    """The trained model (the best valid epoch's weights, or the last with keep_best = False), the
+    best epoch's valid NDCG@10 and number, and the seconds it took."""
     torch.manual_seed(config.seed)
     np.random.seed(config.seed)
     max_len = config.max_len or data.max_len
@@ -316,13 +333,11 @@ def train_and_score(data: TableData, config: SASRecConfig, report=print) -> dict
                     "state": {name: tensor.clone() for name, tensor in model.state_dict().items()}}
         report(f"seed {config.seed} epoch {epoch}: loss {total / max(count, 1):.4f} valid ndcg@10 "
                f"{valid['ndcg@10']:.4f} (best {best['ndcg@10']:.4f} at {best['epoch']})")
-        if epoch - best["epoch"] >= config.patience:
+        if config.keep_best and epoch - best["epoch"] >= config.patience:
             break
-    model.load_state_dict(best["state"])
-    test = M.retrieval_metrics(rank_rows(model, data.test, data.max_len, max_len))
-    return {"seed": config.seed, "best_epoch": best["epoch"], "valid_ndcg@10": best["ndcg@10"],
-            "seconds": round(time.perf_counter() - started, 1), "parameters": sum(p.numel() for p in model.parameters()),
-            **{name: test[name] for name in METRICS}, "test_rows": int(test["scored_rows"])}
+    if config.keep_best:
+        model.load_state_dict(best["state"])
+    return model, best, round(time.perf_counter() - started, 1)
 
 
 def mean_std(runs: list[dict]) -> dict[str, tuple[float, float]]:

@@ -185,9 +185,21 @@ class SplitSpec:
     history predicts its next token); "windows" writes one train row per max_len + 1 tokens, back
     from the valid target, so rows tile the train tokens: with model.position_targets every
     position of a row is trained, as sequential recommenders (SASRec) train."""
+    holdout_users: float = 0.0
+    """For mode = leave_last_out: the share of users held out of training, chosen by a seeded hash
+    of the user id. Each gets one row, split "holdout", predicting their last token from everything
+    before it (where test sits), and no train, valid or test row. A validation that sits where test
+    sits, for users the model never trained on: choose settings on it (data.valid_split = "holdout")
+    rather than on valid (each user's second-to-last token, which the test's history holds)."""
+    holdout_seed: int = 0
+    """Seed of the hash that picks the held-out users."""
 
     def __post_init__(self) -> None:
         problems = []
+        if not 0 <= self.holdout_users < 1:
+            problems.append(("holdout_users", "must be at least 0 and below 1"))
+        if self.mode == "time" and self.holdout_users:
+            problems.append(("holdout_users", "only used with mode = 'leave_last_out'"))
         if self.mode == "time" and self.train_targets != "last":
             problems.append(("train_targets", "only used with mode = 'leave_last_out'"))
         if self.mode == "time" and not self.cutoffs:

@@ -87,6 +87,7 @@ EPOCH = datetime.date(1970, 1, 1)
 
 # Leave-last-out split names, indexed by how many tokens before the last one the target is.
 LEAVE_LAST_OUT_SPLITS = ("test", "valid", "train")
+HOLDOUT_SPLIT = "holdout"  # splits.holdout_users: a held-out user's one row, cut where test is
 
 
 # ---------------------------------------------------------------------------------------------
@@ -435,6 +436,8 @@ def cut_rows(tokens: DataFrame, recipe: IngestRecipe) -> DataFrame:
     """(user_id, split, as_of, cut_position): one per row `build_sequences` writes."""
     if recipe.splits.mode == "leave_last_out":
         cuts = _leave_last_out_cuts(tokens, recipe.splits.train_targets, recipe.tokens.max_len)
+        if recipe.splits.holdout_users:
+            cuts = _held_out_users(cuts, recipe.splits.holdout_users, recipe.splits.holdout_seed)
     else:
         cuts = _time_cuts(tokens, recipe)
     # The history before truncation is exactly the cut_position tokens before the cut.
@@ -459,6 +462,14 @@ def _leave_last_out_cuts(tokens: DataFrame, train_targets: str = "last", max_len
         F.col("ts").alias("as_of"),  # the act window starts at the target token, inclusive
         F.col("position").alias("cut_position"),
     )
+
+
+def _held_out_users(cuts: DataFrame, share: float, seed: int) -> DataFrame:
+    """A seeded `share` of users keeps only its test cut, renamed holdout: no row of theirs trains."""
+    buckets = 1_000_000
+    held = F.pmod(F.xxhash64(F.lit(seed), F.col("user_id")), F.lit(buckets)) < round(share * buckets)
+    kept = cuts.where(~held | (F.col("split") == LEAVE_LAST_OUT_SPLITS[0]))
+    return kept.withColumn("split", F.when(held, F.lit(HOLDOUT_SPLIT)).otherwise(F.col("split")))
 
 
 def _time_cuts(tokens: DataFrame, recipe: IngestRecipe) -> DataFrame:

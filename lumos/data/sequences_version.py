@@ -104,6 +104,8 @@ class SequencesVersion:
     recipe: dict[str, Any]
     """The ingest recipe that wrote it (from the commit's lineage record)."""
     spec: FeatureSpec
+    vocab: DeltaSnapshot | None = None
+    """The vocab version the sequences were made with (item tokens → ids), when opened from a workspace."""
     users: UserShare | None = None
     """When set, only this side of a split's users is read (a leaderboard's public or private part)."""
 
@@ -120,7 +122,7 @@ def open_sequences(workspace: Workspace, ref: TableRef) -> SequencesVersion:
     lineage, vocab_ref = ingest_lineage(workspace, pinned)
     vocab = open_snapshot(table_location(workspace, vocab_ref), vocab_ref.version)
     spec = feature_spec_for(snapshot, vocab, lineage.config)
-    return SequencesVersion(pinned, snapshot, lineage.config, spec)
+    return SequencesVersion(pinned, snapshot, lineage.config, spec, vocab)
 
 
 def ingest_lineage(workspace: Workspace, pinned: TableRef) -> tuple[LineageRecord, TableRef]:

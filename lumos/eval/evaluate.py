@@ -18,8 +18,8 @@ from lumos.data.sequences_version import SequencesVersion, open_sequences
 from lumos.eval.embeddings import EmbeddingCache
 from lumos.eval.leaderboard import Subject, record
 from lumos.eval.metrics import direction
-from lumos.eval.score import Scores, has_baseline, score_baseline, score_model
-from lumos.eval.sides import side_metrics
+from lumos.eval.score import Scores, has_baseline, score_baselines, score_model
+from lumos.eval.sides import side_metrics, user_sides
 from lumos.eval.tasks import LoadedTask
 from lumos.train.trained_model import load_training_run
 
@@ -73,11 +73,14 @@ def evaluate(
         eval_run_id = record(workspace, spec, subject, str(data.ref), logged_metrics(scores) | sides, scores.rows)
         result = TaskResult(spec.name, str(data.ref), scores.metrics, scores.rows, eval_run_id, spread=scores.spread)
         if has_baseline(task):
-            result.baseline, baseline = score_baseline(task, data)
-            result.baseline_metrics, result.baseline_spread = baseline.metrics, baseline.spread
-            sides = side_metrics(spec, lambda share, task=task, data=data: score_baseline(task, data.side(share))[1].metrics)
-            record(workspace, spec, Subject(key=f"baseline:{result.baseline}", label=f"baseline: {result.baseline}"),
-                   str(data.ref), logged_metrics(baseline) | sides, baseline.rows)
+            baselines = score_baselines(task, data)  # the main one first: `lumos eval` prints it beside the model
+            (result.baseline, main), *_ = baselines
+            result.baseline_metrics, result.baseline_spread = main.metrics, main.spread
+            by_side = {share.side: score_baselines(task, data.side(share)) for share in user_sides(spec)}
+            for position, (name, baseline) in enumerate(baselines):
+                sides = side_metrics(spec, lambda share, position=position, by_side=by_side: by_side[share.side][position][1].metrics)
+                record(workspace, spec, Subject(key=f"baseline:{name}", label=f"baseline: {name}"),
+                       str(data.ref), logged_metrics(baseline) | sides, baseline.rows)
         result.failures = gate_failures(spec.thresholds, fail_below or {}, scores.metrics)
         results.append(result)
     failures = [f"{result.task}: {failure}" for result in results for failure in result.failures]

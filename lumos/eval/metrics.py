@@ -10,6 +10,8 @@ Three task families, matching the model's heads:
 - **Classes** (class ids y, (N, K) probabilities): `class_metrics` (accuracy, macro_f1, log_loss,
   auc_roc for two classes); **label sets** ((N, L) indicators): `label_set_metrics` (macro_auc_roc).
 - **Regression** (targets y, predictions yhat): `rmse`, `mae`, `mape`.
+- **Next items** (each user's top-k list against a set of target items): `next_items_metrics`,
+  recall@k and NDCG@k.
 
 Tie rules (the one place where metric code silently differs between libraries):
 
@@ -36,6 +38,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Sequence
 from typing import Literal
 
 import numpy as np
@@ -220,6 +223,34 @@ def regression_metrics(y: ArrayLike, yhat: ArrayLike, eps: float = 1e-8) -> dict
     }
 
 
+# -- next items (a set of targets per user) -------------------------------------------------------
+
+
+def next_items_metrics(top_items: Sequence[np.ndarray], targets: Sequence[np.ndarray], ks: Sequence[int]) -> dict[str, float]:
+    """recall@k and ndcg@k of ranked lists against target sets, the mean over users, and `rows`.
+
+    top_items[u]: user u's item ids, best first (at least max(ks) of them when the corpus allows).
+    targets[u]: user u's distinct target ids (at least one); an id no list can hold (a negative
+    one: an item the vocabulary lacks) still counts in the denominators.
+    recall@k = |top k ∩ targets| / |targets|. NDCG@k = DCG@k / ideal DCG@k with binary gains:
+    DCG@k = sum of 1 / log2(position + 1) over the hits among positions 1..k, and the ideal puts
+    min(|targets|, k) hits first, so a perfect list scores 1 whatever the number of targets.
+    """
+    if len(top_items) != len(targets):
+        raise ValueError(f"top_items has {len(top_items)} users but targets has {len(targets)}")
+    discounts = 1.0 / np.log2(np.arange(2, max(ks, default=1) + 2))  # position 1 .. max(ks)
+    values: dict[str, list[float]] = {name: [] for k in ks for name in (f"recall@{k}", f"ndcg@{k}")}
+    for items, wanted in zip(top_items, targets, strict=True):
+        wanted = np.unique(np.asarray(wanted, dtype=np.int64))
+        if wanted.size == 0:
+            raise ValueError("every user needs at least one target (score only the users who have one)")
+        hits = np.isin(np.asarray(items, dtype=np.int64), wanted)
+        for k in ks:
+            values[f"recall@{k}"].append(hits[:k].sum() / wanted.size)
+            values[f"ndcg@{k}"].append(float(discounts[:k][hits[:k]].sum() / discounts[:min(wanted.size, k)].sum()))
+    return {name: mean_or_nan(np.array(scores)) for name, scores in values.items()} | {"rows": len(targets)}
+
+
 # -- shared helpers -------------------------------------------------------------------------------
 
 
@@ -245,13 +276,13 @@ METRIC_DIRECTIONS: dict[str, Literal["max", "min"]] = {
     "mape": "min",
     "r2": "max",
 }
-"""Whether larger ("max") or smaller ("min") is better, for each fixed metric name; hr@k and ndcg@k
-(any k) are "max" via direction()."""
+"""Whether larger ("max") or smaller ("min") is better, for each fixed metric name; hr@k, ndcg@k and
+recall@k (any k) are "max" via direction()."""
 
 COUNT_KEYS = frozenset({"rows", "scored_rows", "mape_rows"})
 """Row counts in the *_metrics dicts: bookkeeping, not quality, so they have no direction."""
 
-_AT_K = re.compile(r"(hr|ndcg)@\d+")
+_AT_K = re.compile(r"(hr|ndcg|recall)@\d+")
 
 
 def direction(metric_name: str) -> Literal["max", "min"]:
@@ -266,4 +297,4 @@ def direction(metric_name: str) -> Literal["max", "min"]:
         return METRIC_DIRECTIONS[name]
     if name in COUNT_KEYS:
         raise ValueError(f"{metric_name!r} is a row count, not a quality metric; skip names in COUNT_KEYS")
-    raise ValueError(f"unknown metric {metric_name!r}; known: hr@<k>, ndcg@<k>, {', '.join(METRIC_DIRECTIONS)}")
+    raise ValueError(f"unknown metric {metric_name!r}; known: hr@<k>, ndcg@<k>, recall@<k>, {', '.join(METRIC_DIRECTIONS)}")

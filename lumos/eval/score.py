@@ -16,7 +16,7 @@ from lumos.eval.kinds import KINDS, Scores, TaskKind
 from lumos.eval.tasks import LoadedTask, TaskSpec
 from lumos.train.model import LumosModel
 
-__all__ = ["EmbeddingCache", "Scores", "has_baseline", "score_baseline", "score_model"]
+__all__ = ["EmbeddingCache", "Scores", "has_baseline", "score_baseline", "score_baselines", "score_model"]
 
 
 def score_model(model: LumosModel, task: LoadedTask, data: SequencesVersion,
@@ -32,16 +32,25 @@ def score_model(model: LumosModel, task: LoadedTask, data: SequencesVersion,
 
 
 def has_baseline(task: LoadedTask) -> bool:
-    return KINDS[task.spec.kind].baseline is not None
+    return bool(KINDS[task.spec.kind].baselines)
+
+
+def score_baselines(task: LoadedTask, data: SequencesVersion) -> list[tuple[str, Scores]]:
+    """Every "no model" entry of a task's leaderboard, the main one first: (baseline name, scores)."""
+    return [baseline(task, data) for baseline in _baselines(task)]
 
 
 def score_baseline(task: LoadedTask, data: SequencesVersion) -> tuple[str, Scores]:
-    """The "no model" entry of a task's leaderboard: (baseline name, scores)."""
+    """The main "no model" entry of a task's leaderboard: (baseline name, scores)."""
+    return _baselines(task)[0](task, data)
+
+
+def _baselines(task: LoadedTask):
     spec = task.spec
-    baseline = KINDS[spec.kind].baseline
-    if baseline is None:
+    baselines = KINDS[spec.kind].baselines
+    if not baselines:
         raise UsageError(f"task {spec.name}: {spec.kind} tasks have no baseline")
-    return baseline(task, data)
+    return baselines
 
 
 def _check_compatible(model: LumosModel, spec: TaskSpec, kind: TaskKind, data: SequencesVersion) -> None:

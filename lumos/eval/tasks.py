@@ -6,6 +6,7 @@ per task, named after the task. Relative paths in a spec are read relative to it
 
 from __future__ import annotations
 
+import datetime
 import math
 import re
 from dataclasses import dataclass, field
@@ -47,12 +48,36 @@ class ProbeLabels:
 
 
 @dataclass(frozen=True)
+class TimeWindow:
+    """next_items: one global cutoff, the days after it whose items are the targets, and the events
+    file the targets and the popularity baselines are read from."""
+
+    events: str
+    """Events file (Parquet, relative to the task file) with a user, an item and a timestamp column:
+    the same events the sequences were ingested from, including those after the cutoff."""
+    cutoff: datetime.date
+    """History is every event before this date (00:00 UTC); the task's split rows must be cut there."""
+    days: int = 30
+    """Targets: the items each user first rates in the `days` days from the cutoff."""
+    recent_days: int = 7
+    """The popularity_last_<N>d baseline counts the events of the N days before the cutoff."""
+    user_id: str = "user_id"
+    item_id: str = "item_id"
+    timestamp: str = "ts"
+    """Column names in the events file (a timestamp; without a zone it reads as UTC)."""
+
+    def __post_init__(self) -> None:
+        require_valid([(key, "must be at least 1") for key in ("days", "recent_days") if getattr(self, key) < 1])
+
+
+@dataclass(frozen=True)
 class TaskSpec:
     name: str
     """Task name: the MLflow experiment is lumos-eval/<name>."""
     kind: Kind
-    """A kind of lumos/eval/kinds/ (retrieval: next item over the full corpus; binary; regression;
-    embedding_probe; user_label: a per-user label over folds); it sets the default metrics, how a model is scored and the baseline."""
+    """A kind of lumos/eval/kinds/ (retrieval: next item over the full corpus; next_items: the items
+    of the days after one global cutoff; binary; regression; embedding_probe; user_label: a per-user
+    label over folds); it sets the default metrics, how a model is scored and the baseline."""
     primary_metric: str
     """The metric leaderboards rank by."""
     description: str = ""
@@ -69,7 +94,7 @@ class TaskSpec:
     """Bars a model must clear, metric → value (at least it for max metrics, at most for min ones);
     a miss exits with code 3."""
     ks: tuple[int, ...] = (10, 50)
-    """retrieval: the cut-offs k of HR@k and NDCG@k."""
+    """retrieval and next_items: the cut-offs k of HR@k, recall@k and NDCG@k."""
     exclude_history: bool = True
     """retrieval: items already in the user's history are not candidates (the target stays one)."""
     horizon_days: int = 7
@@ -78,6 +103,8 @@ class TaskSpec:
     """binary: probability at which accuracy counts a positive."""
     labels: ProbeLabels | None = None
     """embedding_probe and user_label: the labels table and the probe."""
+    window: TimeWindow | None = None
+    """next_items: the global cutoff, the target window and the events file."""
     batch_size: int = 512
     """Rows scored at once."""
     daily_submissions: int = 5
@@ -102,6 +129,12 @@ class TaskSpec:
         if not takes_labels and self.labels is not None:
             labelled = ", ".join(name for name, kind in KINDS.items() if kind.takes_labels)
             problems.append(("labels", f"only {labelled} tasks take labels, not {self.kind}"))
+        takes_window = KINDS[self.kind].takes_window
+        if takes_window and self.window is None:
+            problems.append(("window", f"a {self.kind} task needs a [window] (cutoff, days, events)"))
+        if not takes_window and self.window is not None:
+            windowed = ", ".join(name for name, kind in KINDS.items() if kind.takes_window)
+            problems.append(("window", f"only {windowed} tasks take a window, not {self.kind}"))
         if self.primary_metric not in self.metric_names:
             problems.append(("primary_metric", f"{self.primary_metric!r} is not among the metrics: {', '.join(self.metric_names)}"))
         for key, names in (("metrics", self.metric_names), ("thresholds", tuple(self.thresholds))):

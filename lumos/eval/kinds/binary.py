@@ -80,4 +80,4 @@ def score_probabilities(spec: TaskSpec, data: SequencesVersion, rows: pa.Table, 
 
 PREDICTION = Prediction("probability", "double", "probability that the user acts within the task's horizon",
                         lambda spec: ["probability: a finite number in [0, 1]"], check_probabilities, score_probabilities)
-KIND = TaskKind("binary", default_metrics, score, baseline=prior_rate_baseline, head="binary", prediction=PREDICTION)
+KIND = TaskKind("binary", default_metrics, score, baselines=(prior_rate_baseline,), head="binary", prediction=PREDICTION)

@@ -79,12 +79,15 @@ class TaskKind:
     """The metrics a task reports when its spec names none."""
     score: ScoreModel
     """Scores a model on the task's rows: reads the labels, runs the model, computes the metrics."""
-    baseline: ScoreBaseline | None = None
-    """The "no model" entry every leaderboard shows; None when the kind has none."""
+    baselines: tuple[ScoreBaseline, ...] = ()
+    """The "no model" entries every leaderboard shows, the main one first (the one `lumos eval`
+    prints beside the model); empty when the kind has none."""
     head: str | None = None
     """The model head the kind reads; a model without it is refused before scoring."""
     takes_labels: bool = False
     """Whether a task of this kind must carry a [labels] table (and others must not)."""
+    takes_window: bool = False
+    """Whether a task of this kind must carry a [window] (a global cutoff and its events; others must not)."""
     prediction: Prediction | None = None
     """What a leaderboard submission of this kind holds and how it is scored; None when the kind
     takes no submissions (an embedding probe needs a model's embeddings)."""

@@ -75,5 +75,5 @@ def score_values(spec: TaskSpec, data: SequencesVersion, rows: pa.Table, column:
 
 PREDICTION = Prediction("value", "double", "the value the user brings within the task's horizon",
                         lambda spec: ["value: a finite number"], check_values, score_values)
-KIND = TaskKind("regression", default_metrics, score, baseline=train_mean_baseline, head="regression",
+KIND = TaskKind("regression", default_metrics, score, baselines=(train_mean_baseline,), head="regression",
                 prediction=PREDICTION)

@@ -107,5 +107,5 @@ def top_items_rules(spec: TaskSpec) -> list[str]:
 
 PREDICTION = Prediction("top_items", "list<int64>", "item ids, best first, at least the task's largest k of them",
                         top_items_rules, check_top_items, score_top_items)
-KIND = TaskKind("retrieval", default_metrics, score, baseline=popularity_baseline, head="retrieval",
+KIND = TaskKind("retrieval", default_metrics, score, baselines=(popularity_baseline,), head="retrieval",
                 prediction=PREDICTION)

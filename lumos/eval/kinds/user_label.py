@@ -65,4 +65,4 @@ def _scores(spec: TaskSpec, result: CrossValidated) -> Scores:
                   spread={name: result.metrics[f"{name}_std"] for name in names})
 
 
-KIND = TaskKind("user_label", default_metrics, score, baseline=bag_of_items_baseline, takes_labels=True)
+KIND = TaskKind("user_label", default_metrics, score, baselines=(bag_of_items_baseline,), takes_labels=True)
