@@ -37,6 +37,7 @@ cd "$ROOT"
 for recipe in ingest ingest_before ingest_cutoff; do
     lumos ingest --recipe "$EXAMPLE/$recipe.toml"
 done
+python "$EXAMPLE/labels.py"   # the user_label tasks' labels: users.parquet and the held-out ratings' genres
 
 mapfile -t loo_set < <(overrides "${TRAIN_SET:-}")
 mapfile -t time_set < <(overrides "run.max_steps=${TIME_STEPS:-600} ${TIME_SET:-}")
