@@ -362,6 +362,46 @@ def test_four_concurrent_infers_for_one_date_write_once(spark, promoted):
     assert len(rows) == written["rows"] == len({row["user_id"] for row in rows})
 
 
+# -- a truncated or garbled checkpoint ------------------------------------------------------------
+
+
+def damage(weights: Path, how: str) -> None:
+    data = weights.read_bytes()
+    if how == "truncated":  # a copy cut short, as a full disk or a killed upload leaves it
+        weights.write_bytes(data[: len(data) // 2])
+    else:  # the 8-byte header length and the JSON header overwritten
+        weights.write_bytes(b"\xff" * 64 + data[64:])
+
+
+@pytest.mark.parametrize("how", ["truncated", "garbled header"])
+def test_a_corrupt_checkpoint_fails_infer_eval_and_promote_naming_the_file(spark, promoted, how):
+    from lumos.core.runs import stored_checkpoint
+
+    workspace = open_workspace(promoted)
+    run_id = (promoted / "run").read_text()
+    stored = stored_checkpoint(tracking_client(workspace).get_run(run_id))
+    weights = Path(stored.removeprefix("file://").removeprefix("file:")) / MODEL_FILE
+    kept = weights.read_bytes()
+    day = "2026-08-24"
+    task_file = promoted / "tasks" / "next_item.toml"
+    task_file.parent.mkdir(exist_ok=True)
+    task_file.write_text((RECIPES / "tasks" / "next_item.toml").read_text())
+    damage(weights, how)
+    try:
+        for args in (["infer", "--model", "quickstart@production", "--as-of", day],
+                     ["eval", "--task", "next_item", "--run", run_id],
+                     ["promote", run_id, "--model", "quickstart", "--alias", "staging"]):
+            result = lumos(promoted, *args)
+            assert result.exit_code == 1, (args, result.output)
+            assert f"{stored}/{MODEL_FILE} cannot be read: it is truncated or corrupt" in result.output, args
+            assert "Traceback" not in result.output
+    finally:
+        weights.write_bytes(kept)
+    assert predictions_for(spark, promoted, day) == []
+    client = tracking_client(workspace)
+    assert "staging" not in client.get_registered_model("quickstart").aliases
+
+
 # -- the embedding probe pairs embeddings and users by key ------------------------------------------
 
 
