@@ -197,11 +197,13 @@ def lock_file(workspace) -> Path:
     return Path(workspace.root) / "locks" / PREDICTIONS.name / f"{DAY.isoformat()}.lock"
 
 
-def leave_lock(workspace, **holder) -> Path:
-    """A lock as a crashed or foreign holder leaves it."""
+def leave_lock(workspace, age: float = 0.0, **holder) -> Path:
+    """A lock as a crashed or foreign holder leaves it, last written `age` seconds ago."""
     path = lock_file(workspace)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(holder) if holder else "")
+    written = path.stat().st_mtime - age
+    os.utime(path, (written, written))
     return path
 
 
@@ -218,9 +220,9 @@ def test_a_stale_lock_is_taken_over(tmp_path, left):
         "empty": {},
         "own pid, not ours": {"pid": os.getpid(), "host": socket.gethostname(), "token": "a restarted container"},
         "dead pid": {"pid": dead_pid(), "host": socket.gethostname(), "token": "x"},
-        "other host, lease over": {"pid": 1, "host": "elsewhere", "token": "x", "expires_at": time.time() - 1},
+        "other host, lease over": {"pid": 1, "host": "elsewhere", "token": "x", "lease_seconds": 60},
     }[left]
-    leave_lock(workspace, **holder)
+    leave_lock(workspace, age=61 if left == "other host, lease over" else 0, **holder)
     with partition_lock(workspace, PREDICTIONS, DAY) as path:
         assert json.loads(path.read_text())["token"] != holder.get("token")
     assert not path.exists()
@@ -228,19 +230,45 @@ def test_a_stale_lock_is_taken_over(tmp_path, left):
 
 def test_a_live_lock_is_kept_and_its_lease_renewed(tmp_path):
     workspace = open_workspace(tmp_path)
-    leave_lock(workspace, pid=1, host="elsewhere", token="x", expires_at=time.time() + 60)
+    leave_lock(workspace, pid=1, host="elsewhere", token="x", lease_seconds=60)
     with pytest.raises(RunInProgress, match="pid 1 on elsewhere"):
         with partition_lock(workspace, PREDICTIONS, DAY):
             pass
     lock_file(workspace).unlink()
     with partition_lock(workspace, PREDICTIONS, DAY, lease_seconds=0.6) as path:
-        first = json.loads(path.read_text())["expires_at"]
-        time.sleep(1.0)
-        renewed = json.loads(path.read_text())["expires_at"]
-        assert renewed > first and renewed > time.time()
+        first = path.stat().st_mtime_ns
+        deadline = time.monotonic() + 30  # renewed every 0.2 s: a loaded machine may delay a few
+        while path.stat().st_mtime_ns == first and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert path.stat().st_mtime_ns > first
+        assert json.loads(path.read_text())["token"] not in ("", "x")
         with pytest.raises(RunInProgress):  # this process's own lock is live
             with partition_lock(workspace, PREDICTIONS, DAY):
                 pass
+
+
+@pytest.mark.parametrize(("clock", "age", "stale"), [
+    ("an hour behind ours, renewed just now", 0, False),
+    ("an hour ahead of ours, silent for 61 s", 61, True),
+])
+def test_a_foreign_lease_is_judged_on_the_file_systems_clock_not_the_holders(tmp_path, clock, age, stale):
+    """A holder on another host whose clock disagrees with ours: what it writes of its own clock
+    (started_at, and the expires_at locks once held) is never compared with ours; the lock file's
+    last write time against the shared file system's now decides."""
+    workspace = open_workspace(tmp_path)
+    skew = -3600 if "behind" in clock else 3600
+    holder_now = time.time() + skew
+    leave_lock(workspace, age=age, pid=1, host="elsewhere", token="x", lease_seconds=60,
+               started_at=datetime.datetime.fromtimestamp(holder_now, datetime.UTC).isoformat(),
+               expires_at=holder_now + 60)
+    if stale:
+        with partition_lock(workspace, PREDICTIONS, DAY) as path:
+            assert json.loads(path.read_text())["token"] != "x"
+    else:
+        with pytest.raises(RunInProgress, match="pid 1 on elsewhere"):
+            with partition_lock(workspace, PREDICTIONS, DAY):
+                pass
+        assert json.loads(lock_file(workspace).read_text())["token"] == "x"
 
 
 CONTENDER = """
