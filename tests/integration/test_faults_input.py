@@ -518,3 +518,46 @@ def test_two_ingests_of_one_dataset_at_once_write_one_version_of_each_table(spar
     assert committed_versions(project) == {"rejects": [0], "vocab": [0], "sequences": [0]}
     assert_every_sequences_version_has_its_vocab(spark, project)
     assert not (project / ".lumos" / "locks" / "shop" / "ingest.lock").exists()
+
+
+# -- a damaged Delta log ------------------------------------------------------------------------------
+
+
+def three_commits_and_a_checkpoint(location: Path) -> None:
+    import pyarrow as pa
+    from deltalake import DeltaTable, write_deltalake
+
+    for value in range(3):
+        write_deltalake(str(location), pa.table({"value": [value]}), mode="append")
+    DeltaTable(str(location)).create_checkpoint()  # at version 2
+
+
+@pytest.mark.faults
+@pytest.mark.parametrize(("damaged", "how", "what"), [
+    ("00000000000000000001.json", "cut", "not JSON lines"),
+    ("00000000000000000001.json", "empty", "empty"),
+    ("00000000000000000002.checkpoint.parquet", "cut", "not a whole Parquet file"),
+])
+def test_a_damaged_delta_log_file_is_named_and_nothing_is_read(tmp_path, damaged, how, what):
+    """The training loader's reader (delta-rs) over a log with one file cut short or emptied, as a
+    full disk or a bad copy leaves it: a clear error naming the file, never a table missing the rows
+    of one commit (delta-rs replays an empty commit as a commit of nothing)."""
+    from lumos.core.tables import DamagedDeltaLog
+    from lumos.data.delta_snapshot import open_snapshot
+
+    location = tmp_path / "events"
+    three_commits_and_a_checkpoint(location)
+    log_file = location / "_delta_log" / damaged
+    text = log_file.read_bytes()
+    if damaged.endswith(".json"):  # replayed only without the checkpoint; version 1 never has one
+        (location / "_delta_log" / "00000000000000000002.checkpoint.parquet").unlink()
+        (location / "_delta_log" / "_last_checkpoint").unlink()
+    log_file.write_bytes(text[: len(text) // 2] if how == "cut" else b"")
+
+    with pytest.raises(DamagedDeltaLog, match=f"{log_file} is {what}") as error:
+        open_snapshot(location)
+    assert error.value.exit_code == 1
+    if damaged.endswith(".parquet"):  # the advice works: without the checkpoint the commits replay
+        log_file.unlink()
+        (location / "_delta_log" / "_last_checkpoint").unlink()
+        assert len(open_snapshot(location).files) == 3
