@@ -6,6 +6,7 @@ LUMOS_FAULT_POINT test hook (lumos/core/faults.py), never from a mock.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import json
 import math
@@ -14,7 +15,9 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import mlflow
@@ -470,3 +473,47 @@ def test_probe_metrics_equal_a_recomputation_from_shuffled_raw_rows(promoted):
     expected = run_probe(np.stack([embedding_of[user] for user in chosen]), [label_of[user] for user in chosen], chosen,
                          "logistic").metrics
     assert scored == pytest.approx({name: float(value) for name, value in expected.items()}, rel=1e-6)
+
+
+# -- the SQLite tracking store locked by another writer ----------------------------------------------
+
+
+@contextlib.contextmanager
+def store_locked(workspace, seconds: float | None = None) -> Iterator[None]:
+    """Another writer holds the store's SQLite write lock (as a parallel sweep's commit does), for
+    `seconds` or the whole block."""
+    import sqlite3
+
+    tracking_client(workspace)  # the store exists
+    holder = sqlite3.connect(Path(workspace.root) / "mlflow.db", isolation_level=None, check_same_thread=False)
+    holder.execute("BEGIN EXCLUSIVE")
+    release = threading.Timer(seconds, holder.rollback) if seconds else None
+    if release:
+        release.start()
+    try:
+        yield
+    finally:
+        if release:
+            release.join()
+        holder.rollback() if holder.in_transaction else None
+        holder.close()
+
+
+def test_a_store_locked_for_a_few_seconds_is_waited_for(tmp_path):
+    workspace = open_workspace(tmp_path)
+    with store_locked(workspace, seconds=3):
+        result = lumos(tmp_path, "models", "--json")
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout) == {"models": []}
+
+
+@pytest.mark.slow  # waits out MLflow's 20 s busy timeout
+def test_a_store_locked_past_the_busy_timeout_fails_with_a_clear_error(tmp_path):
+    workspace = open_workspace(tmp_path)
+    started = time.monotonic()
+    with store_locked(workspace):
+        result = lumos(tmp_path, "models")
+    assert result.exit_code == 1, result.output
+    assert f"the MLflow store sqlite:///{workspace.root}/mlflow.db stayed locked by another writer" in result.output
+    assert "Rerun it once that writer is done" in result.output and "Traceback" not in result.output
+    assert time.monotonic() - started < 200  # bounded (MLflow waits up to 20 s a statement): it did not hang
