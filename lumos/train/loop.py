@@ -246,6 +246,7 @@ def fit(plan: FitPlan, log_metrics=None, log_checkpoint=None, report=None) -> Fi
             window.steps += 1
             done = step + 1
             fault_point(f"train.step.{done}")
+            fault_point(f"train.step.{done}.rank{ranks.rank}")
             result.step = done
             result.train_losses = _mean_over_ranks(losses, ranks)
 

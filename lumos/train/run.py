@@ -322,10 +322,23 @@ def launch(plan: FitPlan, world_size: int, report: Report, nodes: Nodes = ONE_NO
         ranks = mp.spawn(_rank_main, args=(nodes.rank * local_ranks, local_ranks, world_size, plan, str(result_file)),
                          nprocs=local_ranks, join=False)
         with _forward_signals([process.pid for process in ranks.processes]):
-            while not ranks.join():
-                pass
+            try:
+                while not ranks.join(grace_period=RANK_GRACE_SECONDS):
+                    pass
+            except mp.ProcessExitedException as error:
+                # torch has stopped this node's other ranks (SIGTERM, then SIGKILL after the grace
+                # period: a rank blocked in a collective cannot run its handler).
+                died = f"signal {error.signal_name}" if error.signal_name else f"exit code {error.exit_code}"
+                raise LumosError(f"rank {nodes.rank * local_ranks + error.error_index} (pid {error.error_pid}) died of "
+                                 f"{died}; the other ranks were stopped and the run is FAILED. Resume it from its last "
+                                 f"checkpoint with `lumos train --resume RUN_ID`") from None
         raw = json.loads(result_file.read_text())
     return FitResult(**raw)
+
+
+RANK_GRACE_SECONDS = 10
+"""How long the other ranks get to stop by themselves once one rank died, before SIGTERM (and as
+long again before SIGKILL)."""
 
 
 @contextlib.contextmanager

@@ -517,3 +517,26 @@ def test_a_store_locked_past_the_busy_timeout_fails_with_a_clear_error(tmp_path)
     assert f"the MLflow store sqlite:///{workspace.root}/mlflow.db stayed locked by another writer" in result.output
     assert "Rerun it once that writer is done" in result.output and "Traceback" not in result.output
     assert time.monotonic() - started < 200  # bounded (MLflow waits up to 20 s a statement): it did not hang
+
+
+# -- a DDP rank killed mid-run ----------------------------------------------------------------------
+
+
+@pytest.mark.slow  # two ranks, and the wait for the survivor to stop: ~90 s
+def test_a_rank_killed_mid_run_ends_the_whole_job_with_exit_1_naming_the_rank(project, tmp_path):
+    """Rank 1 is SIGKILLed after its third step while rank 0 goes on into the next collective: the
+    job must end (not hang in gloo), exit 1 naming the rank, and leave the MLflow run FAILED."""
+    started = time.monotonic()
+    process = lumos_process(project, "train", "--config", str(write_recipe(tmp_path, max_steps=1000, checkpoint_every=2,
+                                                                            experiment="test-faults-ddp")),
+                            "--nproc", "2", env={"LUMOS_FAULT_POINT": "train.step.3.rank1"})
+    _, stderr = process.communicate(timeout=600)  # a hang fails here
+    assert process.returncode == 1, stderr[-3000:]
+    assert "error: rank 1 (pid " in stderr and "died of signal SIGKILL" in stderr, stderr[-3000:]
+    assert "lumos train --resume RUN_ID" in stderr and "Traceback" not in stderr
+    assert time.monotonic() - started < 300
+
+    client = tracking_client(open_workspace(project))
+    (run,) = client.search_runs([client.get_experiment_by_name("test-faults-ddp").experiment_id])
+    assert run.info.status == "FAILED" and run.data.params["world_size"] == "2"
+    assert run.data.tags["lumos.checkpoint"] == "checkpoints/step-00000002"  # the last one before the kill
