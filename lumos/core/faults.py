@@ -10,7 +10,8 @@ exception handlers, no cleanup, no `finally`. Points:
 - train: `train.step.<N>` (after optimizer step N, on every rank), `train.step.<N>.rank<R>` (there, on
   rank R only), `checkpoint.replace` (a new checkpoint written,
   the old one still in place under its name);
-- infer: `infer.write` (the partition scored, nothing committed).
+- infer: `infer.write` (the partition scored, nothing committed);
+- promote: `promote.alias` (a new version registered, the alias not yet moved).
 """
 
 from __future__ import annotations

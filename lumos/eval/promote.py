@@ -11,6 +11,7 @@ import re
 from dataclasses import dataclass, field
 
 from lumos.core.errors import GateError, UsageError
+from lumos.core.faults import fault_point
 from lumos.core.registry import (
     ModelVersionInfo,
     check_model_name,
@@ -148,6 +149,9 @@ def promote(
         source = run.data.tags.get(MODEL_URI_TAG) or f"runs:/{run_id}/{run.data.tags[CHECKPOINT_TAG]}"
         existing = register_version(workspace, name, run_id, source, tags, _version_description(run, results))
         result.version = existing.version
+    # Killed here, the registry holds the new version and the alias still names the old one; a
+    # rerun finds the version (version_for_run) and only moves the alias.
+    fault_point("promote.alias")
     set_alias(workspace, name, alias, result.version)
     return result
 

@@ -540,3 +540,33 @@ def test_a_rank_killed_mid_run_ends_the_whole_job_with_exit_1_naming_the_rank(pr
     (run,) = client.search_runs([client.get_experiment_by_name("test-faults-ddp").experiment_id])
     assert run.info.status == "FAILED" and run.data.params["world_size"] == "2"
     assert run.data.tags["lumos.checkpoint"] == "checkpoints/step-00000002"  # the last one before the kill
+
+
+# -- a kill during promote ----------------------------------------------------------------------------
+
+
+@pytest.mark.slow  # two short trainings and a `lumos promote` process: ~60 s
+def test_a_promote_killed_before_its_alias_moves_leaves_the_old_alias_and_a_rerun_moves_it(project, tmp_path):
+    workspace = open_workspace(project)
+    runs = []
+    for seed in (1, 2):
+        (tmp_path / str(seed)).mkdir()
+        recipe = write_recipe(tmp_path / str(seed), max_steps=2, checkpoint_every=1000, seed=seed,
+                              experiment="test-faults-promote")
+        runs.append(train(load_config(TrainConfig, recipe), workspace).run_id)
+    old, new = runs
+    assert lumos(project, "promote", old, "--model", "killed").exit_code == 0
+
+    killed = lumos_process(project, "promote", new, "--model", "killed", env={"LUMOS_FAULT_POINT": "promote.alias"})
+    _, stderr = killed.communicate(timeout=300)
+    assert killed.returncode == -signal.SIGKILL, stderr[-2000:]
+    client = tracking_client(workspace)
+    versions = {version.run_id: int(version.version) for version in client.search_model_versions("name='killed'")}
+    assert versions == {old: 1, new: 2}  # registered, not yet behind the alias
+    assert client.get_model_version_by_alias("killed", "production").run_id == old
+
+    rerun = lumos(project, "promote", new, "--model", "killed", "--json")
+    assert rerun.exit_code == 0, rerun.output
+    assert json.loads(rerun.stdout)["reused_version"] is True
+    assert int(client.get_model_version_by_alias("killed", "production").version) == 2
+    assert len(client.search_model_versions("name='killed'")) == 2
