@@ -13,7 +13,6 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import sys
 import tempfile
 from dataclasses import dataclass, field, replace
@@ -48,7 +47,7 @@ from lumos.data.loader import SequenceLoader
 from lumos.data.sequences_version import open_sequences
 from lumos.train.checkpoint import load_model, load_training_state
 from lumos.train.config import TrainConfig
-from lumos.train.loop import FitPlan, FitResult, fit
+from lumos.train.loop import RENDEZVOUS_FILE, FitPlan, FitResult, fit
 from lumos.train.memory import estimate_memory, find_batch_size
 from lumos.train.model import LumosModel
 
@@ -67,7 +66,7 @@ class Nodes:
     master_addr: str | None = None
     """Address of node 0, where rank 0 listens for the others (--master-addr)."""
     master_port: int | None = None
-    """Port on node 0 for that rendezvous (--master-port); on one machine, a free one by default."""
+    """Port on node 0 for that rendezvous (--master-port); without it, one machine's ranks meet in a file."""
 
     def __post_init__(self) -> None:
         if self.count < 1:
@@ -316,9 +315,15 @@ def launch(plan: FitPlan, world_size: int, report: Report, nodes: Nodes = ONE_NO
     local_ranks = world_size // nodes.count
     with tempfile.TemporaryDirectory(prefix="lumos-ranks-") as scratch:
         result_file = Path(scratch) / "result.json"
-        # Node 0's rendezvous from the flags; on one machine, from the environment or a free port.
-        os.environ["MASTER_ADDR"] = nodes.master_addr or os.environ.get("MASTER_ADDR", "127.0.0.1")
-        os.environ["MASTER_PORT"] = str(nodes.master_port or os.environ.get("MASTER_PORT") or _free_port())
+        if nodes.count > 1 or nodes.master_port or "MASTER_PORT" in os.environ:
+            # Node 0's rendezvous from the flags or the environment.
+            os.environ["MASTER_ADDR"] = nodes.master_addr or os.environ.get("MASTER_ADDR", "127.0.0.1")
+            os.environ["MASTER_PORT"] = str(nodes.master_port or os.environ["MASTER_PORT"])
+            os.environ.pop(RENDEZVOUS_FILE, None)  # an earlier one-machine launch's, in this process
+        else:
+            # One machine: the ranks meet in a file, not on a port. A port found free here could be
+            # taken by another process before rank 0 bound it (two trainings started together).
+            os.environ[RENDEZVOUS_FILE] = str(Path(scratch) / "rendezvous")
         ranks = mp.spawn(_rank_main, args=(nodes.rank * local_ranks, local_ranks, world_size, plan, str(result_file)),
                          nprocs=local_ranks, join=False)
         with _forward_signals([process.pid for process in ranks.processes]):
@@ -417,9 +422,3 @@ def _metric(key: str, value: float, step: int):
 
     # MLflow metric names may not hold "@": valid/ndcg@10 is logged as valid/ndcg_at_10, as in leaderboards.
     return Metric(key=key.replace("@", "_at_"), value=float(value), timestamp=int(time.time() * 1000), step=step)
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
