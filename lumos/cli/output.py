@@ -22,6 +22,7 @@ from rich.table import Table
 
 from lumos.core.config import InvalidFields
 from lumos.core.errors import EXIT_RUNTIME, EXIT_USAGE, LumosError
+from lumos.core.tracking import locked_store_message
 
 
 @dataclasses.dataclass
@@ -135,6 +136,10 @@ def handles_errors(command: Callable) -> Callable:
         except Exception as error:
             if debug:
                 traceback.print_exc()
+            locked = locked_store_message(error)
+            if locked:
+                stderr_console().print(f"[bold red]error:[/bold red] {escape(locked)}")
+                raise typer.Exit(EXIT_RUNTIME) from None
             message = str(error).strip().splitlines()[0] if str(error).strip() else ""
             stderr_console().print(
                 f"[bold red]error:[/bold red] {type(error).__name__}: {escape(message)}\n"

@@ -7,9 +7,11 @@ A SIGKILL takes the Spark JVM down with the process, as a machine crash or an OO
 exception handlers, no cleanup, no `finally`. Points:
 - ingest: `after_rejects` (rejects committed), `mid_vocab` (the vocab write has put down data
   files, before its commit), `before_sequences` (vocab committed, sequences not yet written);
-- train: `train.step.<N>` (after optimizer step N), `checkpoint.replace` (a new checkpoint written,
+- train: `train.step.<N>` (after optimizer step N, on every rank), `train.step.<N>.rank<R>` (there, on
+  rank R only), `checkpoint.replace` (a new checkpoint written,
   the old one still in place under its name);
-- infer: `infer.write` (the partition scored, nothing committed).
+- infer: `infer.write` (the partition scored, nothing committed);
+- promote: `promote.alias` (a new version registered, the alias not yet moved).
 """
 
 from __future__ import annotations

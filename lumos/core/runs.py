@@ -163,6 +163,11 @@ def download_checkpoint(workspace: Workspace, run_id: str, flag: str) -> Path:
     return download_run_checkpoint(workspace, run, Path(tempfile.mkdtemp(prefix="lumos-checkpoint-")))
 
 
+def stored_checkpoint(run) -> str:
+    """Where the latest checkpoint of `run` is stored (its artifact URI), for messages."""
+    return f"{run.info.artifact_uri.rstrip('/')}/{run.data.tags[CHECKPOINT_TAG]}"
+
+
 def download_run_checkpoint(workspace: Workspace, run, into: Path) -> Path:
     """The latest checkpoint of `run` (a run `training_run` returned), downloaded into folder `into`."""
     import mlflow

@@ -8,10 +8,13 @@ they touch a path, and no SQL is built from them: every access goes through the 
 from __future__ import annotations
 
 import datetime
+import json
+import os
 import re
 from dataclasses import dataclass
+from pathlib import Path
 
-from lumos.core.errors import UsageError
+from lumos.core.errors import LumosError, UsageError
 from lumos.core.lineage import LineageRecord
 from lumos.core.workspace import Workspace
 
@@ -229,14 +232,67 @@ def open_delta_table(location: str, version: int | None = None):
     from deltalake.exceptions import DeltaError, TableNotFoundError
 
     try:
-        return DeltaTable(location, version=version)
+        table = DeltaTable(location, version=version)
     except TableNotFoundError as error:
         raise UsageError(f"{location} is not a Delta table (no readable _delta_log)") from error
-    except DeltaError:
+    except DeltaError as error:
+        damaged = damaged_log_files(location, version, read_contents=True)
+        if damaged:
+            raise DamagedDeltaLog(_damaged_message(location, damaged)) from error
         latest = DeltaTable(location).version() if version is not None else None
         if latest is not None and version > latest:
             raise UsageError(f"{location} has no version {version}; its versions are 0 … {latest}") from None
         raise
+    # delta-rs replays an empty commit file as a commit of nothing: the files it added would vanish
+    # from every later version without an error.
+    damaged = damaged_log_files(location, table.version(), read_contents=False)
+    if damaged:
+        raise DamagedDeltaLog(_damaged_message(location, damaged))
+    return table
+
+
+class DamagedDeltaLog(LumosError):
+    """A commit or checkpoint file in a table's _delta_log is empty, cut short or not what it claims."""
+
+
+def damaged_log_files(location: str, up_to: int | None, read_contents: bool) -> dict[str, str]:
+    """File name → what is wrong, for each commit (NNN.json) up to version `up_to` (all when None)
+    that is empty, and with `read_contents` (after delta-rs failed: it reads every commit) each
+    commit that is not JSON lines and each checkpoint (NNN.checkpoint.parquet) without a footer."""
+    log = Path(location.removeprefix("file:")) / "_delta_log"
+    damaged = {}
+    for entry in sorted(os.scandir(log), key=lambda entry: entry.name) if log.is_dir() else ():
+        version_text = entry.name.split(".", 1)[0]
+        if not version_text.isdigit() or (up_to is not None and int(version_text) > up_to):
+            continue
+        if entry.name.endswith(".json"):
+            if entry.stat().st_size == 0:
+                damaged[entry.name] = "empty"
+            elif read_contents and not _json_lines(Path(entry.path)):
+                damaged[entry.name] = "not JSON lines (cut short or overwritten)"
+        elif read_contents and entry.name.endswith(".checkpoint.parquet") and not _parquet_footer(Path(entry.path)):
+            damaged[entry.name] = "not a whole Parquet file (no footer)"
+    return damaged
+
+
+def _json_lines(path: Path) -> bool:
+    try:
+        return all(isinstance(json.loads(line), dict) for line in path.read_text().splitlines() if line.strip())
+    except (ValueError, UnicodeDecodeError):
+        return False
+
+
+def _parquet_footer(path: Path) -> bool:
+    with path.open("rb") as handle:
+        handle.seek(max(0, path.stat().st_size - 4))
+        return handle.read(4) == b"PAR1"
+
+
+def _damaged_message(location: str, damaged: dict[str, str]) -> str:
+    files = "; ".join(f"{location}/_delta_log/{name} is {what}" for name, what in damaged.items())
+    return (f"the Delta log of {location} is damaged: {files}. Nothing was read. Restore the file from a "
+            f"backup; a damaged checkpoint can instead be deleted (with _delta_log/_last_checkpoint), and the "
+            f"JSON commits are replayed")
 
 
 def _utc_text(epoch_ms: int | None) -> str:

@@ -36,6 +36,20 @@ def _create_local_store(workspace: Workspace) -> None:
     SqlAlchemyStore(uri, workspace.mlflow_artifact_root).engine.dispose()
 
 
+def locked_store_message(error: BaseException) -> str | None:
+    """What to tell the user when `error` is the SQLite tracking store still locked by another
+    writer once MLflow stopped waiting (it sets SQLite's busy timeout, up to 20 s, during which SQLite
+    retries); None for other errors."""
+    if "database is locked" not in str(error):
+        return None
+    import mlflow
+
+    return (f"the MLflow store {mlflow.get_tracking_uri()} stayed locked by another writer longer than MLflow "
+            f"waits (a sweep or training run writing to it, or a tool holding it open); this "
+            f"command stopped there. Rerun it once that writer is done; for many parallel writers, set "
+            f"[mlflow] tracking_uri in lumos.toml to an MLflow server")
+
+
 def ensure_experiment(client, workspace: Workspace, name: str, description: str | None = None) -> str:
     """The id of experiment `name`, created with its artifacts under the workspace when new;
     `description` (Markdown) is what MLflow's UI shows at the top of the experiment."""

@@ -2,11 +2,15 @@
 
 The whole path is distributed Spark DataFrame work, so the same recipe runs on a laptop or a
 cluster master. The run is idempotent: the same resolved recipe over the same input versions
-finds its earlier output and writes nothing.
+finds its earlier output and writes nothing. Two ingests of one dataset never run at once on a
+local workspace: each holds `<workspace>/locks/<dataset>/ingest.lock` (lumos.core.lock) from before
+it reads until its last commit, and the second exits 1 at once, having written nothing.
 """
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -15,6 +19,7 @@ from lumos.core.config import config_hash, to_plain
 from lumos.core.errors import UsageError
 from lumos.core.faults import crash_during_write, fault_point
 from lumos.core.lineage import LineageInput, LineageRecord
+from lumos.core.lock import describe_holder, lease_lock
 from lumos.core.progress import Report
 from lumos.core.spark import job_steps
 from lumos.core.tables import (
@@ -151,6 +156,31 @@ def count_rejects_and_tokens(checked, users, recipe: IngestRecipe):
 def run_ingest(spark, workspace: Workspace, recipe: IngestRecipe, recipe_dir: Path, report: Report = lambda _: None,
                rebuild: bool = False) -> IngestResult:
     """`rebuild`: write new versions even when an earlier ingest of the same work exists (reproduce)."""
+    with dataset_lock(workspace, recipe.dataset):
+        return _ingest(spark, workspace, recipe, recipe_dir, report, rebuild)
+
+
+@contextlib.contextmanager
+def dataset_lock(workspace: Workspace, dataset: str) -> Iterator[None]:
+    """Hold the dataset's ingest lock; without it two ingests would both find no earlier ingest and
+    both write, interleaving versions of sequences and vocab. A remote workspace has no shared file
+    system to lock on: there Delta's concurrency check fails the later commit of each table."""
+    if not workspace.is_local:
+        yield
+        return
+    path = Path(workspace.root.removeprefix("file:")) / "locks" / dataset / "ingest.lock"
+
+    def busy(holder: dict) -> str:
+        return (f"another lumos ingest is writing dataset {dataset} ({describe_holder(holder)}); this run wrote "
+                f"nothing. Wait for it and rerun (the rerun finds its tables and writes nothing when the recipe and "
+                f"inputs are the same); a lock whose holder died is taken over once its lease runs out, or remove {path}")
+
+    with lease_lock(path, busy):
+        yield
+
+
+def _ingest(spark, workspace: Workspace, recipe: IngestRecipe, recipe_dir: Path, report: Report,
+            rebuild: bool) -> IngestResult:
     refs = {role: TableRef(recipe.dataset, role) for role in ("sequences", "vocab", "rejects")}
     report(f"reading {recipe.source.path}")
     sources = read_checked_inputs(spark, workspace, recipe, recipe_dir)

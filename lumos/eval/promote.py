@@ -11,6 +11,7 @@ import re
 from dataclasses import dataclass, field
 
 from lumos.core.errors import GateError, UsageError
+from lumos.core.faults import fault_point
 from lumos.core.registry import (
     ModelVersionInfo,
     check_model_name,
@@ -31,6 +32,7 @@ from lumos.core.runs import (
 )
 from lumos.core.workspace import Workspace
 from lumos.eval.leaderboard import metric_name, mlflow_key
+from lumos.train.trained_model import load_training_run
 
 _REQUIREMENT = re.compile(r"^(?P<task>[^:\s]+):(?P<metric>[^<>=\s]+)\s*(?P<op>>=|<=|>|<)\s*(?P<value>[-+0-9.eE]+)$")
 _COMPARE = {">=": float.__ge__, "<=": float.__le__, ">": float.__gt__, "<": float.__lt__}
@@ -126,6 +128,9 @@ def promote(
     passed, failed = check_requirements(list(requirements), results)
     if failed:
         raise GateError(f"not promoting run {run_id} to {name}@{alias}:\n  " + "\n  ".join(failed))
+    # A truncated or garbled checkpoint would be found only by the first infer that serves it:
+    # load it once now (CorruptCheckpoint, exit 1, names the file), before the alias moves.
+    load_training_run(workspace, run_id)
 
     previous = _alias_target(workspace, name, alias)
     existing = existing or version_for_run(workspace, name, run_id)
@@ -144,6 +149,9 @@ def promote(
         source = run.data.tags.get(MODEL_URI_TAG) or f"runs:/{run_id}/{run.data.tags[CHECKPOINT_TAG]}"
         existing = register_version(workspace, name, run_id, source, tags, _version_description(run, results))
         result.version = existing.version
+    # Killed here, the registry holds the new version and the alias still names the old one; a
+    # rerun finds the version (version_for_run) and only moves the alias.
+    fault_point("promote.alias")
     set_alias(workspace, name, alias, result.version)
     return result
 

@@ -26,10 +26,11 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from lumos.core.config import from_dict, read_toml, to_toml
-from lumos.core.errors import UsageError
+from lumos.core.errors import LumosError, UsageError
 from lumos.core.faults import fault_point
 from lumos.data.contract import FeatureSpec
 from lumos.train.config import TrainConfig
@@ -100,17 +101,42 @@ def save_model(folder: Path, model: LumosModel, config: TrainConfig) -> None:
     (folder / FEATURES_FILE).write_text(json.dumps(dataclasses.asdict(model.features), indent=2), encoding="utf-8")
 
 
-def load_model(folder: Path, map_location: str | torch.device = "cpu") -> tuple[LumosModel, TrainConfig]:
-    """Rebuild a model from a checkpoint folder alone."""
+class CorruptCheckpoint(LumosError):
+    """A checkpoint file is truncated or garbled: the model cannot be rebuilt from it."""
+
+
+def load_model(
+    folder: Path, map_location: str | torch.device = "cpu", source: str | None = None
+) -> tuple[LumosModel, TrainConfig]:
+    """Rebuild a model from a checkpoint folder alone.
+
+    `source` names where the folder came from when it is a temporary download, so that an error
+    names the stored file rather than a copy that is gone by the time the user reads it.
+    """
     folder = Path(folder)
+    where = (source or str(folder)).rstrip("/")
     missing = [name for name in MODEL_FILES if not (folder / name).is_file()]
     if missing:
-        raise UsageError(f"{folder} is not a Lumos checkpoint: missing {', '.join(missing)}")
-    config = from_dict(TrainConfig, read_toml(folder / CONFIG_FILE), source=str(folder / CONFIG_FILE))
-    features = load_features(folder / FEATURES_FILE)
+        raise UsageError(f"{where} is not a Lumos checkpoint: missing {', '.join(missing)}")
+    config = from_dict(TrainConfig, read_toml(folder / CONFIG_FILE), source=f"{where}/{CONFIG_FILE}")
+    try:
+        features = load_features(folder / FEATURES_FILE)
+    except (ValueError, TypeError) as error:
+        raise CorruptCheckpoint(_corrupt(f"{where}/{FEATURES_FILE}", error)) from error
     model = LumosModel(config.model, features)
-    model.load_state_dict(load_file(str(folder / MODEL_FILE), device=str(map_location)))
+    try:
+        # safetensors checks the header and the file's length, not the bytes of the tensors: a
+        # truncated or garbled file fails here, and weights of another shape fail in load_state_dict.
+        model.load_state_dict(load_file(str(folder / MODEL_FILE), device=str(map_location)))
+    except (SafetensorError, RuntimeError) as error:
+        raise CorruptCheckpoint(_corrupt(f"{where}/{MODEL_FILE}", error)) from error
     return model, config
+
+
+def _corrupt(path: str, error: Exception) -> str:
+    reason = str(error).splitlines()[0] if str(error) else type(error).__name__
+    return (f"{path} cannot be read: it is truncated or corrupt ({reason}). "
+            f"Restore it from a copy, or retrain and promote another run")
 
 
 def read_model_files(folder: Path) -> dict[str, bytes]:

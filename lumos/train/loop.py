@@ -98,6 +98,11 @@ class Ranks:
         return self.rank == 0
 
 
+RENDEZVOUS_FILE = "LUMOS_RENDEZVOUS_FILE"
+"""The environment variable naming the file in which one machine's spawned ranks meet; unset,
+they meet at MASTER_ADDR:MASTER_PORT (several nodes, torchrun)."""
+
+
 def setup_ranks(device_preference: str) -> Ranks:
     """Join the process group when launched with several ranks (our launcher or torchrun)."""
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
@@ -108,7 +113,9 @@ def setup_ranks(device_preference: str) -> Ranks:
     if use_cuda:
         torch.cuda.set_device(device)
     if world_size > 1 and not dist.is_initialized():
-        dist.init_process_group("nccl" if use_cuda else "gloo", rank=rank, world_size=world_size)
+        rendezvous = os.environ.get(RENDEZVOUS_FILE)
+        dist.init_process_group("nccl" if use_cuda else "gloo", rank=rank, world_size=world_size,
+                                init_method=f"file://{rendezvous}" if rendezvous else None)
     return Ranks(rank, world_size, device)
 
 
@@ -257,6 +264,7 @@ def fit(plan: FitPlan, log_metrics=None, log_checkpoint=None, report=None) -> Fi
             window.steps += 1
             done = step + 1
             fault_point(f"train.step.{done}")
+            fault_point(f"train.step.{done}.rank{ranks.rank}")
             result.step = done
             result.train_losses = _mean_over_ranks(losses, ranks)
 

@@ -15,7 +15,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import sys
 import tempfile
 from dataclasses import dataclass, field, replace
@@ -55,7 +54,7 @@ from lumos.data.sequences_version import open_sequences
 from lumos.train.checkpoint import load_model, load_training_state
 from lumos.train.config import TrainConfig
 from lumos.train.init_from import InitSource, InitSummary, frozen_parameters, prepare_init
-from lumos.train.loop import FitPlan, FitResult, fit
+from lumos.train.loop import RENDEZVOUS_FILE, FitPlan, FitResult, fit
 from lumos.train.memory import estimate_memory, find_batch_size
 from lumos.train.model import LumosModel
 
@@ -74,7 +73,7 @@ class Nodes:
     master_addr: str | None = None
     """Address of node 0, where rank 0 listens for the others (--master-addr)."""
     master_port: int | None = None
-    """Port on node 0 for that rendezvous (--master-port); on one machine, a free one by default."""
+    """Port on node 0 for that rendezvous (--master-port); without it, one machine's ranks meet in a file."""
 
     def __post_init__(self) -> None:
         if self.count < 1:
@@ -373,16 +372,35 @@ def launch(plan: FitPlan, world_size: int, report: Report, nodes: Nodes = ONE_NO
     local_ranks = world_size // nodes.count
     with tempfile.TemporaryDirectory(prefix="lumos-ranks-") as scratch:
         result_file = Path(scratch) / "result.json"
-        # Node 0's rendezvous from the flags; on one machine, from the environment or a free port.
-        os.environ["MASTER_ADDR"] = nodes.master_addr or os.environ.get("MASTER_ADDR", "127.0.0.1")
-        os.environ["MASTER_PORT"] = str(nodes.master_port or os.environ.get("MASTER_PORT") or _free_port())
+        if nodes.count > 1 or nodes.master_port or "MASTER_PORT" in os.environ:
+            # Node 0's rendezvous from the flags or the environment.
+            os.environ["MASTER_ADDR"] = nodes.master_addr or os.environ.get("MASTER_ADDR", "127.0.0.1")
+            os.environ["MASTER_PORT"] = str(nodes.master_port or os.environ["MASTER_PORT"])
+            os.environ.pop(RENDEZVOUS_FILE, None)  # an earlier one-machine launch's, in this process
+        else:
+            # One machine: the ranks meet in a file, not on a port. A port found free here could be
+            # taken by another process before rank 0 bound it (two trainings started together).
+            os.environ[RENDEZVOUS_FILE] = str(Path(scratch) / "rendezvous")
         ranks = mp.spawn(_rank_main, args=(nodes.rank * local_ranks, local_ranks, world_size, plan, str(result_file)),
                          nprocs=local_ranks, join=False)
         with _forward_signals([process.pid for process in ranks.processes]):
-            while not ranks.join():
-                pass
+            try:
+                while not ranks.join(grace_period=RANK_GRACE_SECONDS):
+                    pass
+            except mp.ProcessExitedException as error:
+                # torch has stopped this node's other ranks (SIGTERM, then SIGKILL after the grace
+                # period: a rank blocked in a collective cannot run its handler).
+                died = f"signal {error.signal_name}" if error.signal_name else f"exit code {error.exit_code}"
+                raise LumosError(f"rank {nodes.rank * local_ranks + error.error_index} (pid {error.error_pid}) died of "
+                                 f"{died}; the other ranks were stopped and the run is FAILED. Resume it from its last "
+                                 f"checkpoint with `lumos train --resume RUN_ID`") from None
         raw = json.loads(result_file.read_text())
     return FitResult(**raw)
+
+
+RANK_GRACE_SECONDS = 10
+"""How long the other ranks get to stop by themselves once one rank died, before SIGTERM (and as
+long again before SIGKILL)."""
 
 
 @contextlib.contextmanager
@@ -461,9 +479,3 @@ def _metric(key: str, value: float, step: int):
 
     # MLflow metric names may not hold "@": valid/ndcg@10 is logged as valid/ndcg_at_10, as in leaderboards.
     return Metric(key=key.replace("@", "_at_"), value=float(value), timestamp=int(time.time() * 1000), step=step)
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from lumos.core.registry import ModelVersionInfo
-from lumos.core.runs import DATA_TAG, download_run_checkpoint, resolve_run
+from lumos.core.runs import DATA_TAG, download_run_checkpoint, resolve_run, stored_checkpoint
 from lumos.core.tables import TableRef
 from lumos.core.workspace import Workspace
 from lumos.data.contract import FeatureSpec
@@ -62,6 +62,6 @@ def _load(workspace: Workspace, run_id: str | None, model: str | None) -> Traine
     found = resolve_run(workspace, run_id, model)
     with tempfile.TemporaryDirectory(prefix="lumos-checkpoint-") as download:
         folder = download_run_checkpoint(workspace, found.run, Path(download))
-        loaded, _ = load_model(folder)
+        loaded, _ = load_model(folder, source=stored_checkpoint(found.run))
         checkpoint = read_model_files(folder)
     return TrainedModel(found.version, found.run, TableRef.parse(found.run.data.tags[DATA_TAG]), checkpoint, loaded)

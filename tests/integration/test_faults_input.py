@@ -467,3 +467,97 @@ def test_rules_and_tokens_counted_in_one_pass_as_counted_apart(spark, tmp_path):
                         tokens.column("count").to_pylist(), strict=True))
     assert together == apart
     assert ("item", "c") not in together and ("item", "d") not in together
+
+
+# -- two ingests of one dataset at once -------------------------------------------------------------
+
+
+def ingest_project(folder: Path) -> Path:
+    (folder / "ingest.toml").write_text(KILL_RECIPE)
+    (folder / "lumos.toml").write_text('[spark]\nmaster = "local[1]"\nshuffle_partitions = 2\ndriver_memory = "1g"\n')
+    (folder / "events.csv").write_text(messy_events()[0])
+    return folder
+
+
+@pytest.mark.faults
+def test_an_ingest_refuses_at_once_while_another_holds_the_dataset(spark, tmp_path):
+    """(A dead holder's lock is taken over as infer's is: lumos.core.lock, test_faults_run.)"""
+    from lumos.core.config import load_config
+    from lumos.core.lock import RunInProgress
+
+    project = ingest_project(tmp_path)
+    workspace = open_workspace(project)
+    recipe = load_config(IngestRecipe, project / "ingest.toml")
+    lock = project / ".lumos" / "locks" / "shop" / "ingest.lock"
+    lock.parent.mkdir(parents=True)
+
+    lock.write_text(json.dumps({"pid": 1, "host": "elsewhere", "token": "x", "lease_seconds": 60}))
+    with pytest.raises(RunInProgress, match=r"another lumos ingest is writing dataset shop \(pid 1 on elsewhere") as refused:
+        run_ingest(spark, workspace, recipe, project)
+    assert "this run wrote nothing" in str(refused.value) and refused.value.exit_code == 1
+    assert committed_versions(project) == {"rejects": [], "vocab": [], "sequences": []}
+
+
+@pytest.mark.faults
+@pytest.mark.slow  # two `lumos ingest` processes, a Spark JVM each
+def test_two_ingests_of_one_dataset_at_once_write_one_version_of_each_table(spark, tmp_path):
+    project = ingest_project(tmp_path)
+    command = [sys.executable, "-m", "lumos", "--workspace", str(project), "ingest",
+               "--recipe", str(project / "ingest.toml"), "--json"]
+    environment = {key: value for key, value in os.environ.items() if key != FAULT_POINT}
+    runs = [subprocess.Popen(command, env=environment, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            for _ in range(2)]
+    outcomes = [(process.returncode, *output) for process, output in
+                ((process, process.communicate(timeout=600)) for process in runs)]
+    assert sorted(code for code, _, _ in outcomes) in ([0, 1], [0, 0]), [err[-2000:] for _, _, err in outcomes]
+    for code, stdout, stderr in outcomes:
+        if code == 1:  # it started while the other held the lock
+            assert "another lumos ingest is writing dataset shop" in stderr
+        else:  # the winner, or a run that began after the winner's last commit and found its tables
+            assert json.loads(stdout)["tables"]["sequences"] == "shop.sequences@0"
+    assert committed_versions(project) == {"rejects": [0], "vocab": [0], "sequences": [0]}
+    assert_every_sequences_version_has_its_vocab(spark, project)
+    assert not (project / ".lumos" / "locks" / "shop" / "ingest.lock").exists()
+
+
+# -- a damaged Delta log ------------------------------------------------------------------------------
+
+
+def three_commits_and_a_checkpoint(location: Path) -> None:
+    import pyarrow as pa
+    from deltalake import DeltaTable, write_deltalake
+
+    for value in range(3):
+        write_deltalake(str(location), pa.table({"value": [value]}), mode="append")
+    DeltaTable(str(location)).create_checkpoint()  # at version 2
+
+
+@pytest.mark.faults
+@pytest.mark.parametrize(("damaged", "how", "what"), [
+    ("00000000000000000001.json", "cut", "not JSON lines"),
+    ("00000000000000000001.json", "empty", "empty"),
+    ("00000000000000000002.checkpoint.parquet", "cut", "not a whole Parquet file"),
+])
+def test_a_damaged_delta_log_file_is_named_and_nothing_is_read(tmp_path, damaged, how, what):
+    """The training loader's reader (delta-rs) over a log with one file cut short or emptied, as a
+    full disk or a bad copy leaves it: a clear error naming the file, never a table missing the rows
+    of one commit (delta-rs replays an empty commit as a commit of nothing)."""
+    from lumos.core.tables import DamagedDeltaLog
+    from lumos.data.delta_snapshot import open_snapshot
+
+    location = tmp_path / "events"
+    three_commits_and_a_checkpoint(location)
+    log_file = location / "_delta_log" / damaged
+    text = log_file.read_bytes()
+    if damaged.endswith(".json"):  # replayed only without the checkpoint; version 1 never has one
+        (location / "_delta_log" / "00000000000000000002.checkpoint.parquet").unlink()
+        (location / "_delta_log" / "_last_checkpoint").unlink()
+    log_file.write_bytes(text[: len(text) // 2] if how == "cut" else b"")
+
+    with pytest.raises(DamagedDeltaLog, match=f"{log_file} is {what}") as error:
+        open_snapshot(location)
+    assert error.value.exit_code == 1
+    if damaged.endswith(".parquet"):  # the advice works: without the checkpoint the commits replay
+        log_file.unlink()
+        (location / "_delta_log" / "_last_checkpoint").unlink()
+        assert len(open_snapshot(location).files) == 3

@@ -6,6 +6,7 @@ LUMOS_FAULT_POINT test hook (lumos/core/faults.py), never from a mock.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import json
 import math
@@ -14,7 +15,9 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import mlflow
@@ -197,11 +200,13 @@ def lock_file(workspace) -> Path:
     return Path(workspace.root) / "locks" / PREDICTIONS.name / f"{DAY.isoformat()}.lock"
 
 
-def leave_lock(workspace, **holder) -> Path:
-    """A lock as a crashed or foreign holder leaves it."""
+def leave_lock(workspace, age: float = 0.0, **holder) -> Path:
+    """A lock as a crashed or foreign holder leaves it, last written `age` seconds ago."""
     path = lock_file(workspace)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(holder) if holder else "")
+    written = path.stat().st_mtime - age
+    os.utime(path, (written, written))
     return path
 
 
@@ -218,9 +223,9 @@ def test_a_stale_lock_is_taken_over(tmp_path, left):
         "empty": {},
         "own pid, not ours": {"pid": os.getpid(), "host": socket.gethostname(), "token": "a restarted container"},
         "dead pid": {"pid": dead_pid(), "host": socket.gethostname(), "token": "x"},
-        "other host, lease over": {"pid": 1, "host": "elsewhere", "token": "x", "expires_at": time.time() - 1},
+        "other host, lease over": {"pid": 1, "host": "elsewhere", "token": "x", "lease_seconds": 60},
     }[left]
-    leave_lock(workspace, **holder)
+    leave_lock(workspace, age=61 if left == "other host, lease over" else 0, **holder)
     with partition_lock(workspace, PREDICTIONS, DAY) as path:
         assert json.loads(path.read_text())["token"] != holder.get("token")
     assert not path.exists()
@@ -228,19 +233,45 @@ def test_a_stale_lock_is_taken_over(tmp_path, left):
 
 def test_a_live_lock_is_kept_and_its_lease_renewed(tmp_path):
     workspace = open_workspace(tmp_path)
-    leave_lock(workspace, pid=1, host="elsewhere", token="x", expires_at=time.time() + 60)
+    leave_lock(workspace, pid=1, host="elsewhere", token="x", lease_seconds=60)
     with pytest.raises(RunInProgress, match="pid 1 on elsewhere"):
         with partition_lock(workspace, PREDICTIONS, DAY):
             pass
     lock_file(workspace).unlink()
     with partition_lock(workspace, PREDICTIONS, DAY, lease_seconds=0.6) as path:
-        first = json.loads(path.read_text())["expires_at"]
-        time.sleep(1.0)
-        renewed = json.loads(path.read_text())["expires_at"]
-        assert renewed > first and renewed > time.time()
+        first = path.stat().st_mtime_ns
+        deadline = time.monotonic() + 30  # renewed every 0.2 s: a loaded machine may delay a few
+        while path.stat().st_mtime_ns == first and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert path.stat().st_mtime_ns > first
+        assert json.loads(path.read_text())["token"] not in ("", "x")
         with pytest.raises(RunInProgress):  # this process's own lock is live
             with partition_lock(workspace, PREDICTIONS, DAY):
                 pass
+
+
+@pytest.mark.parametrize(("clock", "age", "stale"), [
+    ("an hour behind ours, renewed just now", 0, False),
+    ("an hour ahead of ours, silent for 61 s", 61, True),
+])
+def test_a_foreign_lease_is_judged_on_the_file_systems_clock_not_the_holders(tmp_path, clock, age, stale):
+    """A holder on another host whose clock disagrees with ours: what it writes of its own clock
+    (started_at, and the expires_at locks once held) is never compared with ours; the lock file's
+    last write time against the shared file system's now decides."""
+    workspace = open_workspace(tmp_path)
+    skew = -3600 if "behind" in clock else 3600
+    holder_now = time.time() + skew
+    leave_lock(workspace, age=age, pid=1, host="elsewhere", token="x", lease_seconds=60,
+               started_at=datetime.datetime.fromtimestamp(holder_now, datetime.UTC).isoformat(),
+               expires_at=holder_now + 60)
+    if stale:
+        with partition_lock(workspace, PREDICTIONS, DAY) as path:
+            assert json.loads(path.read_text())["token"] != "x"
+    else:
+        with pytest.raises(RunInProgress, match="pid 1 on elsewhere"):
+            with partition_lock(workspace, PREDICTIONS, DAY):
+                pass
+        assert json.loads(lock_file(workspace).read_text())["token"] == "x"
 
 
 CONTENDER = """
@@ -362,6 +393,46 @@ def test_four_concurrent_infers_for_one_date_write_once(spark, promoted):
     assert len(rows) == written["rows"] == len({row["user_id"] for row in rows})
 
 
+# -- a truncated or garbled checkpoint ------------------------------------------------------------
+
+
+def damage(weights: Path, how: str) -> None:
+    data = weights.read_bytes()
+    if how == "truncated":  # a copy cut short, as a full disk or a killed upload leaves it
+        weights.write_bytes(data[: len(data) // 2])
+    else:  # the 8-byte header length and the JSON header overwritten
+        weights.write_bytes(b"\xff" * 64 + data[64:])
+
+
+@pytest.mark.parametrize("how", ["truncated", "garbled header"])
+def test_a_corrupt_checkpoint_fails_infer_eval_and_promote_naming_the_file(spark, promoted, how):
+    from lumos.core.runs import stored_checkpoint
+
+    workspace = open_workspace(promoted)
+    run_id = (promoted / "run").read_text()
+    stored = stored_checkpoint(tracking_client(workspace).get_run(run_id))
+    weights = Path(stored.removeprefix("file://").removeprefix("file:")) / MODEL_FILE
+    kept = weights.read_bytes()
+    day = "2026-08-24"
+    task_file = promoted / "tasks" / "next_item.toml"
+    task_file.parent.mkdir(exist_ok=True)
+    task_file.write_text((RECIPES / "tasks" / "next_item.toml").read_text())
+    damage(weights, how)
+    try:
+        for args in (["infer", "--model", "quickstart@production", "--as-of", day],
+                     ["eval", "--task", "next_item", "--run", run_id],
+                     ["promote", run_id, "--model", "quickstart", "--alias", "staging"]):
+            result = lumos(promoted, *args)
+            assert result.exit_code == 1, (args, result.output)
+            assert f"{stored}/{MODEL_FILE} cannot be read: it is truncated or corrupt" in result.output, args
+            assert "Traceback" not in result.output
+    finally:
+        weights.write_bytes(kept)
+    assert predictions_for(spark, promoted, day) == []
+    client = tracking_client(workspace)
+    assert "staging" not in client.get_registered_model("quickstart").aliases
+
+
 # -- the embedding probe pairs embeddings and users by key ------------------------------------------
 
 
@@ -402,3 +473,100 @@ def test_probe_metrics_equal_a_recomputation_from_shuffled_raw_rows(promoted):
     expected = run_probe(np.stack([embedding_of[user] for user in chosen]), [label_of[user] for user in chosen], chosen,
                          "logistic").metrics
     assert scored == pytest.approx({name: float(value) for name, value in expected.items()}, rel=1e-6)
+
+
+# -- the SQLite tracking store locked by another writer ----------------------------------------------
+
+
+@contextlib.contextmanager
+def store_locked(workspace, seconds: float | None = None) -> Iterator[None]:
+    """Another writer holds the store's SQLite write lock (as a parallel sweep's commit does), for
+    `seconds` or the whole block."""
+    import sqlite3
+
+    tracking_client(workspace)  # the store exists
+    holder = sqlite3.connect(Path(workspace.root) / "mlflow.db", isolation_level=None, check_same_thread=False)
+    holder.execute("BEGIN EXCLUSIVE")
+    release = threading.Timer(seconds, holder.rollback) if seconds else None
+    if release:
+        release.start()
+    try:
+        yield
+    finally:
+        if release:
+            release.join()
+        holder.rollback() if holder.in_transaction else None
+        holder.close()
+
+
+def test_a_store_locked_for_a_few_seconds_is_waited_for(tmp_path):
+    workspace = open_workspace(tmp_path)
+    with store_locked(workspace, seconds=3):
+        result = lumos(tmp_path, "models", "--json")
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout) == {"models": []}
+
+
+@pytest.mark.slow  # waits out MLflow's 20 s busy timeout
+def test_a_store_locked_past_the_busy_timeout_fails_with_a_clear_error(tmp_path):
+    workspace = open_workspace(tmp_path)
+    started = time.monotonic()
+    with store_locked(workspace):
+        result = lumos(tmp_path, "models")
+    assert result.exit_code == 1, result.output
+    assert f"the MLflow store sqlite:///{workspace.root}/mlflow.db stayed locked by another writer" in result.output
+    assert "Rerun it once that writer is done" in result.output and "Traceback" not in result.output
+    assert time.monotonic() - started < 200  # bounded (MLflow waits up to 20 s a statement): it did not hang
+
+
+# -- a DDP rank killed mid-run ----------------------------------------------------------------------
+
+
+@pytest.mark.slow  # two ranks, and the wait for the survivor to stop: ~90 s
+def test_a_rank_killed_mid_run_ends_the_whole_job_with_exit_1_naming_the_rank(project, tmp_path):
+    """Rank 1 is SIGKILLed after its third step while rank 0 goes on into the next collective: the
+    job must end (not hang in gloo), exit 1 naming the rank, and leave the MLflow run FAILED."""
+    started = time.monotonic()
+    process = lumos_process(project, "train", "--config", str(write_recipe(tmp_path, max_steps=1000, checkpoint_every=2,
+                                                                            experiment="test-faults-ddp")),
+                            "--nproc", "2", env={"LUMOS_FAULT_POINT": "train.step.3.rank1"})
+    _, stderr = process.communicate(timeout=600)  # a hang fails here
+    assert process.returncode == 1, stderr[-3000:]
+    assert "error: rank 1 (pid " in stderr and "died of signal SIGKILL" in stderr, stderr[-3000:]
+    assert "lumos train --resume RUN_ID" in stderr and "Traceback" not in stderr
+    assert time.monotonic() - started < 300
+
+    client = tracking_client(open_workspace(project))
+    (run,) = client.search_runs([client.get_experiment_by_name("test-faults-ddp").experiment_id])
+    assert run.info.status == "FAILED" and run.data.params["world_size"] == "2"
+    assert run.data.tags["lumos.checkpoint"] == "checkpoints/step-00000002"  # the last one before the kill
+
+
+# -- a kill during promote ----------------------------------------------------------------------------
+
+
+@pytest.mark.slow  # two short trainings and a `lumos promote` process: ~60 s
+def test_a_promote_killed_before_its_alias_moves_leaves_the_old_alias_and_a_rerun_moves_it(project, tmp_path):
+    workspace = open_workspace(project)
+    runs = []
+    for seed in (1, 2):
+        (tmp_path / str(seed)).mkdir()
+        recipe = write_recipe(tmp_path / str(seed), max_steps=2, checkpoint_every=1000, seed=seed,
+                              experiment="test-faults-promote")
+        runs.append(train(load_config(TrainConfig, recipe), workspace).run_id)
+    old, new = runs
+    assert lumos(project, "promote", old, "--model", "killed").exit_code == 0
+
+    killed = lumos_process(project, "promote", new, "--model", "killed", env={"LUMOS_FAULT_POINT": "promote.alias"})
+    _, stderr = killed.communicate(timeout=300)
+    assert killed.returncode == -signal.SIGKILL, stderr[-2000:]
+    client = tracking_client(workspace)
+    versions = {version.run_id: int(version.version) for version in client.search_model_versions("name='killed'")}
+    assert versions == {old: 1, new: 2}  # registered, not yet behind the alias
+    assert client.get_model_version_by_alias("killed", "production").run_id == old
+
+    rerun = lumos(project, "promote", new, "--model", "killed", "--json")
+    assert rerun.exit_code == 0, rerun.output
+    assert json.loads(rerun.stdout)["reused_version"] is True
+    assert int(client.get_model_version_by_alias("killed", "production").version) == 2
+    assert len(client.search_model_versions("name='killed'")) == 2
