@@ -65,6 +65,7 @@ from spark_profile import EVENT_LOG_CONF, last_job_id, print_profile
 
 from lumos.core.config import load_config
 from lumos.core.spark import workspace_spark
+from lumos.core.tables import TableRef, table_location
 from lumos.core.workspace import init_workspace, open_workspace
 from lumos.data.loader import by_history_length, table_batches
 from lumos.data.synthetic import SyntheticSpec, generate_quickstart
@@ -232,7 +233,8 @@ def incremental_nights(workspace, folder: Path, users: int, history_days: int, e
         path.rename(log / f"day-{path.name}")
     incremental_seconds, incremental = timed(night, False, output)
     full_seconds, full = timed(night, True, output + "_full")
-    state = open_snapshot(Path(workspace.root.removeprefix("file:")) / "tables" / "bench" / "user_state")
+    written = TableRef.parse(incremental.state)  # <the training data's dataset>.user_state@N
+    state = open_snapshot(table_location(workspace, written), written.version)
     result = {
         "users": users, "history_days": history_days, "state_build_seconds": round(build_seconds, 2),
         "incremental": {"mode": incremental.mode, "seconds": round(incremental_seconds, 2),

@@ -31,7 +31,7 @@ from lumos.data.training_data import item_tokens, training_data
 from lumos.infer.predictions import partition_lock, write_partition
 from lumos.infer.scoring import ENGINES, ScoringJob, score_tokens
 from lumos.infer.trace import MODEL_SNAPSHOT, model_snapshot
-from lumos.infer.user_state import Night, read_night, scoring_input, write_state
+from lumos.infer.user_state import Night, StateWritten, read_night, scoring_input, write_state
 from lumos.train.trained_model import load_registered_model
 
 STAGE = "infer"
@@ -115,34 +115,9 @@ def infer(workspace: Workspace, model_ref: str, options: InferOptions, report: R
         rejects = _write_rejects(spark, workspace, output, version.label, night)
         state = write_state(spark, workspace, night)
         tokens, plan, future = scoring_input(spark, workspace, data, night, state.ref)
-        job = ScoringJob(
-            model_key=version.label, run_id=run.info.run_id, checkpoint=trained.checkpoint,
-            item_tokens=item_tokens(spark, workspace, data.vocab, model.features),
-            as_of=options.as_of, top_k=options.top_k, exclude_history=options.exclude_history,
-            batch_size=options.batch_size, torch_threads=options.torch_threads,
-            compiled=(workspace, run.info.run_id) if engine == "compiled" else None,
-            rows_per_sort=int(spark.conf.get("spark.sql.execution.arrow.maxRecordsPerBatch")),
-        )
+        job = _scoring_job(spark, workspace, trained, data, engine, options)
         predictions = score_tokens(spark, tokens, plan, future, job, model)
-        request = {"model": version.label, "as_of": options.as_of.isoformat(), "engine": engine,
-                   "top_k": options.top_k, "exclude_history": options.exclude_history}
-        lineage = LineageRecord(
-            stage=STAGE,
-            config=request,
-            config_hash=config_hash(request),
-            inputs=[LineageInput("model-version", f"models:/{version.name}/{version.version}", version.version),
-                    LineageInput("mlflow-run", f"runs:/{run.info.run_id}", run.info.run_id),
-                    LineageInput("delta", table_location(workspace, data.sequences), data.sequences.version),
-                    # the state scored: `user_state.last_state` trusts only a state version named here
-                    LineageInput("delta", table_location(workspace, state.ref), state.ref.version),
-                    *night.inputs],
-            stats={"training_data": str(data.sequences), "recipe_hash": run.data.tags.get(RECIPE_HASH_TAG),
-                   "config_hash": run.data.tags.get(CONFIG_HASH_TAG), "rejects": str(rejects),
-                   "mode": night.mode, "mode_reason": night.reason, "users_updated": state.users_updated,
-                   **night.counts.lineage_stats(),
-                   # so `lumos data trace` answers from this commit alone, without opening MLflow
-                   MODEL_SNAPSHOT: model_snapshot(workspace, version, run)},
-        )
+        lineage = _predictions_lineage(workspace, trained, data, engine, options, night, state, rejects)
         step(f"scoring and writing {output.name} partition as_of={options.as_of}")
         fault_point("infer.write")
         written = write_partition(spark, workspace, output, predictions, options.as_of, lineage)
@@ -153,6 +128,44 @@ def infer(workspace: Workspace, model_ref: str, options: InferOptions, report: R
                         rows_rejected=night.counts.rejected, mode=night.mode, mode_reason=night.reason,
                         events_read=night.events_read, users_updated=state.users_updated,
                         late_users=night.late_users, state=str(state.ref))
+
+
+def _scoring_job(spark, workspace: Workspace, trained, data, engine: str, options: InferOptions) -> ScoringJob:
+    run_id = trained.run.info.run_id
+    return ScoringJob(
+        model_key=trained.version.label, run_id=run_id, checkpoint=trained.checkpoint,
+        item_tokens=item_tokens(spark, workspace, data.vocab, trained.model.features),
+        as_of=options.as_of, top_k=options.top_k, exclude_history=options.exclude_history,
+        batch_size=options.batch_size, torch_threads=options.torch_threads,
+        compiled=(workspace, run_id) if engine == "compiled" else None,
+        rows_per_sort=int(spark.conf.get("spark.sql.execution.arrow.maxRecordsPerBatch")),
+    )
+
+
+def _predictions_lineage(workspace: Workspace, trained, data, engine: str, options: InferOptions, night: Night,
+                         state: StateWritten, rejects: TableRef) -> LineageRecord:
+    """The predictions commit's lineage: the model version and run, every input version (the user
+    state's too), the recipe hash, the engine, the night's mode and reject counts."""
+    version, run = trained.version, trained.run
+    request = {"model": version.label, "as_of": options.as_of.isoformat(), "engine": engine,
+               "top_k": options.top_k, "exclude_history": options.exclude_history}
+    return LineageRecord(
+        stage=STAGE,
+        config=request,
+        config_hash=config_hash(request),
+        inputs=[LineageInput("model-version", f"models:/{version.name}/{version.version}", version.version),
+                LineageInput("mlflow-run", f"runs:/{run.info.run_id}", run.info.run_id),
+                LineageInput("delta", table_location(workspace, data.sequences), data.sequences.version),
+                # the state scored: `user_state.last_state` trusts only a state version named here
+                LineageInput("delta", table_location(workspace, state.ref), state.ref.version),
+                *night.inputs],
+        stats={"training_data": str(data.sequences), "recipe_hash": run.data.tags.get(RECIPE_HASH_TAG),
+               "config_hash": run.data.tags.get(CONFIG_HASH_TAG), "rejects": str(rejects),
+               "mode": night.mode, "mode_reason": night.reason, "users_updated": state.users_updated,
+               **night.counts.lineage_stats(),
+               # so `lumos data trace` answers from this commit alone, without opening MLflow
+               MODEL_SNAPSHOT: model_snapshot(workspace, version, run)},
+    )
 
 
 def _write_rejects(spark, workspace: Workspace, output: TableRef, model: str, night: Night) -> TableRef:
