@@ -7,6 +7,7 @@ and of the model alone, at two user counts, on local[*]; and what 100M users a d
                                [--arrow-batch-sizes 2000 10000 40000] [--shuffle-partitions 2 8 32]
                                [--rounds 2] [--warmup] [--profile] [--threads 2 --spark-conf spark.task.cpus=2]
                                [--model-alone-threads 1] [--dirty 0 0.02]
+    python benchmarks/infer.py --incremental --users 1000000 --history-days 30 60 120 [--events-per-user-day 1]
 
 A quickstart-sized model (lumos/quickstart/train.toml's model, a few training steps: throughput
 does not depend on how well it learned) is trained and promoted once on a small synthetic world.
@@ -31,6 +32,14 @@ order, and prints the medians; `--warmup` runs one untimed infer per world first
 0.02 of its rows (`add_dirt`): half exact duplicates of random events, half bad rows of five
 kinds. Its valid events are the clean world's, so the model-alone rate is the same; the end to
 end time shows what finding, counting and writing the rejects costs.
+
+`--incremental`: the nightly shape instead (`lumos.infer.user_state`). Per user count and each
+`--history-days H`, a world of H + 1 days (`--events-per-user-day` events per user and day on
+average): a full night at day H builds the user state from the first H days; the last day's
+events then arrive as one new file, and the next night is timed twice: incremental (the state
+carried forward, only the new events read) and a full rebuild of the same date (--full). It
+prints both times, their ratio, events read, users/s against the model alone's, and the user
+state table's size. Every other mode above times full nights (--full), as before the state.
 """
 
 from __future__ import annotations
@@ -56,6 +65,7 @@ from spark_profile import EVENT_LOG_CONF, last_job_id, print_profile
 
 from lumos.core.config import load_config
 from lumos.core.spark import workspace_spark
+from lumos.core.tables import TableRef, table_location
 from lumos.core.workspace import init_workspace, open_workspace
 from lumos.data.loader import by_history_length, table_batches
 from lumos.data.synthetic import SyntheticSpec, generate_quickstart
@@ -180,11 +190,66 @@ def add_dirt(clean: Path, dirty: Path, fraction: float, seed: int) -> int:
 
 def _timed_infer(workspace, events: Path, users: int, engine: str, threads: int = 1):
     """Seconds and summary of one `lumos infer` of a world's events."""
+    # --full: these worlds are read whole each time, as before the user state existed
     options = InferOptions(as_of=AS_OF, source=str(events), output=f"bench.predictions_{users}_{engine}",
-                           engine=engine, torch_threads=threads)
+                           engine=engine, torch_threads=threads, full=True)
     started = time.perf_counter()
     summary = infer(workspace, "bench@production", options)
     return time.perf_counter() - started, summary
+
+
+def incremental_nights(workspace, folder: Path, users: int, history_days: int, events_per_user_day: float) -> dict:
+    """The full night that builds the state at day H, then day H + 1 timed incrementally and as a
+    full rebuild (see the module docstring)."""
+    from lumos.data.delta_snapshot import open_snapshot
+
+    days = max(history_days + 1, 60)  # the generator's shortest period; the days after H + 1 go unread
+    spec = SyntheticSpec(users=users, events=max(users, int(users * events_per_user_day * days)), days=days,
+                         seed=users + history_days)
+    state_date = spec.start + datetime.timedelta(days=history_days)
+    night = state_date + datetime.timedelta(days=1)
+    world = folder / f"nights-{users}-{history_days}"
+    generate_quickstart(world, spec)
+    log, new_day = world / "log", world / "new-day"
+    log.mkdir()
+    new_day.mkdir()
+    for path in sorted((world / "events").glob("*.parquet")):  # history before the state's date; the last day aside
+        table = pq.read_table(path)
+        micros = pc.cast(pc.cast(table["ts"], pa.timestamp("us")), pa.int64()).to_numpy()
+        cut = (state_date - datetime.date(1970, 1, 1)).days * 86_400_000_000
+        end = cut + 86_400_000_000
+        pq.write_table(table.filter(pa.array(micros < cut)), log / path.name)
+        pq.write_table(table.filter(pa.array((micros >= cut) & (micros < end))), new_day / path.name)
+    output = f"bench.nights_{users}_{history_days}"
+
+    def timed(as_of: datetime.date, full: bool, table: str):
+        options = InferOptions(as_of=as_of, source=str(log), output=table, full=full)
+        started = time.perf_counter()
+        summary = infer(workspace, "bench@production", options)
+        return time.perf_counter() - started, summary
+
+    build_seconds, _ = timed(state_date, False, output)
+    for path in sorted(new_day.glob("*.parquet")):
+        path.rename(log / f"day-{path.name}")
+    incremental_seconds, incremental = timed(night, False, output)
+    full_seconds, full = timed(night, True, output + "_full")
+    written = TableRef.parse(incremental.state)  # <the training data's dataset>.user_state@N
+    state = open_snapshot(table_location(workspace, written), written.version)
+    result = {
+        "users": users, "history_days": history_days, "state_build_seconds": round(build_seconds, 2),
+        "incremental": {"mode": incremental.mode, "seconds": round(incremental_seconds, 2),
+                        "events_read": incremental.events_read, "users_updated": incremental.users_updated,
+                        "users_per_s": round(incremental.rows / incremental_seconds, 1)},
+        "full": {"mode": full.mode, "seconds": round(full_seconds, 2), "events_read": full.events_read,
+                 "users_per_s": round(full.rows / full_seconds, 1)},
+        "incremental_over_full": round(incremental_seconds / full_seconds, 3),
+        "state_bytes": state.size_bytes,
+    }
+    print(f"{users:>9,} users, {history_days:>3} days: incremental {incremental_seconds:.1f} s "
+          f"({incremental.events_read:,} events, {incremental.mode}), full {full_seconds:.1f} s "
+          f"({full.events_read:,} events): ratio {result['incremental_over_full']:.2f}; "
+          f"state {state.size_bytes / 1e6:.1f} MB", flush=True)
+    return result
 
 
 def _print_medians(results: list[dict]) -> None:
@@ -244,6 +309,12 @@ def main() -> None:
     parser.add_argument("--dirty", type=float, nargs="+", default=[0.0], metavar="FRACTION",
                         help="score each world with this fraction of its rows added as duplicates and bad rows "
                              "(add_dirt; default 0: the clean world only)")
+    parser.add_argument("--incremental", action="store_true",
+                        help="time an incremental night against a full rebuild of the same date, per --history-days")
+    parser.add_argument("--history-days", type=int, nargs="+", default=[30, 60, 120],
+                        help="with --incremental: days of history before the timed night (default 30 60 120)")
+    parser.add_argument("--events-per-user-day", type=float, default=1.0,
+                        help="with --incremental: events per user and day, on average (default 1)")
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "infer.json")
     args = parser.parse_args()
     if any("=" not in setting for setting in args.spark_conf):
@@ -260,6 +331,22 @@ def main() -> None:
     setup(folder, args.compile_seqs if "compiled" in args.engines else [], args.master, args.executor_memory, spark_conf)
     workspace = open_workspace(folder)
     results = []
+    if args.incremental:
+        for users in args.users:
+            for days in args.history_days:
+                world = incremental_nights(workspace, folder, users, days, args.events_per_user_day)
+                alone = model_only(workspace, folder / f"nights-{users}-{days}" / "log", ["torch"],
+                                   args.model_only_max_users, args.model_alone_threads)["torch"]["users_per_s"]
+                world["model_alone_users_per_s"] = alone
+                world["incremental_over_model_alone"] = round(world["incremental"]["users_per_s"] / alone, 3)
+                print(f"  model alone {alone:,.0f} users/s: the incremental night runs at "
+                      f"{world['incremental_over_model_alone']:.0%} of it", flush=True)
+                results.append(world)
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps({"benchmark": "infer-incremental", "machine": {"cpus": os.cpu_count()},
+                                        "results": results}, indent=2))
+        print(f"saved {args.out}")
+        return
     for users in args.users:
         source = folder / f"world-{users}"
         generate_quickstart(source, SyntheticSpec(users=users, events=users * args.events_per_user, seed=users))

@@ -34,6 +34,7 @@ def infer(
     include_history: Annotated[bool, typer.Option("--include-history", help="Allow items the user already has in the top-k.")] = False,
     batch_size: Annotated[int | None, typer.Option("--batch-size", help="Rows per model call inside each Spark task.")] = None,
     threads: Annotated[int | None, typer.Option("--threads", help="Torch threads per Spark task (Spark runs one task per core).")] = None,
+    full: Annotated[bool, typer.Option("--full", help="Rebuild the user state from the whole event log instead of reading only the new events.")] = False,
     json_output: JsonOption = False,
 ) -> None:
     """Score every user with history before --as-of and write partition as_of=DATE of DATASET.predictions.
@@ -42,7 +43,10 @@ def infer(
     lineage (unseen users and items get the out-of-vocabulary id). Each row holds the user
     embedding, the top-k items with scores, and each horizon's act probability and value. A rerun
     for the same date replaces exactly that partition, in one commit whose lineage names the
-    model version, run, data versions, recipe hash and engine. Built for cron: no prompts; exit 2
+    model version, run, data versions, recipe hash and engine. Each user's last tokens are kept in
+    DATASET.user_state, so a night reads only the events since the last run; the first run, a
+    changed recipe, vocabulary or rewritten source, an earlier date, or --full rebuilds it from
+    the whole log (--json: mode, mode_reason, events_read, users_updated). Built for cron: no prompts; exit 2
     for bad input (nothing written), 1 when another run holds the same date or on failure.
     See examples/cron/daily_infer.sh.
     """
@@ -50,7 +54,7 @@ def infer(
     from lumos.infer.run import infer as run_infer
 
     options = InferOptions(as_of=parse_date(as_of, "--as-of"), source=source, output=output,
-                           exclude_history=not include_history,
+                           exclude_history=not include_history, full=full,
                            **given(engine=engine, top_k=top_k, batch_size=batch_size, torch_threads=threads))
     workspace = open_workspace(state(ctx).workspace_dir)
     with progress(f"inferring with {model} as of {options.as_of}") as report:

@@ -47,7 +47,8 @@ def read_source(spark, workspace: Workspace, location: str, fmt: str, base_dir: 
     return _read_files(spark, str(path), fmt), LineageInput("files", str(path), fingerprint(path))
 
 
-def _read_files(spark, location: str, fmt: str):
+def _read_files(spark, location: str | list[str], fmt: str):
+    """The files at `location` (a file or folder, or a list of files) in format `fmt`."""
     from pyspark.sql.types import StringType, StructField, StructType
 
     if fmt == "csv":
@@ -69,7 +70,7 @@ def _read_files(spark, location: str, fmt: str):
 NANOS_AS_LONG = "spark.sql.legacy.parquet.nanosAsLong"
 
 
-def _read_parquet(spark, location: str):
+def _read_parquet(spark, location: str | list[str]):
     """Parquet, with INT64 TIMESTAMP(NANOS) columns (pandas' default) read as timestamps.
 
     Spark refuses nanosecond timestamps unless told to read them as longs; those columns (found
@@ -78,10 +79,11 @@ def _read_parquet(spark, location: str):
     """
     from pyspark.sql import functions as F
 
-    nanos = _nanosecond_timestamp_columns(spark, location)
+    locations = [location] if isinstance(location, str) else location
+    nanos = _nanosecond_timestamp_columns(spark, locations[0])
     if nanos and spark.conf.get(NANOS_AS_LONG, "false") != "true":
         spark.conf.set(NANOS_AS_LONG, "true")  # a reused session may lack core.spark's setting
-    frame = spark.read.parquet(location)
+    frame = spark.read.parquet(*locations)
     for name in nanos:
         micros = F.floor(F.col(quote_column(name)).cast("decimal(20,0)") / F.lit(1000)).cast("long")
         frame = frame.withColumn(name, F.timestamp_micros(micros))
@@ -189,3 +191,35 @@ def fingerprint(path: Path) -> str:
             for block in iter(lambda: handle.read(1 << 20), b""):
                 digest.update(block)
     return "sha256:" + digest.hexdigest()
+
+
+# ---------------------------------------------------------------------------------------------
+# Sources that grow by appending: which files a read consumed, and reading only the new ones
+
+
+def source_files(spark, source: LineageInput) -> dict[str, str] | None:
+    """File → its identity (size and modification time; a Delta file's size: Delta never changes
+    a file in place) of the events source as `read_source` read it, for a folder of files or a
+    local unpartitioned Delta table; None for anything else, which can only be reread whole."""
+    from lumos.data.delta_snapshot import open_snapshot
+
+    if source.kind == "files":
+        return {item.uri: f"{item.size}:{item.modified_ms}" for item in _data_files(spark, source.uri)}
+    if source.kind == "delta" and not is_uri(source.uri):
+        try:
+            snapshot = open_snapshot(source.uri, int(source.version))
+        except UsageError:
+            return None  # deletion vectors or column mapping: its files alone are not its rows
+        if snapshot.partition_columns:
+            return None  # partition values live in the log, not in the files
+        return {item.path: str(item.size) for item in snapshot.files}
+    return None
+
+
+def read_source_files(spark, source: LineageInput, fmt: str, files: list[str]):
+    """The rows of some of `source_files(source)`'s files, as `read_source` reads the source."""
+    if source.kind == "delta":
+        return spark.read.parquet(*files)
+    if fmt in ("auto", "delta"):
+        fmt = detect_format(Path(source.uri), "source.path") if not is_uri(source.uri) else _format_from_name(source.uri, "source.path")
+    return _read_files(spark, files, fmt)

@@ -68,10 +68,10 @@ def inference_rows(spark, workspace: Workspace, data: TrainingData, as_of: datet
     """
     from pyspark.sql import functions as F
 
-    recipe = _as_of_recipe(data, as_of, events_source)
-    _require_exists(recipe.source.path, "--source" if events_source else "the events source")
+    recipe = as_of_recipe(data, as_of, events_source)
+    require_exists(recipe.source.path, "--source" if events_source else "the events source")
     for role, section in recipe.source_sections()[1:]:
-        _require_exists(getattr(recipe, section).path, f"the {role} source")
+        require_exists(getattr(recipe, section).path, f"the {role} source")
     sources = read_checked_inputs(spark, workspace, recipe, Path.cwd(), "--source")
     vocab = read_table(spark, workspace, data.vocab)
     inputs = [*sources.inputs, LineageInput("delta", table_location(workspace, data.vocab), data.vocab.version)]
@@ -83,7 +83,7 @@ def inference_rows(spark, workspace: Workspace, data: TrainingData, as_of: datet
         counts = count_rejects(checked)
         enforce_reject_budget(checked, counts, recipe)
         events = valid_events(checked)
-        if not _any_history(events, recipe, as_of):
+        if not any_history(events, recipe, as_of):
             raise UsageError(f"no user has a valid event before {as_of} in {recipe.source.path}; pass a later "
                              "--as-of, or the --source that holds the events; nothing was written")
     except BaseException:
@@ -97,7 +97,7 @@ def inference_rows(spark, workspace: Workspace, data: TrainingData, as_of: datet
     return InferenceFeatures(rows, tokens, plan, future, rejects, counts, inputs, cached=(checked,))
 
 
-def _any_history(events, recipe: IngestRecipe, as_of: datetime.date) -> bool:
+def any_history(events, recipe: IngestRecipe, as_of: datetime.date) -> bool:
     """Whether some user has splits.min_history tokens before `as_of` (a row to score)."""
     from pyspark.sql import functions as F
 
@@ -112,7 +112,7 @@ def _any_history(events, recipe: IngestRecipe, as_of: datetime.date) -> bool:
     return enough.limit(1).count() > 0
 
 
-def _as_of_recipe(data: TrainingData, as_of: datetime.date, events_source: str | None) -> IngestRecipe:
+def as_of_recipe(data: TrainingData, as_of: datetime.date, events_source: str | None) -> IngestRecipe:
     """The training recipe reading the recorded sources (or `events_source`), with one time cutoff
     at `as_of`: history is every token before that day."""
     recipe = data.recipe
@@ -128,7 +128,7 @@ def _as_of_recipe(data: TrainingData, as_of: datetime.date, events_source: str |
     return replace(recipe, **changes)
 
 
-def _require_exists(location: str, what: str) -> None:
+def require_exists(location: str, what: str) -> None:
     if is_uri(location) or TABLE_REF.match(location) or Path(location).exists():
         return
     if what == "--source":

@@ -2,8 +2,11 @@
 
 The model is named by alias (what cron uses) or version. Its training run names the data version
 it learned from; that version's lineage names the recipe, the vocabulary version and the sources.
-Features are rebuilt from those for the date, scored by Spark (one model load per worker), and
-written as partition as_of = DATE of `<dataset>.predictions`, replacing any earlier run for it.
+Each user's last tokens are kept in `<dataset>.user_state` (`lumos.infer.user_state`): a night
+reads the events since the state's date (or, on a first run, a changed recipe or source, or
+--full, the whole log), moves the state to the date in one commit, and scores every user of the
+state (one model load per Spark worker). The rows are written as partition as_of = DATE of
+`<dataset>.predictions`, replacing any earlier run for it.
 The commit's lineage names the model version and run, every input version, the recipe hash and
 the engine; each row names its model version, so any prediction walks back to its data.
 """
@@ -25,10 +28,10 @@ from lumos.core.tables import TableRef, table_location
 from lumos.core.workspace import Workspace
 from lumos.data.commit_metrics import rows_written
 from lumos.data.training_data import item_tokens, training_data
-from lumos.infer.features import InferenceFeatures, inference_rows
 from lumos.infer.predictions import partition_lock, write_partition
 from lumos.infer.scoring import ENGINES, ScoringJob, score_tokens
 from lumos.infer.trace import MODEL_SNAPSHOT, model_snapshot
+from lumos.infer.user_state import Night, StateWritten, read_night, scoring_input, write_state
 from lumos.train.trained_model import load_registered_model
 
 STAGE = "infer"
@@ -48,6 +51,8 @@ class InferOptions:
     """Leave items already in a user's history out of their top-k."""
     batch_size: int = 512
     torch_threads: int = 1
+    full: bool = False
+    """Rebuild the user state from the whole event log instead of carrying it forward."""
 
     def __post_init__(self) -> None:
         if self.engine not in ENGINES:
@@ -75,6 +80,16 @@ class InferSummary:
     """The rejects table version written for the date, e.g. quickstart.infer_rejects@3."""
     rows_rejected: int = 0
     """Events that failed the training recipe's rules (rows of `rejects`; by rule in the lineage)."""
+    mode: str = ""
+    """full (the state rebuilt from the whole log) or incremental (carried forward)."""
+    mode_reason: str = ""
+    events_read: int = 0
+    """Event rows read and checked: the whole log (full) or the new events only (incremental)."""
+    users_updated: int = 0
+    late_users: int = 0
+    """Users with late events (before the state's date, in new files), recomputed from the log."""
+    state: str = ""
+    """The user state version written, e.g. quickstart.user_state@4."""
 
 
 def infer(workspace: Workspace, model_ref: str, options: InferOptions, report: Report = lambda _: None) -> InferSummary:
@@ -93,36 +108,16 @@ def infer(workspace: Workspace, model_ref: str, options: InferOptions, report: R
         spark = workspace_spark(workspace)
         step = job_steps(spark, STAGE, report)
         cleanup.callback(step, None)
-        step(f"checking events and building features as of {options.as_of}")
-        features = inference_rows(spark, workspace, data, options.as_of, options.source)
-        cleanup.callback(features.release)  # the cached frames go once rows and rejects are written
-        inputs = features.inputs
-        rejects = _write_rejects(spark, workspace, output, version.label, options.as_of, features, step)
-        job = ScoringJob(
-            model_key=version.label, run_id=run.info.run_id, checkpoint=trained.checkpoint,
-            item_tokens=item_tokens(spark, workspace, data.vocab, model.features),
-            as_of=options.as_of, top_k=options.top_k, exclude_history=options.exclude_history,
-            batch_size=options.batch_size, torch_threads=options.torch_threads,
-            compiled=(workspace, run.info.run_id) if engine == "compiled" else None,
-            rows_per_sort=int(spark.conf.get("spark.sql.execution.arrow.maxRecordsPerBatch")),
-        )
-        predictions = score_tokens(spark, features.tokens, features.plan, features.future, job, model)
-        request = {"model": version.label, "as_of": options.as_of.isoformat(), "engine": engine,
-                   "top_k": options.top_k, "exclude_history": options.exclude_history}
-        lineage = LineageRecord(
-            stage=STAGE,
-            config=request,
-            config_hash=config_hash(request),
-            inputs=[LineageInput("model-version", f"models:/{version.name}/{version.version}", version.version),
-                    LineageInput("mlflow-run", f"runs:/{run.info.run_id}", run.info.run_id),
-                    LineageInput("delta", table_location(workspace, data.sequences), data.sequences.version),
-                    *inputs],
-            stats={"training_data": str(data.sequences), "recipe_hash": run.data.tags.get(RECIPE_HASH_TAG),
-                   "config_hash": run.data.tags.get(CONFIG_HASH_TAG), "rejects": str(rejects),
-                   **features.counts.lineage_stats(),
-                   # so `lumos data trace` answers from this commit alone, without opening MLflow
-                   MODEL_SNAPSHOT: model_snapshot(workspace, version, run)},
-        )
+        night = read_night(spark, workspace, data, options.as_of, options.source, output, options.full)
+        cleanup.callback(night.release)  # the cached frames go once rows, rejects and state are written
+        report(f"{night.mode} night: {night.reason}")
+        step(f"checking {night.events_read:,} events, writing rejects and the user state as of {options.as_of}")
+        rejects = _write_rejects(spark, workspace, output, version.label, night)
+        state = write_state(spark, workspace, night)
+        tokens, plan, future = scoring_input(spark, workspace, data, night, state.ref)
+        job = _scoring_job(spark, workspace, trained, data, engine, options)
+        predictions = score_tokens(spark, tokens, plan, future, job, model)
+        lineage = _predictions_lineage(workspace, trained, data, engine, options, night, state, rejects)
         step(f"scoring and writing {output.name} partition as_of={options.as_of}")
         fault_point("infer.write")
         written = write_partition(spark, workspace, output, predictions, options.as_of, lineage)
@@ -130,19 +125,58 @@ def infer(workspace: Workspace, model_ref: str, options: InferOptions, report: R
                         rows=rows_written(spark, workspace, written), engine=engine,
                         training_data=str(data.sequences), inputs=lineage.inputs,
                         seconds=time.perf_counter() - started, warnings=warnings, rejects=str(rejects),
-                        rows_rejected=features.counts.rejected)
+                        rows_rejected=night.counts.rejected, mode=night.mode, mode_reason=night.reason,
+                        events_read=night.events_read, users_updated=state.users_updated,
+                        late_users=night.late_users, state=str(state.ref))
 
 
-def _write_rejects(spark, workspace: Workspace, output: TableRef, model: str, as_of: datetime.date,
-                   features: InferenceFeatures, step: Report) -> TableRef:
-    """Replace partition as_of of <dataset>.infer_rejects with the date's rejected events (rule,
-    reason, row), even when there are none, so the partition always describes the latest run."""
+def _scoring_job(spark, workspace: Workspace, trained, data, engine: str, options: InferOptions) -> ScoringJob:
+    run_id = trained.run.info.run_id
+    return ScoringJob(
+        model_key=trained.version.label, run_id=run_id, checkpoint=trained.checkpoint,
+        item_tokens=item_tokens(spark, workspace, data.vocab, trained.model.features),
+        as_of=options.as_of, top_k=options.top_k, exclude_history=options.exclude_history,
+        batch_size=options.batch_size, torch_threads=options.torch_threads,
+        compiled=(workspace, run_id) if engine == "compiled" else None,
+        rows_per_sort=int(spark.conf.get("spark.sql.execution.arrow.maxRecordsPerBatch")),
+    )
+
+
+def _predictions_lineage(workspace: Workspace, trained, data, engine: str, options: InferOptions, night: Night,
+                         state: StateWritten, rejects: TableRef) -> LineageRecord:
+    """The predictions commit's lineage: the model version and run, every input version (the user
+    state's too), the recipe hash, the engine, the night's mode and reject counts."""
+    version, run = trained.version, trained.run
+    request = {"model": version.label, "as_of": options.as_of.isoformat(), "engine": engine,
+               "top_k": options.top_k, "exclude_history": options.exclude_history}
+    return LineageRecord(
+        stage=STAGE,
+        config=request,
+        config_hash=config_hash(request),
+        inputs=[LineageInput("model-version", f"models:/{version.name}/{version.version}", version.version),
+                LineageInput("mlflow-run", f"runs:/{run.info.run_id}", run.info.run_id),
+                LineageInput("delta", table_location(workspace, data.sequences), data.sequences.version),
+                # the state scored: `user_state.last_state` trusts only a state version named here
+                LineageInput("delta", table_location(workspace, state.ref), state.ref.version),
+                *night.inputs],
+        stats={"training_data": str(data.sequences), "recipe_hash": run.data.tags.get(RECIPE_HASH_TAG),
+               "config_hash": run.data.tags.get(CONFIG_HASH_TAG), "rejects": str(rejects),
+               "mode": night.mode, "mode_reason": night.reason, "users_updated": state.users_updated,
+               **night.counts.lineage_stats(),
+               # so `lumos data trace` answers from this commit alone, without opening MLflow
+               MODEL_SNAPSHOT: model_snapshot(workspace, version, run)},
+    )
+
+
+def _write_rejects(spark, workspace: Workspace, output: TableRef, model: str, night: Night) -> TableRef:
+    """Replace partition as_of of <dataset>.infer_rejects with the rejected events among those the
+    night read (rule, reason, row), even when there are none, so the partition always describes
+    the latest run."""
     rejects = TableRef(output.dataset, REJECTS_TABLE)
-    step(f"writing {rejects.name} partition as_of={as_of} ({features.counts.rejected:,} rows)")
-    request = {"model": model, "as_of": as_of.isoformat(), "rejects_for": output.name}
-    lineage = LineageRecord(stage=STAGE, config=request, config_hash=config_hash(request), inputs=features.inputs,
-                            stats={"rows": features.counts.rejected, **features.counts.lineage_stats()})
-    return write_partition(spark, workspace, rejects, features.rejects, as_of, lineage)
+    request = {"model": model, "as_of": night.as_of.isoformat(), "rejects_for": output.name, "mode": night.mode}
+    lineage = LineageRecord(stage=STAGE, config=request, config_hash=config_hash(request), inputs=night.inputs,
+                            stats={"rows": night.counts.rejected, **night.counts.lineage_stats()})
+    return write_partition(spark, workspace, rejects, night.rejects, night.as_of, lineage)
 
 
 def _choose_engine(workspace: Workspace, engine: str, run_id: str, model, report: Report) -> tuple[str, list[str]]:

@@ -370,10 +370,21 @@ def test_sigkill_mid_infer_then_a_rerun_writes_exactly_that_dates_rows(spark, pr
     assert not list(temp.glob("lumos-checkpoint-*"))  # the checkpoint copy was removed once read
     assert predictions_for(spark, promoted, day) == []  # killed before its commit: nothing of it shows
 
+    # The kill came after the user state's commit and before the predictions': that state version
+    # is named by no predictions commit, so the next night does not carry it forward (for the next
+    # run, the date's state and predictions both advanced or neither did).
+    from lumos.core.tables import table_history
+
+    killed_state = table_history(spark, open_workspace(promoted), TableRef.parse("quickstart.user_state"), limit=1)[0]
+    assert killed_state.lineage.stats["as_of"] == day
+
     rerun = lumos(promoted, "infer", "--model", "quickstart@production", "--as-of", day, "--json")
     assert rerun.exit_code == 0, rerun.output  # the dead run's lock is taken over
+    summary = json.loads(rerun.stdout)
+    assert summary["mode"] == "full" and "named by no predictions commit" in summary["mode_reason"]
+    assert summary["state"] == f"quickstart.user_state@{killed_state.version + 1}"
     rows = predictions_for(spark, promoted, day)
-    assert len(rows) == json.loads(rerun.stdout)["rows"] == len({row["user_id"] for row in rows}) > 100
+    assert len(rows) == summary["rows"] == len({row["user_id"] for row in rows}) > 100
 
 
 @pytest.mark.slow  # a Spark JVM per process: minutes
