@@ -40,6 +40,7 @@ from lumos.core.lineage import LineageInput, LineageRecord
 from lumos.core.tables import TableRef, read_table, table_exists, table_history, table_location, write_table
 from lumos.core.workspace import Workspace
 from lumos.data.ingest import RejectCounts, count_rejects, enforce_reject_budget, read_checked_inputs
+from lumos.data.items import with_item_attributes
 from lumos.data.recipe import IngestRecipe
 from lumos.data.sequences import EPOCH, future_context
 from lumos.data.sources import quote_column, read_source_files, source_files
@@ -96,6 +97,8 @@ class Night:
     """The rejected events among them: rule, reason, row, as_of."""
     users: Any
     calendar: Any
+    items: Any
+    """The recipe's items table (None without [items]): its attributes join every checked event."""
     inputs: list[LineageInput]
     """Events, users and calendar as read, and the pinned vocab version."""
     files: dict[str, str] | None
@@ -128,9 +131,8 @@ def read_night(spark, workspace: Workspace, data: TrainingData, as_of: datetime.
 
     recipe = as_of_recipe(data, as_of, events_source)
     require_exists(recipe.source.path, "--source" if events_source else "the events source")
-    for role, spec in (("users", recipe.users), ("calendar", recipe.calendar)):
-        if spec is not None:
-            require_exists(spec.path, f"the {role} source")
+    for role, section in recipe.source_sections()[1:]:
+        require_exists(getattr(recipe, section).path, f"the {role} source")
     sources = read_checked_inputs(spark, workspace, recipe, Path.cwd(), "--source")
     inputs = [*sources.inputs, LineageInput("delta", table_location(workspace, data.vocab), data.vocab.version)]
     events_input = sources.inputs[0]
@@ -144,11 +146,11 @@ def read_night(spark, workspace: Workspace, data: TrainingData, as_of: datetime.
         mode, reason = INCREMENTAL, f"state of {previous.as_of} ({previous.ref}) carried forward"
     else:
         raw, mode, previous = sources.raw, FULL, None
-    checked = check_events(raw, recipe) if mode == INCREMENTAL else sources.checked
+    checked = _checked(raw, recipe, sources.items) if mode == INCREMENTAL else sources.checked
     checked = checked.persist()
     night = Night(mode=mode, reason=reason, as_of=as_of, recipe=recipe, state=state, previous=previous,
                   log=sources.raw, checked=checked, counts=RejectCounts(0, {}), rejects=None, users=sources.users,
-                  calendar=sources.calendar, inputs=inputs, files=files, key=key, cached=[checked])
+                  calendar=sources.calendar, items=sources.items, inputs=inputs, files=files, key=key, cached=[checked])
     try:
         night.counts = count_rejects(checked)
         if mode == FULL or night.counts.rows_read:  # a night with no new events has nothing to budget
@@ -274,7 +276,13 @@ def _log_of(night: Night, users):
 
     user = strip_whitespace(F.col(quote_column(night.recipe.columns.user_id)))  # the user_id validation reads
     theirs = night.log.join(users.withColumnRenamed("user_id", "_late_user"), user == F.col("_late_user"), "left_semi")
-    return valid_events(check_events(theirs, night.recipe))
+    return valid_events(_checked(theirs, night.recipe, night.items))
+
+
+def _checked(raw, recipe: IngestRecipe, items):
+    """Events checked by the recipe's rules with the items' attributes joined, as ingest and a full
+    rebuild check them (`read_checked_inputs`)."""
+    return with_item_attributes(check_events(raw, recipe), items, recipe.items)
 
 
 def _lineage(workspace: Workspace, night: Night, users_updated: int) -> LineageRecord:
