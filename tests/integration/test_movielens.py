@@ -264,7 +264,7 @@ def test_windows_of_train_rows_tile_the_train_tokens(spark):
 
 
 def test_held_out_users_keep_one_row_where_test_sits_and_nothing_that_trains(spark):
-    recipe = load_config(IngestRecipe, MOVIELENS / "ingest.toml", ["tokens.max_len=3", "splits.holdout_users=0.4"])
+    recipe = ratings_recipe(["tokens.max_len=3", "splits.holdout_users=0.4"])
     start = __import__("datetime").datetime(2026, 1, 1, tzinfo=__import__("datetime").UTC)
     events = spark.createDataFrame(
         [(f"u{user}", start + __import__("datetime").timedelta(minutes=index), "rating", f"i{(user + index) % 11}", 3.0)
@@ -274,7 +274,7 @@ def test_held_out_users_keep_one_row_where_test_sits_and_nothing_that_trains(spa
     vocab = build_vocab(events, None, recipe)
     ids = {row.token: row.id for row in vocab.where("feature = 'item'").collect()}
     rows = build_sequences(events, vocab, None, None, recipe).collect()
-    plain = load_config(IngestRecipe, MOVIELENS / "ingest.toml", ["tokens.max_len=3"])
+    plain = ratings_recipe(["tokens.max_len=3"])
     every_row = {(row.user_id, row.split, row.next_item, tuple(row.item)) for row in build_sequences(events, vocab, None, None, plain).collect()}
     held = {row.user_id for row in rows if row.split == "holdout"}
     assert 6 <= len(held) <= 18  # about 40% of 30 users
@@ -284,7 +284,7 @@ def test_held_out_users_keep_one_row_where_test_sits_and_nothing_that_trains(spa
         assert row.next_item == sequence[-1] and row.item == sequence[-4:-1]  # the test row's target and history
     others = {(row.user_id, row.split, row.next_item, tuple(row.item)) for row in rows if row.user_id not in held}
     assert others == {row for row in every_row if row[0] not in held}  # everyone else as without a holdout
-    again = load_config(IngestRecipe, MOVIELENS / "ingest.toml", ["tokens.max_len=3", "splits.holdout_users=0.4",
+    again = ratings_recipe(["tokens.max_len=3", "splits.holdout_users=0.4",
                                                                   "splits.holdout_seed=1"])
     reseeded = {row.user_id for row in build_sequences(events, vocab, None, None, again).collect() if row.split == "holdout"}
     assert reseeded != held  # the seed picks the users

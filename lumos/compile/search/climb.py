@@ -124,8 +124,12 @@ def reference_values(graph: Graph, inputs: Mapping[str, np.ndarray], keep: set[N
             for src, view in zip(node.srcs, node.views, strict=True):
                 source = values[src]
                 if rows is not None and node.batched:
-                    # A literal of the batch's rows (max pooling's -inf border) is read row by row too.
-                    view = _rows_view(view, rows, graph.batch, src.batched or src in mixed or src.op is Op.CONST)
+                    # A literal whose rows are all alike (max pooling's padded pattern, folded to the
+                    # batch's shape) is read at fewer rows too; that cannot change a value. Other
+                    # literals (weights whose first dim happens to equal the batch) are read whole.
+                    same_rows = (src.op is Op.CONST and source.ndim > 0 and source.shape[0] == graph.batch
+                                 and bool(np.all(source == source[:1])))
+                    view = _rows_view(view, rows, graph.batch, src.batched or src in mixed or same_rows)
                 elif node in mixed and src.batched:  # zeros for the rows not given
                     source = np.pad(source, [(0, graph.batch - rows)] + [(0, 0)] * (source.ndim - 1))
                 operands.append(read_view(source, view))
