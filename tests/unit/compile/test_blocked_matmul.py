@@ -96,6 +96,7 @@ def test_the_search_verifies_every_blocked_candidate(kernel_cache):
     np.testing.assert_allclose(got, interpret(graph, inputs)["y"], atol=1e-4, rtol=1e-4)
 
 
+@pytest.mark.slow  # 40-60 s of searching: CI's slow run
 def test_a_wrong_blocked_kernel_is_rejected_and_never_chosen(kernel_cache, monkeypatch):
     """A bug only the micro-kernel has (each product added twice to its sums): every blocked
     candidate is rejected by the check against the interpreter, and the program stays right."""

@@ -37,6 +37,7 @@ def searched(kernel_cache, budget: float, store: bool = False, layers: int = 3):
     return compilation, inputs
 
 
+@pytest.mark.slow  # 40-60 s of searching: CI's slow run
 def test_search_finds_a_verified_schedule_and_the_program_matches_the_interpreter(kernel_cache):
     compilation, inputs = searched(kernel_cache, budget=60)
     search = compilation.search
@@ -130,6 +131,7 @@ def test_the_fusion_climb_times_extracted_programs_and_keeps_only_faster_ones(ke
     np.testing.assert_allclose(got, interpret(compilation.graph, inputs)["y"], atol=1e-4, rtol=1e-4)
 
 
+@pytest.mark.slow  # 40-60 s of searching: CI's slow run
 def test_the_search_never_returns_an_unverified_candidate(kernel_cache, monkeypatch):
     """A renderer bug that only some schedules hit: those candidates are rejected, never chosen."""
     render = render_c.render_kernel
