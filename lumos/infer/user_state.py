@@ -234,7 +234,8 @@ def _rebuild_reason(previous: StateVersion | None, key: StateKey, as_of: datetim
     if previous is None:
         return "no state yet (first run)"
     if previous.as_of == datetime.date.min:
-        return f"{previous.ref} is named by no predictions commit (a run stopped between the two)"
+        return (f"{previous.ref} is named by no predictions commit of this output (a run stopped between the "
+                "two, or the state was last written for another --output)")
     if previous.key.recipe_hash != key.recipe_hash or previous.key.tokens_kept != key.tokens_kept:
         return "the model's recipe differs from the state's"
     if previous.key.vocab != key.vocab:

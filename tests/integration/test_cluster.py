@@ -229,6 +229,13 @@ def test_infer_on_the_cluster_with_delta_jars_dir_writes_the_local_predictions(
     # Both runs write rejects to the workspace's one infer_rejects table: the cluster's, its next version.
     assert local_lineage["stats"].pop("rejects") == "quickstart.infer_rejects@0"
     assert remote_lineage["stats"].pop("rejects") == "quickstart.infer_rejects@1"
+    # And the dataset's one user_state: the local night wrote version 0 for quickstart.predictions,
+    # which no commit of the cluster's output names, so the cluster's night rebuilt it as version 1.
+    assert local_lineage["stats"].pop("mode_reason") == "no state yet (first run)"
+    assert "another --output" in remote_lineage["stats"].pop("mode_reason")
+    for record, version in ((local_lineage, 0), (remote_lineage, 1)):
+        (state,) = [item for item in record["inputs"] if item["uri"].endswith("/user_state")]
+        assert state.pop("version") == version
     assert remote_lineage == local_lineage
 
 
