@@ -238,3 +238,24 @@ def replace_graph(graph: Graph, new: Graph) -> None:
 def term_sizes(serialized: Serialized) -> dict[str, int]:
     return {"enodes": serialized.term_nodes, "eclasses": serialized.term_classes}
 
+
+
+def stored_nodes(serialized: Serialized, chosen: dict[str, str], nodes, outputs) -> set:
+    """The nodes (of `nodes`) whose e-class the extracted program `chosen` reaches from `outputs`
+    through a `store`: that program's buffers. Identical nodes share an e-class (and a choice)."""
+    by_class: dict[str, list] = {}
+    for node in nodes:
+        if (eclass := serialized.originals.get(node.id)) is not None:
+            by_class.setdefault(eclass, []).append(node)
+    stored, seen = set(), set()
+    stack = [serialized.originals[node.id] for node in outputs]
+    while stack:  # the e-classes the extracted program reaches
+        eclass = stack.pop()
+        if eclass in seen or eclass not in chosen:
+            continue
+        seen.add(eclass)
+        enode = serialized.nodes[chosen[eclass]]
+        if enode.op == "Term.store":
+            stored.update(by_class[eclass])
+        stack.extend(c for c in enode.children if c not in serialized.literals)
+    return stored

@@ -16,7 +16,16 @@ from dataclasses import dataclass
 
 from egglog import EGraph, i64, ruleset, vars_
 
-from lumos.compile.egraph.extract import ENode, Serialized, build_graph, choose, default_cost, encode, serialize
+from lumos.compile.egraph.extract import (
+    ENode,
+    Serialized,
+    build_graph,
+    choose,
+    default_cost,
+    encode,
+    serialize,
+    stored_nodes,
+)
 from lumos.compile.egraph.terms import Encoding, Term, named
 from lumos.compile.ir.graph import Graph, Node
 
@@ -60,22 +69,8 @@ class FusionSpace:
 
     def stores(self, keep: set[Node]) -> set[Node]:
         """That program's buffers: the nodes (of the encoded graph) whose `store` it kept."""
-        chosen = self.extract(keep)
-        by_class: dict[str, list[Node]] = {}  # identical nodes share an e-class (and a choice)
-        for node in self.encoding.graph.nodes:
-            if (eclass := self.serialized.originals.get(node.id)) is not None:
-                by_class.setdefault(eclass, []).append(node)
-        stored, stack, seen = set(), [self.serialized.originals[n.id] for n in self.encoding.graph.outputs.values()], set()
-        while stack:  # the e-classes the extracted program reaches
-            eclass = stack.pop()
-            if eclass in seen or eclass not in chosen:
-                continue
-            seen.add(eclass)
-            enode = self.serialized.nodes[chosen[eclass]]
-            if enode.op == "Term.store":
-                stored.update(by_class[eclass])
-            stack.extend(c for c in enode.children if c not in self.serialized.literals)
-        return stored
+        return stored_nodes(self.serialized, self.extract(keep), self.encoding.graph.nodes,
+                            self.encoding.graph.outputs.values())
 
 
 STORE_READ = 0.001

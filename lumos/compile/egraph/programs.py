@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 
 from egglog import EGraph, Expr, i64, i64Like, relation, rule, ruleset, vars_
 
-from lumos.compile.egraph.extract import ENode, Serialized, choose, default_cost, encode, serialize
+from lumos.compile.egraph.extract import ENode, Serialized, choose, default_cost, encode, serialize, stored_nodes
 from lumos.compile.egraph.terms import Encoding, Term, named
 from lumos.compile.ir.graph import LEAF, REDUCE, UNARY, Graph, Node
 from lumos.compile.schedule.kernels import Kernel, materialized_and_forced
@@ -149,22 +149,8 @@ class ProgramSpace:
             return default_cost(enode)
 
         chosen = choose(self.serialized, priced, cut=("Term.store",))
-        by_class: dict[str, list[Node]] = {}
-        for node in self.encoding.graph.nodes:
-            if (eclass := self.serialized.originals.get(node.id)) is not None:
-                by_class.setdefault(eclass, []).append(node)
-        stored, seen = set(), set()
-        stack = [self.serialized.originals[n.id] for n in self.graph.outputs.values()]
-        while stack:  # the e-classes the extracted program reaches
-            eclass = stack.pop()
-            if eclass in seen or eclass not in chosen:
-                continue
-            seen.add(eclass)
-            enode = self.serialized.nodes[chosen[eclass]]
-            if enode.op == "Term.store":
-                stored.update(node for node in by_class[eclass] if node.op not in LEAF)
-            stack.extend(c for c in enode.children if c not in self.serialized.literals)
-        return stored
+        stored = stored_nodes(self.serialized, chosen, self.encoding.graph.nodes, self.graph.outputs.values())
+        return {node for node in stored if node.op not in LEAF}
 
     def fuse_all_keep(self) -> set[Node]:
         """The stores that fusing everything legal still keeps: the forced ones, and a node with
