@@ -1,6 +1,7 @@
 """Forward time of the Lumos model at batch 256: torch eager, torch.compile (inductor), Lumos compiled.
 
     python benchmarks/compile.py [--batch 256] [--repeats 10] [--skip-inductor] [--search-budget 120]
+                                 [--egraph-fusion]
                                  [--attention-seq 512] [--out benchmarks/results/compile.json]
                                  [--models quickstart sasrec transformer_encoder ... | all]
 
@@ -36,6 +37,11 @@ DLRM-style ranking model: 8 EmbeddingBag tables of 10 to 10,000 rows with runtim
 1 to 4 ids, 13 dense features, width 64), from benchmarks/brought_models.py at its BENCH size, with
 a batch of 32 (or --batch if smaller). The JSON lists the ops each ran in eager (`eager_ops`, none
 for these four: every op compiles).
+
+`--egraph-fusion` compiles every Lumos variant with Options.egraph_fusion (the e-graph proposes
+the program, search/genome.py climbs over its proposals within a quarter of the budget) and writes
+benchmarks/results/compile_egraph_fusion.json by default, so the two modes are timed by two runs
+of this script, each alone; the JSON keeps what the e-graph proposed and kept (`programs`).
 Eager runs as a user gets it (eval mode, no grad, PyTorch's fused transformer fast path allowed);
 Lumos compiles the math path, and its largest difference is taken against eager's math path
 (the fast path writes zeros at padded positions). The default runs the two Lumos models only.
@@ -105,7 +111,7 @@ def matmul_flops(graph: Graph) -> int:
 
 
 def bench_model(name: str, model: LumosModel, batch_size: int, repeats: int, inductor: bool,
-                search_budget: float = SEARCH_BUDGET_S) -> dict:
+                search_budget: float = SEARCH_BUDGET_S, egraph_fusion: bool = False) -> dict:
     model.eval()
     seq_len = model.features.max_len
     batch = synthetic_batch(model.features, batch_size, seq_len, seed=3)
@@ -126,17 +132,17 @@ def bench_model(name: str, model: LumosModel, batch_size: int, repeats: int, ind
 
     with tempfile.TemporaryDirectory(prefix="lumos-bench-kernels-") as folder:
         cache = KernelCache(folder, "cpu")
-        options = Options(search_budget_s=search_budget)
-        unsearched = compile_model(model, batch_size, seq_len, cache)
+        mode = Options(egraph_fusion=egraph_fusion)
+        options = replace(mode, search_budget_s=search_budget)
+        unsearched = compile_model(model, batch_size, seq_len, cache, mode)
         cold = compile_model(model, batch_size, seq_len, cache, options)
         warm = compile_model(model, batch_size, seq_len, cache, options)
         assert warm.compilation.build.hit and (warm.compilation.search is None or warm.compilation.search.cache_hit)
         unblocked = compile_model(model, batch_size, seq_len, cache,
-                                  Options(search_budget_s=search_budget, search_cache=False, register_blocks=False))
+                                  replace(options, search_cache=False, register_blocks=False))
         result["max_error"] = verify(cold, model, seeds=(1,))
         engines["lumos"] = lambda: cold.compiled(batch)
-        unmerged = compile_model(model, batch_size, seq_len, cache,
-                                 Options(search_budget_s=search_budget, fuse_linear_layers=False))
+        unmerged = compile_model(model, batch_size, seq_len, cache, replace(options, fuse_linear_layers=False))
         engines["lumos_unblocked"] = lambda: unblocked.compiled(batch)
         engines["lumos_unmerged"] = lambda: unmerged.compiled(batch)
         engines["lumos_no_search"] = lambda: unsearched.compiled(batch)
@@ -154,6 +160,8 @@ def bench_model(name: str, model: LumosModel, batch_size: int, repeats: int, ind
             result[f"{engine}_ms"] = statistics.median(values)
             result[f"{engine}_best_ms"] = min(values)  # least disturbed by other load
         stats = cold.compilation.stats()
+    if cold.compilation.programs is not None:  # --egraph-fusion: what the e-graph proposed, timed and kept
+        result["programs"] = cold.compilation.programs
     search = cold.compilation.search
     if search is not None:
         result["search_s"] = search.seconds
@@ -402,7 +410,8 @@ EXTERNAL_MODELS = ("transformer_encoder", "transformer_encoder_norm_first", "mul
                    "sasrec_baseline", *BROUGHT_MODELS)
 
 
-def bench_external(name: str, batch_size: int, repeats: int, inductor: bool, search_budget: float) -> dict:
+def bench_external(name: str, batch_size: int, repeats: int, inductor: bool, search_budget: float,
+                   egraph_fusion: bool = False) -> dict:
     """eager, torch.compile (inductor) and Lumos (searched and not) on one external module."""
     module, inputs = external_model(name, batch_size)
     module.eval()
@@ -423,14 +432,15 @@ def bench_external(name: str, batch_size: int, repeats: int, inductor: bool, sea
         engines["inductor"] = lambda: compiled(*inputs)
     with tempfile.TemporaryDirectory(prefix="lumos-bench-kernels-") as folder:
         cache = KernelCache(folder, "cpu")
+        mode = Options(egraph_fusion=egraph_fusion)
         started = time.perf_counter()
-        unsearched = compile_module(module, inputs, cache, search_budget=0)
+        unsearched = compile_module(module, inputs, cache, mode, search_budget=0)
         result["lumos_compile_no_search_s"] = time.perf_counter() - started
         started = time.perf_counter()
-        searched = compile_module(module, inputs, cache, search_budget=search_budget)
+        searched = compile_module(module, inputs, cache, mode, search_budget=search_budget)
         result["lumos_compile_cold_s"] = time.perf_counter() - started
         started = time.perf_counter()
-        compile_module(module, inputs, cache, search_budget=search_budget)
+        compile_module(module, inputs, cache, mode, search_budget=search_budget)
         result["lumos_compile_warm_s"] = time.perf_counter() - started
         second = tuple(_fresh_like(value) for value in inputs)
         # A partitioned module's partitions were each checked against eager when compiled.
@@ -507,6 +517,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--skip-inductor", action="store_true", help="Leave out torch.compile (slow to build).")
     parser.add_argument("--search-budget", type=float, default=SEARCH_BUDGET_S, help="Lumos schedule search, seconds per model.")
+    parser.add_argument("--egraph-fusion", action="store_true",
+                        help="Let the e-graph propose the program (Options.egraph_fusion); time it alone, apart from a default run.")
     parser.add_argument("--attention-seq", type=int, default=512, help="Sequence length of the attention benchmark (0: skip).")
     parser.add_argument("--out", type=Path, default=None, help="Default: benchmarks/results/compile.json (compile_cuda.json for cuda).")
     parser.add_argument("--target", choices=("cpu", "cuda"), default="cpu",
@@ -514,7 +526,8 @@ def main() -> None:
     parser.add_argument("--models", nargs="+", default=list(LUMOS_MODELS), choices=[*LUMOS_MODELS, *EXTERNAL_MODELS, "all"],
                         help="Lumos models and modules no one here wrote (see the module docstring); all: every one.")
     args = parser.parse_args()
-    args.out = args.out or ROOT / "benchmarks" / "results" / ("compile.json" if args.target == "cpu" else "compile_cuda.json")
+    default_out = "compile_egraph_fusion.json" if args.egraph_fusion else "compile.json"
+    args.out = args.out or ROOT / "benchmarks" / "results" / (default_out if args.target == "cpu" else "compile_cuda.json")
     chosen = [*LUMOS_MODELS, *EXTERNAL_MODELS] if "all" in args.models else args.models
     peak = fma_peak.measure(torch.get_num_threads(), seconds=0.5) if args.target == "cpu" else None
 
@@ -532,11 +545,13 @@ def main() -> None:
         args.out.write_text(json.dumps(report, indent=2))
         print(f"wrote {args.out}")
         return
-    results = [bench_model(name, model, args.batch, args.repeats, not args.skip_inductor, args.search_budget)
+    results = [bench_model(name, model, args.batch, args.repeats, not args.skip_inductor, args.search_budget,
+                           args.egraph_fusion)
                for name, model in models if name in chosen]
-    results += [bench_external(name, args.batch, args.repeats, not args.skip_inductor, args.search_budget)
+    results += [bench_external(name, args.batch, args.repeats, not args.skip_inductor, args.search_budget,
+                               args.egraph_fusion)
                 for name in EXTERNAL_MODELS if name in chosen]
-    report = {"machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "torch": torch.__version__,
+    report = {"egraph_fusion": args.egraph_fusion, "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "torch": torch.__version__,
                           "torch_threads": torch.get_num_threads(), "load_average": os.getloadavg(),
                           "omp_wait_policy": os.environ["OMP_WAIT_POLICY"], "fma_peak": peak},
               "results": results}

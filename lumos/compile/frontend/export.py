@@ -48,7 +48,6 @@ import torch
 from torch import nn
 from torch.utils import _pytree as pytree
 
-from lumos.compile import passes
 from lumos.compile.compilation import DEFAULT_ARCH
 from lumos.compile.frontend.fast_path import DECOMPOSITIONS, math_path
 from lumos.compile.frontend.half import HalfPrecision, eager_output_dtypes, float32_copy, half_dtype, widened
@@ -156,18 +155,22 @@ def search_seconds(budget: float | str, distinct_kernels: int) -> float:
 
 
 def with_search_budget(target: Target, budget: float | str) -> Target:
-    """The target with its search pass given `budget`, "auto" sized by the distinct kernels the
-    schedule pass made (identical kernels are searched once). A target without a search pass
-    (CUDA: it would time kernels on a GPU) is returned as it is."""
+    """The target with its search passes given `budget`, "auto" sized by the distinct kernels the
+    schedule pass made (identical kernels are searched once): the climb over the e-graph's
+    programs (with Options.egraph_fusion) and the schedule search, which share it as passes.py
+    says. A target without a search pass (CUDA: it would time kernels on a GPU) is returned as it is."""
     if "search" not in dict(target.passes):
         return target
 
-    def search(c: Compilation, cache: KernelCache) -> None:
-        distinct = len({kernel_key(kernel, c.materialized) for kernel in c.kernels})
-        c.options = replace(c.options, search_budget_s=search_seconds(budget, distinct))
-        passes.search(c, cache)
+    def budgeted(run):
+        def with_budget(c: Compilation, cache: KernelCache) -> None:
+            distinct = len({kernel_key(kernel, c.materialized) for kernel in c.kernels})
+            c.options = replace(c.options, search_budget_s=search_seconds(budget, distinct))
+            run(c, cache)
+        return with_budget
 
-    return replace(target, passes=tuple((name, search if name == "search" else run) for name, run in target.passes))
+    searches = {"programs", "search"}
+    return replace(target, passes=tuple((name, budgeted(run) if name in searches else run) for name, run in target.passes))
 
 
 # ---------------------------------------------------------------------------------------------
