@@ -68,6 +68,9 @@ class Options:
     """GPU architecture, sm_XX: the device's compute capability where there is one."""
     fuse_attention: bool = True
     """Compute each attention with one online-softmax kernel (no score matrix stored)."""
+    join_products: bool = True
+    """Matrix products of one value (a query/key/value projection) as one tiled kernel with an
+    output each (schedule/products.py; False: a kernel each, to measure what it gains)."""
 
 
 @dataclass
@@ -100,6 +103,9 @@ class Compilation:
     programs: dict | None = None
     """With Options.egraph_fusion: what the e-graph proposed beyond the scheduler, the programs
     timed and the one kept (search/genome.py: ProgramSearch.report)."""
+    products_joined: list[str] | None = None
+    """The kernels that compute several matrix products of one value (schedule/products.py);
+    None where the target has no products pass."""
     joins: set | None = None
     """With Options.egraph_fusion: the sibling kernel pairs (earlier node, later node) the chosen
     program joins, after the schedule search (which times single-output kernels)."""

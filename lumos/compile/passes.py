@@ -13,13 +13,14 @@ from lumos.compile.egraph.attention import find_attention, fuse_attention
 from lumos.compile.egraph.rewrite import rewrite_graph
 from lumos.compile.kernel.lower import reads_siblings_in_place
 from lumos.compile.render.c import render_library
-from lumos.compile.render.cuda import render_program
+from lumos.compile.render.cuda import joins_as_tiles, render_program
 from lumos.compile.runtime.kernel_cache import KernelCache, Toolchain, gcc
 from lumos.compile.runtime.nvrtc import nvrtc_toolchain
 from lumos.compile.schedule.buffers import plan_buffers
 from lumos.compile.schedule.horizontal import fuse_linear_layers
 from lumos.compile.schedule.kernels import schedule
 from lumos.compile.schedule.layout import transpose_activations, transpose_weights
+from lumos.compile.schedule.products import join_products
 from lumos.compile.schedule.siblings import join_siblings
 from lumos.compile.search.cache import SearchCache
 from lumos.compile.search.climb import Bench, random_inputs, search_schedules
@@ -110,6 +111,12 @@ def attention(c: Compilation, cache: KernelCache) -> None:
     if matches:
         c.kernels, c.materialized, used = fuse_attention(c.graph, c.materialized, matches)
         c.attention = len(used)
+
+
+def products(c: Compilation, cache: KernelCache) -> None:
+    c.products_joined = []
+    if c.options.join_products:
+        c.kernels, c.products_joined = join_products(c.kernels, lambda kernel: joins_as_tiles(kernel, c.materialized))
 
 
 def buffers(c: Compilation, cache: KernelCache) -> None:

@@ -6,6 +6,8 @@
     proposals, egraph/programs.py, and a measured climb over them, search/genome.py)
     → search (C: schedule variants by measurement, search/)
     or attention (CUDA: online-softmax kernels, egraph/attention.py)
+    → products (CUDA: matrix products of one value, a query/key/value projection, as one tiled
+    kernel with an output each, schedule/products.py)
     → siblings (C, Options.multi_output or the chosen program's joins: a layer norm's statistics
     as one kernel with two outputs)
     → plan buffers → render (C or CUDA) → build (gcc or NVRTC, through the kernel cache) → load

@@ -140,6 +140,7 @@ CUDA = Target(
         ("layout", passes.layout),
         ("schedule", passes.fuse),
         ("attention", passes.attention),  # no schedule search yet: it would time kernels on a GPU
+        ("products", passes.products),  # a query/key/value projection as one kernel (C: horizontal)
         ("plan_buffers", passes.buffers),
         ("render_cuda", passes.render_cuda),
         ("build", passes.build_cuda),  # NVRTC, through the kernel cache: no GPU needed

@@ -115,13 +115,31 @@ def block_per_output(ir: KernelIR) -> KernelIR:
 def tiled_matmul(ir: KernelIR) -> KernelIR | None:
     """The shared-memory tiled matmul for the kernels passes.match_matmul accepts (the same ones
     the C renderer can register-block), or None."""
-    match = match_matmul(ir, TILE)
-    if match is None:
+    return tiled_matmuls([ir])
+
+
+def tiled_matmuls(irs: list[KernelIR]) -> KernelIR | None:
+    """The tiled matmul of one output, or of several that multiply the same value by their own
+    weights (a query/key/value projection: schedule/products.py, lowered by lower_products): per
+    slice the value is staged once (its prologue computed once) and each output's weight slice
+    beside it, one sum each; then each output's epilogue under its own column bound (widths may
+    differ: the grid covers the widest). None unless every output is a matmul match_matmul
+    accepts, over the same rows and steps. That their values are one computation is the join's
+    to show (products.py compares them in the graph); only the first output's is staged."""
+    matches = [match_matmul(ir, TILE) for ir in irs]
+    if any(match is None for match in matches):
         return None
-    reduce, column, row = match.reduce, match.column, match.row
+    ir, first = irs[0], matches[0]
+    outer = [(loop.var, loop.extent, loop.batch) for loop in ir.loops[:-1]]
+    if any(match.row.var != first.row.var or match.column.var != first.column.var
+           or match.reduce.length != first.reduce.length
+           or [(loop.var, loop.extent, loop.batch) for loop in other.loops[:-1]] != outer
+           for match, other in zip(matches[1:], irs[1:], strict=True)):
+        return None
+    reduce, row = first.reduce, first.row
     others = [loop for loop in ir.loops[:-1] if loop is not row]
-    r, steps = reduce.var, reduce.length
-    col_tiles = -(-column.extent // TILE)
+    steps = reduce.length
+    col_tiles = max(-(-match.column.extent // TILE) for match in matches)
     static_others = [loop for loop in others if not loop.batch]
     _, z = rows(static_others)
     if row.batch:  # the row tiles are the remainder: their count depends on n
@@ -133,22 +151,27 @@ def tiled_matmul(ir: KernelIR) -> KernelIR | None:
         place = [("col_tile", col_tiles), ("row_tile", row_tiles), *digits(others)]
         batched = any(loop.batch for loop in others)
         grid = Grid("tiled", (TILE, TILE, 1), batched, col_tiles * row_tiles * z, 1, 1, place, guarded=False)
-    steps_bound, column_bound = Loop(r, steps), Loop(column.var, column.extent)
     row_at, column_at = TileOffset("row_tile", TILE, "ty"), TileOffset("col_tile", TILE, "tx")
     stage_value = StageTile("tile_value", "the value slice, computed as it is staged (a fused prologue runs here)",
-                            [(row.var, row_at), (r, TileOffset("k0", 1, "tx"))], [row, steps_bound],
-                            needed(match.hoisted, match.value), match.value, "x")
-    stage_weight = StageTile("tile_weight", "the weight slice",  # one read: nothing to compute first
-                             [(column.var, column_at), (r, TileOffset("k0", 1, "ty"))], [column_bound, steps_bound],
-                             None, match.weight, "w")
+                            [(row.var, row_at), (reduce.var, TileOffset("k0", 1, "tx"))], [row, Loop(reduce.var, steps)],
+                            needed(first.hoisted, first.value), first.value, "x")
+    suffixes = ["", *(str(position) for position in range(1, len(irs)))]  # sum, sum1, …: as out, out1, …
+    staged, products, epilogues = [stage_value], [], []
+    for suffix, match, output in zip(suffixes, matches, irs, strict=True):
+        column_bound = Loop(match.column.var, match.column.extent)
+        staged.append(StageTile(f"tile_weight{suffix}", "the weight slice",  # one read: nothing to compute first
+                                [(match.column.var, column_at), (match.reduce.var, TileOffset("k0", 1, "ty"))],
+                                [column_bound, Loop(match.reduce.var, steps)], None, match.weight, "w"))
+        products.append(TileProduct(f"sum{suffix}", "tile_value", f"tile_weight{suffix}", TILE))
+        binds = [] if epilogues else [(row.var, row_at), (match.column.var, column_at)]  # bound once, for all
+        epilogues.append(ThreadTile("the epilogue, per output", binds, [row, column_bound],
+                                    [Let(match.reduce.acc, Ref(f"sum{suffix}")), *output.body[1:]]))
     body = [
         Shared("tile_value", (TILE, TILE + 1)),
-        Shared("tile_weight", (TILE, TILE + 1)),
+        *(Shared(f"tile_weight{suffix}", (TILE, TILE + 1)) for suffix in suffixes),
         grid,
-        Register("sum"),
-        SliceLoop("k0", steps, TILE, [stage_value, stage_weight, Barrier(),
-                                      TileProduct("sum", "tile_value", "tile_weight", TILE), Barrier()]),
-        ThreadTile("the epilogue, per output", [(row.var, row_at), (column.var, column_at)], [row, column_bound],
-                   [Let(reduce.acc, Ref("sum")), *ir.body[1:]]),
+        *(Register(f"sum{suffix}") for suffix in suffixes),
+        SliceLoop("k0", steps, TILE, [*staged, Barrier(), *products, Barrier()]),
+        *epilogues,
     ]
     return replace(ir, body=body)

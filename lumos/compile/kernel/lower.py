@@ -42,7 +42,7 @@ from lumos.compile.kernel.ir import (
     less,
 )
 from lumos.compile.kernel.passes import annotate_loops
-from lumos.compile.schedule.kernels import Kernel, KernelSchedule, is_buffer
+from lumos.compile.schedule.kernels import Kernel, KernelSchedule, is_buffer, kernel_for
 
 UNROLLED_REDUCTION = 4
 """Reductions this short are written out as one expression rather than a loop."""
@@ -309,6 +309,30 @@ def _lower_joined(kernel: Kernel, materialized: set[Node], params: dict[Node, st
     shared = [replace(loop, parallel=True) for loop in [*outer, blocks]]
     return KernelIR(kernel.name, kernel.node, [params[src] for src in kernel.reads], shared, body,
                     len(kernel.unique_fused), schedule=schedule, also=tuple(kernel.also))
+
+
+def lower_products(kernel: Kernel, materialized: set[Node], params: dict[Node, str],
+                   check_gathers: bool = False) -> list[KernelIR]:
+    """A kernel of several matrix products over one input (schedule/products.py), as one KernelIR
+    per output: each lowered as the kernel of that output alone would be, its Store to `out`,
+    `out1`, … (KernelIR.outputs), and its locals numbered on from the previous output's, so that
+    the names stay apart in the one body they come to share (kernel/gpu_tiles.py: tiled_matmuls)."""
+    irs: list[KernelIR] = []
+    counter = 0
+    for position, node in enumerate(kernel.outputs):
+        alone = kernel_for(kernel.name, node, materialized)
+        lowering = Lowering(alone, materialized, params, KernelSchedule(), check_gathers=check_gathers)
+        lowering.counter = counter
+        loops, idx = output_loops(node)
+        value = lowering.expression(node, idx)
+        out = Affine(0, tuple(zip(contiguous_strides(node.shape), idx, strict=True)))
+        store = Store("out" if position == 0 else f"out{position}", out, value)
+        ir = KernelIR(kernel.name, node, [params[src] for src in kernel.reads], loops, [*lowering.stmts, store],
+                      len(alone.unique_fused))
+        annotate_loops(ir)
+        irs.append(ir)
+        counter = lowering.counter
+    return irs
 
 
 def reads_siblings_in_place(kernel: Kernel, materialized: set[Node]) -> bool:

@@ -13,14 +13,14 @@ the runtime finds them by name, and all take (n, out, reads…) like the C ones.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from importlib import resources
 
 from lumos.compile.ir.graph import Graph, Node, Op
 from lumos.compile.kernel import gpu_ir, ir
 from lumos.compile.kernel.gpu_attention import map_attention
-from lumos.compile.kernel.gpu_tiles import THREADS, map_threads
-from lumos.compile.kernel.lower import lower_attention, lower_kernel
+from lumos.compile.kernel.gpu_tiles import THREADS, map_threads, tiled_matmuls
+from lumos.compile.kernel.lower import lower_attention, lower_kernel, lower_products
 from lumos.compile.render.c import tensor_names
 from lumos.compile.render.cstyle import Dialect, cond, expr, index, initial, kernel_comment, literal, stmt_lines, update
 from lumos.compile.schedule.buffers import BufferPlan
@@ -247,8 +247,8 @@ PRINTERS = {
 # Kernels and programs
 
 
-def _signature(name: str, params: list[str]) -> str:
-    args = ["const int n", "float* __restrict__ out"] + [f"const float* __restrict__ {p}" for p in params]
+def _signature(name: str, outputs: tuple[str, ...], params: list[str]) -> str:
+    args = ["const int n", *(f"float* __restrict__ {o}" for o in outputs)] + [f"const float* __restrict__ {p}" for p in params]
     return f'extern "C" __global__ void __launch_bounds__({THREADS}) {name}({", ".join(args)})'
 
 
@@ -260,8 +260,19 @@ def gpu_kernel(kernel: Kernel, materialized: set[Node], params: dict[Node, str])
         attention = lower_attention(kernel, materialized, params, check_gathers=True)
         keys = f"online softmax over {attention.keys} keys"
         return map_attention(attention), f"{kernel.name}: %{node.id} attention{list(node.shape)}, {keys}"
+    if kernel.also:  # matrix products of one value (schedule/products.py): one tiled kernel
+        outputs = lower_products(kernel, materialized, params, check_gathers=True)
+        mapped = replace(tiled_matmuls(outputs), also=tuple(kernel.also))
+        return mapped, kernel_comment(mapped)
     lowered = lower_kernel(kernel, materialized, params, check_gathers=True)
     return map_threads(lowered), kernel_comment(lowered)
+
+
+def joins_as_tiles(kernel: Kernel, materialized: set[Node]) -> bool:
+    """Whether a kernel of several matrix products maps to one tiled matmul (schedule/products.py
+    joins kernels only then)."""
+    params = {node: f"b{node.id}" for node in [*kernel.outputs, *kernel.reads]}
+    return tiled_matmuls(lower_products(kernel, materialized, params, check_gathers=True)) is not None
 
 
 def render_kernel(kernel: Kernel, materialized: set[Node], params: dict[Node, str]) -> tuple[str, gpu_ir.Grid]:
@@ -269,7 +280,8 @@ def render_kernel(kernel: Kernel, materialized: set[Node], params: dict[Node, st
     mapped, comment = gpu_kernel(kernel, materialized, params)
     grid = next(stmt for stmt in mapped.body if isinstance(stmt, gpu_ir.Grid))
     comment = comment.replace("*/", "* /")
-    source = "\n".join([f"/* {comment} ({grid.kind}) */", _signature(kernel.name, mapped.params) + " {",
+    outputs = mapped.outputs if isinstance(mapped, ir.KernelIR) else ("out",)
+    source = "\n".join([f"/* {comment} ({grid.kind}) */", _signature(kernel.name, outputs, mapped.params) + " {",
                         *_indent(_body(mapped.body)), "}"])
     return source, grid
 
@@ -293,5 +305,5 @@ def render_program(graph: Graph, kernels: list[Kernel], materialized: set[Node],
         source, grid = render_kernel(kernel, materialized, params)
         sources[kernel.name] = source
         launches.append(Launch(kernel.name, grid.kind, grid.threads, grid.batched, grid.mult, grid.per, grid.groups,
-                               tuple(pointer(node) for node in [kernel.node, *kernel.reads])))
+                               tuple(pointer(node) for node in [*kernel.outputs, *kernel.reads])))
     return CudaProgram(sources, launches)

@@ -247,10 +247,15 @@ def build_kernels(graph: Graph, materialized: set[Node]) -> list[Kernel]:
     for node in graph.nodes:
         if node not in materialized or node.op in LEAF:
             continue
-        kernel = Kernel(f"k{len(kernels)}", node)
-        _collect(node, materialized, kernel, top=True)
-        kernels.append(kernel)
+        kernels.append(kernel_for(f"k{len(kernels)}", node, materialized))
     return kernels
+
+
+def kernel_for(name: str, node: Node, materialized: set[Node]) -> Kernel:
+    """The kernel that computes the materialized `node` alone: what it inlines, what it reads."""
+    kernel = Kernel(name, node)
+    _collect(node, materialized, kernel, top=True)
+    return kernel
 
 
 def _collect(node: Node, materialized: set[Node], kernel: Kernel, top: bool = False) -> None:

@@ -9,10 +9,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 from test_compile_ops import CASES, INPUTS, T
+from test_join_products import projections
 
 from lumos.compile.engine import compile_model, time_forward, verify
 from lumos.compile.ir.graph import Graph
 from lumos.compile.ir.hl_ops import Tensor, attention, mark_output
+from lumos.compile.ir.interpret import interpret
 from lumos.compile.program import Options, compile_graph, load_program
 from lumos.compile.runtime.cuda import gpu_arch
 from lumos.compile.runtime.kernel_cache import KernelCache
@@ -72,6 +74,20 @@ def test_long_and_short_reductions_match_torch(tmp_path):
     torch.testing.assert_close(got["total"], value.sum(-1), atol=1e-3, rtol=1e-4)
     torch.testing.assert_close(got["peak"], value.amax(-1))
     torch.testing.assert_close(got["short"], value[:, :40].amax(-1))
+
+
+@pytest.mark.parametrize("widths, prologue", [((24, 24, 24), "scale"), ((24, 48), "layer_norm")])
+def test_projections_of_one_value_as_one_kernel_match_the_interpreter(widths, prologue, tmp_path):
+    """Query, key and value projections as one tiled kernel with an output each (schedule/products.py)."""
+    graph = projections(widths, prologue=prologue)
+    compilation, program = gpu_program(graph, KernelCache(tmp_path, "cuda"))
+    assert compilation.products_joined
+    x = np.random.default_rng(3).standard_normal((37, 40)).astype(np.float32)
+    want = interpret(graph, {"x": x})
+    got = program({"x": torch.from_numpy(x).cuda()})
+    for name in want:
+        np.testing.assert_allclose(got[name].cpu().numpy().reshape(want[name].shape), want[name], atol=1e-4, rtol=1e-4,
+                                   err_msg=name)
 
 
 FEATURES = FeatureSpec(token_categorical={"item": 12, "hour": 24}, token_numeric=("value",),

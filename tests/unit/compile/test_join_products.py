@@ -1,0 +1,106 @@
+"""Matrix products of one value as one kernel with several outputs on the CUDA target
+(schedule/products.py, kernel/gpu_tiles.py: tiled_matmuls): which kernels join, what the joined
+kernel's IR holds, and that it builds with NVRTC. (Running it needs a GPU: test_cuda_gpu.py checks
+it against the interpreter.)"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from lumos.compile.ir.graph import Graph
+from lumos.compile.ir.hl_ops import Tensor, mark_output
+from lumos.compile.kernel.ir import Load
+from lumos.compile.kernel.gpu_ir import Grid, Shared, SliceLoop, StageTile, ThreadTile, TileProduct
+from lumos.compile.program import Options, compile_graph
+from lumos.compile.render.cuda import gpu_kernel
+from lumos.compile.runtime.kernel_cache import KernelCache
+from lumos.compile.target import CUDA
+
+pytest.importorskip("cuda.bindings.nvrtc", reason="the CUDA target needs cuda-bindings (the cuda extra)")
+
+
+def projections(widths=(24, 24, 24), rows: int = 37, depth: int = 40, prologue: str = "scale") -> Graph:
+    """x → a prologue → one linear layer (weight and bias) per width, each a graph output: a
+    self-attention's query, key and value projections at awkward sizes. The prologue's output
+    (x·2 + 1, or a layer norm) is stored: a matmul operand read by several is not recomputed."""
+    rng = np.random.default_rng(0)
+    graph = Graph()
+    x = Tensor.input(graph, "x", (rows, depth))
+    value = x * 2.0 + 1.0 if prologue == "scale" else x.layer_norm(None, None, 1e-5)
+    for name, width in zip("qkv", widths, strict=False):
+        weight = Tensor.constant(graph, f"w{name}", rng.standard_normal((width, depth)).astype(np.float32))
+        bias = Tensor.constant(graph, f"b{name}", rng.standard_normal((width,)).astype(np.float32))
+        mark_output(graph, name, value.linear(weight, bias))
+    graph.prune()
+    return graph
+
+
+def cuda(graph: Graph, tmp_path, **options):
+    return compile_graph(graph, KernelCache(tmp_path, "cuda"), Options(arch="sm_80", **options), target=CUDA)
+
+
+def test_query_key_value_projections_are_one_tiled_kernel_with_three_outputs(tmp_path):
+    compilation = cuda(projections(), tmp_path)
+    (joined,) = [kernel for kernel in compilation.kernels if kernel.also]
+    assert compilation.products_joined == [joined.name] and len(joined.outputs) == 3
+    assert {compilation.graph.outputs[name] for name in "qkv"} == set(joined.outputs)
+    params = {node: f"b{node.id}" for node in compilation.graph.nodes}
+    mapped, _ = gpu_kernel(joined, compilation.materialized, params)
+    assert mapped.outputs == ("out", "out1", "out2")
+    shared = [s.name for s in mapped.body if isinstance(s, Shared)]
+    assert shared == ["tile_value", "tile_weight", "tile_weight1", "tile_weight2"]
+    (grid,) = [s for s in mapped.body if isinstance(s, Grid)]
+    (slices,) = [s for s in mapped.body if isinstance(s, SliceLoop)]
+    stages = [s for s in slices.body if isinstance(s, StageTile)]
+    assert grid.kind == "tiled" and [s.tile for s in stages] == ["tile_value", "tile_weight", "tile_weight1", "tile_weight2"]
+    assert isinstance(stages[0].value, Load)  # the value: one buffer, staged once for all three products
+    assert [p.acc for p in slices.body if isinstance(p, TileProduct)] == ["sum", "sum1", "sum2"]
+    epilogues = [s for s in mapped.body if isinstance(s, ThreadTile)]
+    assert [bool(tile.binds) for tile in epilogues] == [True, False, False]  # indices bound once
+    launch = next(launch for launch in compilation.cuda.launches if launch.name == joined.name)
+    assert [where for where, _ in launch.buffers[:3]] == ["output"] * 3
+    # One compilation unit: the names of the three outputs' locals stay apart.
+    assert f".entry {joined.name}(" in compilation.build.library.read_text()
+
+
+def test_without_the_join_each_projection_is_a_kernel(tmp_path):
+    compilation = cuda(projections(), tmp_path, join_products=False)
+    assert compilation.products_joined == [] and not any(kernel.also for kernel in compilation.kernels)
+    assert compilation.stats()["tiled_kernels"] == 3
+
+
+def test_projections_of_different_widths_join_under_their_own_column_bounds(tmp_path):
+    """The Lumos model projects the query (d) and the concatenated key/value (2d) from one input."""
+    compilation = cuda(projections(widths=(24, 48), prologue="layer_norm"), tmp_path)
+    (joined,) = [kernel for kernel in compilation.kernels if kernel.also]
+    params = {node: f"b{node.id}" for node in compilation.graph.nodes}
+    mapped, _ = gpu_kernel(joined, compilation.materialized, params)
+    epilogues = [s for s in mapped.body if isinstance(s, ThreadTile)]
+    assert [tile.bounds[-1].extent for tile in epilogues] == [24, 48]
+    (grid,) = [s for s in mapped.body if isinstance(s, Grid)]
+    assert grid.digits[0] == ("col_tile", 3)  # the widest output's column tiles
+    assert f".entry {joined.name}(" in compilation.build.library.read_text()
+
+
+def test_a_product_that_reads_another_is_not_joined(tmp_path):
+    """k = (x W_k) + q reads q: it cannot run beside the kernel that writes q."""
+    rng = np.random.default_rng(1)
+    graph = Graph()
+    x = Tensor.input(graph, "x", (37, 40))
+    q = x.linear(Tensor.constant(graph, "wq", rng.standard_normal((24, 40)).astype(np.float32)))
+    mark_output(graph, "q", q)
+    mark_output(graph, "k", x.linear(Tensor.constant(graph, "wk", rng.standard_normal((24, 40)).astype(np.float32))) + q)
+    graph.prune()
+    compilation = cuda(graph, tmp_path)
+    assert compilation.products_joined == [] and compilation.stats()["tiled_kernels"] == 2
+
+
+def test_products_of_different_values_are_not_joined(tmp_path):
+    rng = np.random.default_rng(2)
+    graph = Graph()
+    x, y = Tensor.input(graph, "x", (37, 40)), Tensor.input(graph, "y", (37, 40))
+    for name, value in (("q", x), ("k", y)):
+        mark_output(graph, name, value.linear(Tensor.constant(graph, f"w{name}", rng.standard_normal((24, 40)).astype(np.float32))))
+    graph.prune()
+    assert cuda(graph, tmp_path).products_joined == []
