@@ -121,6 +121,17 @@ def test_compile_module_searches_by_default_and_a_second_compile_hits_the_cache(
     assert unsearched.compilation.search is None
 
 
+def test_compile_module_gives_the_egraph_programs_their_share_of_the_budget(tmp_path):
+    """With Options.egraph_fusion, the climb over the e-graph's programs searches too (a quarter
+    of the budget, before the schedule search), not only reports what it proposed."""
+    module, x = mlp(), torch.randn(B, T, C)
+    compiled = compile_module(module, [x], KernelCache(tmp_path, "cpu"), Options(egraph_fusion=True), search_budget=2.0)
+    programs = compiled.compilation.programs
+    assert programs["proposed"] and programs["tried"]  # timed, the scheduler's program first
+    assert compiled.compilation.search.budget_s == pytest.approx(2.0 * 0.75)
+    torch.testing.assert_close(compiled(x), module(x), atol=1e-4, rtol=1e-4)
+
+
 def test_partitions_and_the_backend_pass_the_budget_on(monkeypatch, tmp_path):
     """A partition is compiled with the module's budget (here 0), the backend with its own."""
     from lumos.compile.frontend.torch_backend import make_backend
