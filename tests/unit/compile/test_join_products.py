@@ -1,14 +1,18 @@
 """Matrix products of one value as one kernel with several outputs on the CUDA target
 (schedule/products.py, kernel/gpu_tiles.py: tiled_matmuls): which kernels join, what the joined
-kernel's IR holds, and that it builds with NVRTC. (Running it needs a GPU: test_cuda_gpu.py checks
-it against the interpreter.)"""
+kernel's IR holds, that it builds with NVRTC, and that it computes what the interpreter does, run
+on the CPU (cuda_on_cpu.py: g++, a pthread per CUDA thread, barriers as pthread barriers);
+test_cuda_gpu.py runs it on a GPU."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
+from cuda_on_cpu import run_on_cpu
+
 from lumos.compile.ir.graph import Graph
+from lumos.compile.ir.interpret import interpret
 from lumos.compile.ir.hl_ops import Tensor, mark_output
 from lumos.compile.kernel.ir import Load
 from lumos.compile.kernel.gpu_ir import Grid, Shared, SliceLoop, StageTile, ThreadTile, TileProduct
@@ -104,3 +108,16 @@ def test_products_of_different_values_are_not_joined(tmp_path):
         mark_output(graph, name, value.linear(Tensor.constant(graph, f"w{name}", rng.standard_normal((24, 40)).astype(np.float32))))
     graph.prune()
     assert cuda(graph, tmp_path).products_joined == []
+
+
+@pytest.mark.parametrize("widths", [(24, 24, 24), (24, 48)], ids=["qkv", "q-and-kv"])
+@pytest.mark.parametrize("join", [True, False], ids=["joined", "apart"])
+def test_the_joined_kernel_matches_the_interpreter(widths, join, tmp_path):
+    graph = projections(widths)
+    compilation = cuda(graph, tmp_path, join_products=join)
+    assert bool(compilation.products_joined) == join
+    x = np.random.default_rng(3).standard_normal((37, 40)).astype(np.float32)
+    got, want = run_on_cpu(compilation, {"x": x}, tmp_path), interpret(graph, {"x": x})
+    for name in want:
+        assert np.abs(want[name]).max() > 1
+        np.testing.assert_allclose(got[name].reshape(want[name].shape), want[name], atol=1e-4, rtol=1e-4, err_msg=name)
