@@ -8,14 +8,13 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
 from cuda_on_cpu import run_on_cpu
 
 from lumos.compile.ir.graph import Graph
-from lumos.compile.ir.interpret import interpret
 from lumos.compile.ir.hl_ops import Tensor, mark_output
-from lumos.compile.kernel.ir import Load
+from lumos.compile.ir.interpret import interpret
 from lumos.compile.kernel.gpu_ir import Grid, Shared, SliceLoop, StageTile, ThreadTile, TileProduct
+from lumos.compile.kernel.ir import Load
 from lumos.compile.program import Options, compile_graph
 from lumos.compile.render.cuda import gpu_kernel
 from lumos.compile.runtime.kernel_cache import KernelCache
