@@ -170,7 +170,8 @@ def with_search_budget(target: Target, budget: float | str) -> Target:
         return with_budget
 
     searches = {"programs", "search"}
-    return replace(target, passes=tuple((name, budgeted(run) if name in searches else run) for name, run in target.passes))
+    return replace(target, passes=tuple((name, budgeted(run) if name in searches else run)
+                                        for name, run in target.passes))
 
 
 # ---------------------------------------------------------------------------------------------

@@ -153,7 +153,8 @@ def tiled_matmuls(irs: list[KernelIR]) -> KernelIR | None:
         grid = Grid("tiled", (TILE, TILE, 1), batched, col_tiles * row_tiles * z, 1, 1, place, guarded=False)
     row_at, column_at = TileOffset("row_tile", TILE, "ty"), TileOffset("col_tile", TILE, "tx")
     stage_value = StageTile("tile_value", "the value slice, computed as it is staged (a fused prologue runs here)",
-                            [(row.var, row_at), (reduce.var, TileOffset("k0", 1, "tx"))], [row, Loop(reduce.var, steps)],
+                            [(row.var, row_at), (reduce.var, TileOffset("k0", 1, "tx"))],
+                            [row, Loop(reduce.var, steps)],
                             needed(first.hoisted, first.value), first.value, "x")
     suffixes = ["", *(str(position) for position in range(1, len(irs)))]  # sum, sum1, …: as out, out1, …
     staged, products, epilogues = [stage_value], [], []

@@ -248,7 +248,8 @@ PRINTERS = {
 
 
 def _signature(name: str, outputs: tuple[str, ...], params: list[str]) -> str:
-    args = ["const int n", *(f"float* __restrict__ {o}" for o in outputs)] + [f"const float* __restrict__ {p}" for p in params]
+    args = ["const int n", *(f"float* __restrict__ {o}" for o in outputs),
+            *(f"const float* __restrict__ {p}" for p in params)]
     return f'extern "C" __global__ void __launch_bounds__({THREADS}) {name}({", ".join(args)})'
 
 

@@ -56,7 +56,8 @@ def test_query_key_value_projections_are_one_tiled_kernel_with_three_outputs(tmp
     (grid,) = [s for s in mapped.body if isinstance(s, Grid)]
     (slices,) = [s for s in mapped.body if isinstance(s, SliceLoop)]
     stages = [s for s in slices.body if isinstance(s, StageTile)]
-    assert grid.kind == "tiled" and [s.tile for s in stages] == ["tile_value", "tile_weight", "tile_weight1", "tile_weight2"]
+    assert grid.kind == "tiled"
+    assert [s.tile for s in stages] == ["tile_value", "tile_weight", "tile_weight1", "tile_weight2"]
     assert isinstance(stages[0].value, Load)  # the value: one buffer, staged once for all three products
     assert [p.acc for p in slices.body if isinstance(p, TileProduct)] == ["sum", "sum1", "sum2"]
     epilogues = [s for s in mapped.body if isinstance(s, ThreadTile)]
@@ -93,7 +94,8 @@ def test_a_product_that_reads_another_is_not_joined(tmp_path):
     x = Tensor.input(graph, "x", (37, 40))
     q = x.linear(Tensor.constant(graph, "wq", rng.standard_normal((24, 40)).astype(np.float32)))
     mark_output(graph, "q", q)
-    mark_output(graph, "k", x.linear(Tensor.constant(graph, "wk", rng.standard_normal((24, 40)).astype(np.float32))) + q)
+    wk = Tensor.constant(graph, "wk", rng.standard_normal((24, 40)).astype(np.float32))
+    mark_output(graph, "k", x.linear(wk) + q)
     graph.prune()
     compilation = cuda(graph, tmp_path)
     assert compilation.products_joined == [] and compilation.stats()["tiled_kernels"] == 2
@@ -104,7 +106,8 @@ def test_products_of_different_values_are_not_joined(tmp_path):
     graph = Graph()
     x, y = Tensor.input(graph, "x", (37, 40)), Tensor.input(graph, "y", (37, 40))
     for name, value in (("q", x), ("k", y)):
-        mark_output(graph, name, value.linear(Tensor.constant(graph, f"w{name}", rng.standard_normal((24, 40)).astype(np.float32))))
+        weight = Tensor.constant(graph, f"w{name}", rng.standard_normal((24, 40)).astype(np.float32))
+        mark_output(graph, name, value.linear(weight))
     graph.prune()
     assert cuda(graph, tmp_path).products_joined == []
 
