@@ -71,8 +71,8 @@ extern "C" void run_{name}(int n, int blocks, int bx, int by, float** pointers) 
 
 
 def run_on_cpu(compilation: Compilation, inputs: dict[str, np.ndarray], folder: Path) -> dict[str, np.ndarray]:
-    """The CUDA program of `compilation` (a graph without a symbolic batch) run on the CPU: its
-    outputs by name."""
+    """The CUDA program of `compilation` run on the CPU: its outputs by name. With a symbolic
+    batch, the row count is the inputs' first dim (as runtime/cuda.py's GpuProgram takes it)."""
     graph, program = compilation.graph, compilation.cuda
     drivers = []
     for launch in program.launches:
@@ -85,7 +85,9 @@ def run_on_cpu(compilation: Compilation, inputs: dict[str, np.ndarray], folder: 
     native = ctypes.CDLL(str(library))
 
     given = [np.ascontiguousarray(inputs[name], np.float32) for name in graph.inputs]
-    outputs = [np.zeros(node.shape, np.float32) for node in graph.outputs.values()]
+    rows = given[0].shape[0] if graph.batch is not None else 1
+    outputs = [np.zeros((rows, *node.shape[1:]) if graph.batch is not None else node.shape, np.float32)
+               for node in graph.outputs.values()]
     tensors = [np.ascontiguousarray(graph.tensors[name], np.float32) for name in tensor_names(graph)]
     arena = np.zeros(compilation.buffers.arena_bytes // 4 + 1, np.float32)
     arrays = {"input": given, "output": outputs, "tensor": tensors}
@@ -98,6 +100,6 @@ def run_on_cpu(compilation: Compilation, inputs: dict[str, np.ndarray], folder: 
     for launch in program.launches:
         pointers = (ctypes.c_void_p * len(launch.buffers))(*(pointer(*where) for where in launch.buffers))
         run = getattr(native, f"run_{launch.name}")
-        run(ctypes.c_int(1), ctypes.c_int(launch.grid(1)), ctypes.c_int(launch.block[0]), ctypes.c_int(launch.block[1]),
-            pointers)
+        run(ctypes.c_int(rows), ctypes.c_int(launch.grid(rows)), ctypes.c_int(launch.block[0]),
+            ctypes.c_int(launch.block[1]), pointers)
     return dict(zip(graph.outputs, outputs, strict=True))

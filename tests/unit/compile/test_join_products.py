@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from cuda_on_cpu import run_on_cpu
 
-from lumos.compile.ir.graph import Graph
+from lumos.compile.ir.graph import Graph, mark_batch
 from lumos.compile.ir.hl_ops import Tensor, mark_output
 from lumos.compile.ir.interpret import interpret
 from lumos.compile.kernel.gpu_ir import Grid, Shared, SliceLoop, StageTile, ThreadTile, TileProduct
@@ -23,13 +23,15 @@ from lumos.compile.target import CUDA
 pytest.importorskip("cuda.bindings.nvrtc", reason="the CUDA target needs cuda-bindings (the cuda extra)")
 
 
-def projections(widths=(24, 24, 24), rows: int = 37, depth: int = 40, prologue: str = "scale") -> Graph:
+def projections(widths=(24, 24, 24), rows: int = 37, depth: int = 40, prologue: str = "scale",
+                inner: tuple[int, ...] = ()) -> Graph:
     """x → a prologue → one linear layer (weight and bias) per width, each a graph output: a
-    self-attention's query, key and value projections at awkward sizes. The prologue's output
-    (x·2 + 1, or a layer norm) is stored: a matmul operand read by several is not recomputed."""
+    self-attention's query, key and value projections at awkward sizes, over x of shape (rows,
+    *inner, depth). The prologue's output (x·2 + 1, or a layer norm) is stored: a matmul operand
+    read by several is not recomputed."""
     rng = np.random.default_rng(0)
     graph = Graph()
-    x = Tensor.input(graph, "x", (rows, depth))
+    x = Tensor.input(graph, "x", (rows, *inner, depth))
     value = x * 2.0 + 1.0 if prologue == "scale" else x.layer_norm(None, None, 1e-5)
     for name, width in zip("qkv", widths, strict=False):
         weight = Tensor.constant(graph, f"w{name}", rng.standard_normal((width, depth)).astype(np.float32))
@@ -119,7 +121,30 @@ def test_the_joined_kernel_matches_the_interpreter(widths, join, tmp_path):
     compilation = cuda(graph, tmp_path, join_products=join)
     assert bool(compilation.products_joined) == join
     x = np.random.default_rng(3).standard_normal((37, 40)).astype(np.float32)
-    got, want = run_on_cpu(compilation, {"x": x}, tmp_path), interpret(graph, {"x": x})
+    _check(run_on_cpu(compilation, {"x": x}, tmp_path), interpret(graph, {"x": x}))
+
+
+@pytest.mark.parametrize("inner", [(), (19,)], ids=["batch-rows", "batch-of-sequences"])
+def test_the_joined_kernel_runs_to_the_runtime_row_count(inner, tmp_path):
+    """A symbolic batch: the row tiles (batch rows) or the outer loop (batch of sequences) run to
+    n, fewer rows than traced."""
+    graph = projections(rows=37, inner=inner)
+    assert mark_batch(graph, projections(rows=38, inner=inner))
+    compilation = cuda(graph, tmp_path)
+    assert compilation.products_joined
+    x = np.random.default_rng(4).standard_normal((21, *inner, 40)).astype(np.float32)
+    _check(run_on_cpu(compilation, {"x": x}, tmp_path), interpret_rows(graph, x))
+
+
+def interpret_rows(graph: Graph, x: np.ndarray) -> dict[str, np.ndarray]:
+    """The interpreter over the traced batch, x padded with zeros: the first rows of each output."""
+    rows = x.shape[0]
+    padded = np.zeros((graph.inputs["x"].shape[0], *x.shape[1:]), np.float32)
+    padded[:rows] = x
+    return {name: value[:rows] for name, value in interpret(graph, {"x": padded}).items()}
+
+
+def _check(got: dict[str, np.ndarray], want: dict[str, np.ndarray]) -> None:
     for name in want:
         assert np.abs(want[name]).max() > 1
         np.testing.assert_allclose(got[name].reshape(want[name].shape), want[name], atol=1e-4, rtol=1e-4, err_msg=name)
