@@ -2,11 +2,12 @@
 
 The generated CUDA C is compiled by g++ under a small prelude: `__shared__` arrays become static
 (one block runs at a time, so its threads share them), each of a block's threads is a pthread with
-its own `threadIdx`, and `__syncthreads()` is a pthread barrier. That is CUDA's semantics for the
-kernels without warp shuffles (elementwise and tiled frames): each thread's arithmetic is the
-same float32 code, and a barrier orders the shared tiles' writes and reads as on a GPU. Kernels that
-shuffle across a warp (warp, block and attention frames) abort here; test those on a GPU
-(test_cuda_gpu.py).
+its own `threadIdx`, `__syncthreads()` is a pthread barrier over the block, and a warp shuffle
+writes the lane's value to its warp's row of an exchange array and reads its partner's between
+two barriers over the warp (its 32 lanes, all of which shuffle together, as a GPU requires). Each
+thread runs the same float32 code it runs on a GPU, so results match the interpreter at the same
+tolerance; nothing here is timed, and a GPU's own behaviour (memory model, fast math) is not
+emulated: test_cuda_gpu.py runs the same kernels on one.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from lumos.compile.render.c import tensor_names
 
 PRELUDE = r"""
 #include <cmath>
+#include <math.h>
 #include <cstdlib>
 #include <cstring>
 #include <pthread.h>
@@ -29,8 +31,10 @@ PRELUDE = r"""
 #undef NAN
 struct lumos_dim3 { unsigned x, y, z; };
 static thread_local lumos_dim3 threadIdx;
+static thread_local int lumos_thread;  /* the thread's place in its block */
 static lumos_dim3 blockIdx;
-static pthread_barrier_t lumos_barrier;
+static pthread_barrier_t lumos_barrier, lumos_warp_barrier[32];
+static float lumos_lanes[32][32];
 #define __global__
 #define __device__
 #define __forceinline__ inline
@@ -39,14 +43,22 @@ static pthread_barrier_t lumos_barrier;
 #define __shared__ static
 #define __syncthreads() pthread_barrier_wait(&lumos_barrier)
 static inline float __int_as_float(int bits) { float f; memcpy(&f, &bits, sizeof f); return f; }
-static inline float __shfl_xor_sync(unsigned, float, int) { abort(); }  /* warp frames: GPU only */
+static inline float __shfl_xor_sync(unsigned, float value, int offset) {
+  const int warp = lumos_thread / 32, lane = lumos_thread % 32;
+  lumos_lanes[warp][lane] = value;
+  pthread_barrier_wait(&lumos_warp_barrier[warp]);
+  const float other = lumos_lanes[warp][lane ^ offset];
+  pthread_barrier_wait(&lumos_warp_barrier[warp]);
+  return other;
+}
 """
 
 DRIVER = r"""
-struct lumos_args_{name} {{ int n; float** pointers; unsigned x, y; }};
+struct lumos_args_{name} {{ int n; float** pointers; unsigned x, y; int t; }};
 static void* lumos_thread_{name}(void* raw) {{
   lumos_args_{name}* args = (lumos_args_{name}*) raw;
   threadIdx.x = args->x; threadIdx.y = args->y; threadIdx.z = 0;
+  lumos_thread = args->t;
   float** p = args->pointers;
   {name}(args->n, {arguments});
   return 0;
@@ -56,15 +68,17 @@ extern "C" void run_{name}(int n, int blocks, int bx, int by, float** pointers) 
   pthread_t* ids = (pthread_t*) malloc(sizeof(pthread_t) * threads);
   lumos_args_{name}* args = (lumos_args_{name}*) malloc(sizeof(lumos_args_{name}) * threads);
   pthread_barrier_init(&lumos_barrier, 0, threads);
+  for (int w = 0; w < threads / 32; w++) pthread_barrier_init(&lumos_warp_barrier[w], 0, 32);
   for (int b = 0; b < blocks; b++) {{
     blockIdx.x = b; blockIdx.y = 0; blockIdx.z = 0;
     for (int t = 0; t < threads; t++) {{
-      args[t].n = n; args[t].pointers = pointers; args[t].x = t % bx; args[t].y = t / bx;
+      args[t].n = n; args[t].pointers = pointers; args[t].x = t % bx; args[t].y = t / bx; args[t].t = t;
       pthread_create(&ids[t], 0, lumos_thread_{name}, &args[t]);
     }}
     for (int t = 0; t < threads; t++) pthread_join(ids[t], 0);
   }}
   pthread_barrier_destroy(&lumos_barrier);
+  for (int w = 0; w < threads / 32; w++) pthread_barrier_destroy(&lumos_warp_barrier[w]);
   free(ids); free(args);
 }}
 """
@@ -98,6 +112,7 @@ def run_on_cpu(compilation: Compilation, inputs: dict[str, np.ndarray], folder: 
         return arrays[kind][index].ctypes.data
 
     for launch in program.launches:
+        assert launch.block[0] * launch.block[1] % 32 == 0 and launch.block[2] == 1, launch
         pointers = (ctypes.c_void_p * len(launch.buffers))(*(pointer(*where) for where in launch.buffers))
         run = getattr(native, f"run_{launch.name}")
         run(ctypes.c_int(rows), ctypes.c_int(launch.grid(rows)), ctypes.c_int(launch.block[0]),

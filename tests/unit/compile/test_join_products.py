@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 from cuda_on_cpu import run_on_cpu
 
 from lumos.compile.ir.graph import Graph, mark_batch
@@ -147,4 +148,30 @@ def interpret_rows(graph: Graph, x: np.ndarray) -> dict[str, np.ndarray]:
 def _check(got: dict[str, np.ndarray], want: dict[str, np.ndarray]) -> None:
     for name in want:
         assert np.abs(want[name]).max() > 1
+        np.testing.assert_allclose(got[name].reshape(want[name].shape), want[name], atol=1e-4, rtol=1e-4, err_msg=name)
+
+
+@pytest.mark.slow  # about 30 s: 63 kernels under g++, a pthread per CUDA thread
+def test_a_whole_model_with_joined_projections_matches_the_interpreter_on_the_cpu(tmp_path):
+    """A small Lumos model's CUDA program (its self-attentions' query and key/value projections
+    joined; tiled, warp, flash, warp-per-query and elementwise kernels), run on the CPU."""
+    from lumos.compile.engine import compile_model
+    from lumos.compile.frontend.lumos_model import batch_tensors
+    from lumos.data.contract import FeatureSpec
+    from lumos.train.memory import synthetic_batch
+    from lumos.train.model import LumosModel, ModelConfig
+
+    features = FeatureSpec(token_categorical={"item": 12, "hour": 24}, token_numeric=("value",),
+                           static_categorical={"user_country": 5}, future_flags=("sale",), horizons_days=(1, 3),
+                           max_len=17)
+    config = ModelConfig(d_model=32, n_heads=2, encoder_layers=2, decoder_layers=1, d_ff=64, dropout=0.0, max_len=17)
+    torch.manual_seed(0)
+    model = LumosModel(config, features).eval()
+    compilation = compile_model(model, 4, 17, KernelCache(tmp_path, "cuda"), target=CUDA).compilation
+    assert len(compilation.products_joined) == 3
+    assert {launch.kind for launch in compilation.cuda.launches} >= {"tiled", "warp", "flash", "elementwise"}
+    inputs = {name: value.float().numpy() for name, value in
+              batch_tensors(synthetic_batch(features, 4, 17, seed=9), features).items() if name in compilation.graph.inputs}
+    got, want = run_on_cpu(compilation, inputs, tmp_path), interpret(compilation.graph, inputs)
+    for name in want:
         np.testing.assert_allclose(got[name].reshape(want[name].shape), want[name], atol=1e-4, rtol=1e-4, err_msg=name)
