@@ -119,6 +119,8 @@ class Compilation:
                  "unshared_bytes": self.buffers.unshared_bytes, "per_node_bytes": self.buffers.per_node_bytes}
         if self.attention is not None:
             stats["attention_kernels"] = self.attention
+        if self.products_joined is not None:
+            stats["joined_product_kernels"] = len(self.products_joined)
         for launch in self.cuda.launches if self.cuda else []:
             stats[f"{launch.kind}_kernels"] = stats.get(f"{launch.kind}_kernels", 0) + 1
         return stats
