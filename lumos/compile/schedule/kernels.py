@@ -16,7 +16,10 @@ A node is materialized when
   would run per padded element under the padding's guard, outside the fast matmul loops (a
   convolution's matmul, batch norm and ReLU read by the next convolution's padded copy or a padded
   pooling: materialized, they are one row-wise matmul kernel with its epilogue); or the table of a
-  gather (read at a data-dependent row).
+  gather (read at a data-dependent row);
+- it holds a matrix product and would put it in a kernel with a second product, or inside another
+  reduction (`_one_product_per_kernel`: a residual's two convolutions, a convolution read by the
+  global pooling), where neither runs as a matmul.
 A node used several times inside one kernel only, at the same index, is not stored either: the
 kernel computes it once into a local.
 """
