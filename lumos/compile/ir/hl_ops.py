@@ -445,7 +445,10 @@ def conv(x: Tensor, weight: Tensor, bias: Tensor | None, stride: Sequence[int],
     product over C / groups · kernel elements). That contraction reads the windows as one axis,
     which no single view can say: the patches are copied once (the im2col matrix, kernel-size times
     the input; a 1×1 kernel without stride stays a view), and with padding the padded input before
-    that (see `unfold`)."""
+    that (see `unfold`). The matrix is (C/G·K, P), output positions last: the filters times it is
+    a plain matmul whose right operand is contiguous along its output row, as a linear layer's
+    weight is once stored (in, out); the copy's index stays affine (the transposed matrix was
+    re-copied by the layout pass through a flat index, six divisions per element)."""
     spatial = x.ndim - 2
     kernel = weight.shape[2:]
     if any(before or after for before, after in padding):
@@ -455,10 +458,10 @@ def conv(x: Tensor, weight: Tensor, bias: Tensor | None, stride: Sequence[int],
     batch, channels = x.shape[:2]
     out_sizes = x.shape[2:2 + spatial]
     patches = x.reshape((batch, groups, channels // groups) + x.shape[2:])  # (N, G, C/G, *out, *kernel)
-    order = (0, 1, *range(3, 3 + spatial), 2, *range(3 + spatial, 3 + 2 * spatial))
-    patches = patches.permute(order).reshape(batch, groups, prod(out_sizes), -1)  # (N, G, P, C/G·K)
+    order = (0, 1, 2, *range(3 + spatial, 3 + 2 * spatial), *range(3, 3 + spatial))
+    patches = patches.permute(order).reshape(batch, groups, -1, prod(out_sizes))  # (N, G, C/G·K, P)
     filters = weight.reshape(groups, weight.shape[0] // groups, -1)  # (G, O/G, C/G·K)
-    out = filters.matmul(patches.transpose(-1, -2))  # (N, G, O/G, P): the channels' order, no copy to reshape
+    out = filters.matmul(patches)  # (N, G, O/G, P): the channels' order, no copy to reshape
     out = out.reshape((batch, weight.shape[0]) + out_sizes)
     if bias is not None:
         out = out + bias.reshape((-1,) + (1,) * spatial)

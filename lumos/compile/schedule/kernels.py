@@ -16,7 +16,10 @@ A node is materialized when
   would run per padded element under the padding's guard, outside the fast matmul loops (a
   convolution's matmul, batch norm and ReLU read by the next convolution's padded copy or a padded
   pooling: materialized, they are one row-wise matmul kernel with its epilogue); or the table of a
-  gather (read at a data-dependent row).
+  gather (read at a data-dependent row);
+- it holds a matrix product and would put it in a kernel with a second product, or inside another
+  reduction (`_one_product_per_kernel`: a residual's two convolutions, a convolution read by the
+  global pooling), where neither runs as a matmul.
 A node used several times inside one kernel only, at the same index, is not stored either: the
 kernel computes it once into a local.
 """
@@ -150,7 +153,8 @@ def materialized_and_forced(graph: Graph, recompute_cheap: bool = True) -> tuple
         elif len(uses[node]) > 1 and not (recompute_cheap and cost[node] <= CHEAP_OPS):
             materialized.add(node)
     materialized = _share_within_kernels(graph, uses, materialized, forced, row_wise, cost)
-    return _stored_before_padding(graph, uses, materialized), forced
+    materialized = _stored_before_padding(graph, uses, materialized)
+    return _one_product_per_kernel(graph, uses, materialized), forced
 
 
 def _row_wise_operand(product: Node, index: int, uses, materialized: set[Node]) -> bool:
@@ -232,6 +236,35 @@ def _stored_before_padding(graph: Graph, uses, materialized: set[Node]) -> set[N
         holds_reduction[node] = node.op in REDUCE or any(
             holds_reduction[src] and src not in materialized for src in node.srcs)
         if node not in materialized and holds_reduction[node] and any(_padded(*use) for use in uses[node]):
+            materialized.add(node)
+    return materialized
+
+
+def _one_product_per_kernel(graph: Graph, uses, materialized: set[Node]) -> set[Node]:
+    """A kernel computes at most one matrix product inline, and never inside another reduction:
+    - where an elementwise node adds two products (a ResNet block's convolution and its strided
+      1×1 shortcut), the second is stored: a kernel with two sums is no matmul the renderer can
+      run row-wise or register-blocked, and falls back to one strided dot product per output;
+    - a node that inlines a product and is summed or maxed (over more than one element) by a
+      reduction that is not itself a matmul (a ResNet's last convolution, batch norm and ReLU inside the global average pooling)
+      is stored, for the same reason: the product's dot products would run in that reduction's
+      loops, strided (60% of a ResNet call). Stored, each is one matmul kernel with its epilogue."""
+    def is_product(node: Node) -> bool:  # a matmul's SUM
+        return node.op is Op.SUM and any(matmul_sum(src, uses) is node for src in node.srcs)
+
+    products: dict[Node, frozenset[Node]] = {}  # the matrix products a node computes inline
+    for node in graph.nodes:
+        if node.op in LEAF:
+            products[node] = frozenset()
+            continue
+        inlined = [src for src in dict.fromkeys(node.srcs) if src not in materialized and products[src]]
+        if node.op in ELEMENTWISE and len(frozenset().union(*(products[src] for src in inlined))) > 1:
+            materialized.update(inlined[1:])
+            inlined = inlined[:1]
+        products[node] = frozenset({node} if is_product(node) else ()).union(*(products[src] for src in inlined))
+        if node not in materialized and products[node] and any(
+                consumer.op in REDUCE and consumer.views[index].shape[consumer.arg] > 1 and not is_product(consumer)
+                for consumer, index in uses[node]):
             materialized.add(node)
     return materialized
 

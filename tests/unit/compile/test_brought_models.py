@@ -22,7 +22,7 @@ from torch.nn import functional as F
 from lumos.compile.frontend.export import compile_module
 from lumos.compile.frontend.partition import EagerFallbackWarning
 from lumos.compile.frontend.torch_backend import make_backend
-from lumos.compile.ir.graph import REDUCE
+from lumos.compile.ir.graph import REDUCE, Op
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -196,6 +196,34 @@ def test_a_convolutions_matmul_is_stored_before_the_next_ones_padding(kernel_cac
                       and any(view.mask is not None for node in kernel.unique_fused for view in node.views)]
     assert padded_matmuls == []
     x = torch.randn(2, 3, 10, 10)
+    with torch.no_grad():
+        assert_close(compiled(x), module(x))
+
+
+class ShortcutBlock(nn.Module):
+    """A ResNet block's end: a convolution plus a strided 1×1 shortcut convolution, ReLU, and
+    the global average pooling that reads it."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3, stride=2, padding=1)
+        self.shortcut = nn.Conv2d(3, 4, 1, stride=2)
+
+    def forward(self, x):
+        return F.adaptive_avg_pool2d(F.relu(self.conv(x) + self.shortcut(x)), 1)
+
+
+def test_a_kernel_computes_one_matmul_outside_any_other_reduction(kernel_cache):
+    """The two convolutions a residual add joins are two kernels, and the pooling reads the
+    stored sum: one kernel with both matmuls, or a matmul inside the pooling's sum, runs as
+    strided dot products, never row-wise (a ResNet's last block was 60% of a call)."""
+    module = ShortcutBlock().eval()
+    compiled = compile_module(module, (torch.randn(2, 3, 9, 9),), kernel_cache, strict=True)
+    for kernel in compiled.compilation.kernels:
+        reductions = [node for node in kernel.unique_fused if node.op in REDUCE]
+        matmuls = [node for node in reductions if any(src.op is Op.MUL for src in node.srcs)]
+        assert len(matmuls) <= 1 and (not matmuls or reductions == matmuls), kernel.name
+    x = torch.randn(3, 3, 9, 9)
     with torch.no_grad():
         assert_close(compiled(x), module(x))
 
