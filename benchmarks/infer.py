@@ -33,7 +33,7 @@ order, and prints the medians; `--warmup` runs one untimed infer per world first
 kinds. Its valid events are the clean world's, so the model-alone rate is the same; the end to
 end time shows what finding, counting and writing the rejects costs.
 
-`--incremental`: the nightly shape instead (`lumos.infer.user_state`). Per user count and each
+`--incremental`: the nightly shape instead (`lumos.data.user_state`). Per user count and each
 `--history-days H`, a world of H + 1 days (`--events-per-user-day` events per user and day on
 average): a full night at day H builds the user state from the first H days; the last day's
 events then arrive as one new file, and the next night is timed twice: incremental (the state

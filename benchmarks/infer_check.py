@@ -65,7 +65,7 @@ def run(args: argparse.Namespace, scratch: Path) -> None:
         generate_quickstart(data, SyntheticSpec(users=max(args.events // args.events_per_user, 1), events=args.events))
     recipe = load_config(IngestRecipe, RECIPES / "ingest.toml", [
         f"source.path={data / 'events'}", f"users.path={data / 'users.parquet'}", f"calendar.path={data / 'calendar.csv'}"])
-    # As infer reads them: no training window (lumos.infer.features.as_of_recipe).
+    # As infer reads them: no training window (lumos.data.training_data.as_of_recipe).
     recipe = replace(recipe, cleaning=replace(recipe.cleaning, min_timestamp=None, max_timestamp=None))
     per_row = replace(recipe, cleaning=replace(recipe.cleaning, reject_duplicates=False))
     spark = get_spark(SparkSettings())

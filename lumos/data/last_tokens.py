@@ -1,5 +1,5 @@
 """Each user's last tokens, kept in one row: the state that nightly inference updates instead of
-rereading the whole event log (see `lumos.infer.user_state`).
+rereading the whole event log (see `lumos.data.user_state`).
 
 A time-split row for an as-of date reads only a user's last `max_len` tokens before it, their
 gaps to the token before each, and the user's static features. So a row per user holding the

@@ -4,7 +4,6 @@ every task of an eval run that reads them (`lumos eval --all` scores all its pro
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow.parquet as pq
@@ -12,10 +11,8 @@ import torch
 
 from lumos.data.loader import history_length_order, selected_rows, table_batches, unsort
 from lumos.data.sequences_version import SequencesVersion
+from lumos.eval.task_spec import TaskSpecLike
 from lumos.train.model import LumosModel
-
-if TYPE_CHECKING:
-    from lumos.eval.tasks import TaskSpec
 
 
 @dataclass(frozen=True)
@@ -34,7 +31,7 @@ class EmbeddingCache:
     def __init__(self) -> None:
         self._computed: dict[tuple[str, str, int], UserEmbeddings] = {}
 
-    def get(self, model: LumosModel, data: SequencesVersion, spec: TaskSpec, device: torch.device) -> UserEmbeddings:
+    def get(self, model: LumosModel, data: SequencesVersion, spec: TaskSpecLike, device: torch.device) -> UserEmbeddings:
         key = (str(data.ref), spec.split, spec.batch_size, data.users)
         if key not in self._computed:
             # One read: each embedding comes from the row that names its user, so nothing rests on

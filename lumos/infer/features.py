@@ -15,22 +15,20 @@ at the as-of date, so a recipe written this year still reads next year's events.
 from __future__ import annotations
 
 import datetime
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from lumos.core.errors import UsageError
 from lumos.core.lineage import LineageInput
-from lumos.core.tables import TABLE_REF, read_table, table_location
-from lumos.core.workspace import Workspace, is_uri
+from lumos.core.tables import read_table, table_location
+from lumos.core.workspace import Workspace
 from lumos.data.ingest import RejectCounts, count_rejects, enforce_reject_budget, read_checked_inputs
-from lumos.data.recipe import Cutoff, IngestRecipe, SplitSpec
-from lumos.data.sequences import EPOCH, build_sequences, future_context, time_rows_input
-from lumos.data.time_rows import MICROS_PER_DAY, TimeRowsPlan
-from lumos.data.training_data import TrainingData
+from lumos.data.sequences import build_sequences, future_context, time_rows_input
+from lumos.data.time_rows import TimeRowsPlan
+from lumos.data.training_data import TrainingData, as_of_recipe, require_exists
+from lumos.data.user_state import any_history
 from lumos.data.validation import valid_events
-
-INFER_SPLIT = "infer"
 
 
 @dataclass(frozen=True)
@@ -95,44 +93,3 @@ def inference_rows(spark, workspace: Workspace, data: TrainingData, as_of: datet
     future = future_context(sources.calendar, recipe, [as_of]).get(as_of, {})
     rejects = sources.rejects(counts).withColumn("as_of", F.lit(as_of))
     return InferenceFeatures(rows, tokens, plan, future, rejects, counts, inputs, cached=(checked,))
-
-
-def any_history(events, recipe: IngestRecipe, as_of: datetime.date) -> bool:
-    """Whether some user has splits.min_history tokens before `as_of` (a row to score)."""
-    from pyspark.sql import functions as F
-
-    if recipe.splits.min_history == 0:  # every user with an event has a row, its history maybe empty
-        return events.limit(1).count() > 0
-    before = events.where(F.unix_micros("ts") < (as_of - EPOCH).days * MICROS_PER_DAY)
-    if recipe.splits.min_history == 1:
-        return before.limit(1).count() > 0
-    if recipe.tokens.unit == "day":
-        before = before.select("user_id", F.floor(F.unix_micros("ts") / MICROS_PER_DAY).alias("day")).distinct()
-    enough = before.groupBy("user_id").count().where(F.col("count") >= recipe.splits.min_history)
-    return enough.limit(1).count() > 0
-
-
-def as_of_recipe(data: TrainingData, as_of: datetime.date, events_source: str | None) -> IngestRecipe:
-    """The training recipe reading the recorded sources (or `events_source`), with one time cutoff
-    at `as_of`: history is every token before that day."""
-    recipe = data.recipe
-    changes = {
-        "source": replace(recipe.source, path=events_source or data.sources["events"].uri),
-        "splits": SplitSpec(mode="time", cutoffs=(Cutoff(INFER_SPLIT, as_of),), min_history=recipe.splits.min_history),
-        # The training window bounded what the model learned from; a date's history is every event
-        # before it, so the window would silently drop every event after max_timestamp.
-        "cleaning": replace(recipe.cleaning, min_timestamp=None, max_timestamp=None),
-    }
-    for role, section in recipe.source_sections()[1:]:  # users, calendar, items: where ingest read them
-        changes[section] = replace(getattr(recipe, section), path=data.sources[role].uri)
-    return replace(recipe, **changes)
-
-
-def require_exists(location: str, what: str) -> None:
-    if is_uri(location) or TABLE_REF.match(location) or Path(location).exists():
-        return
-    if what == "--source":
-        raise UsageError(f"--source {location} does not exist; nothing was written")
-    hint = ("pass --source PATH to read the events from where they are now" if what == "the events source"
-            else "restore it, or re-ingest and retrain with a recipe that names where it is now")
-    raise UsageError(f"{what} recorded in the model's data lineage, {location}, does not exist; {hint}; nothing was written")

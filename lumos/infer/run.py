@@ -2,7 +2,7 @@
 
 The model is named by alias (what cron uses) or version. Its training run names the data version
 it learned from; that version's lineage names the recipe, the vocabulary version and the sources.
-Each user's last tokens are kept in `<dataset>.user_state` (`lumos.infer.user_state`): a night
+Each user's last tokens are kept in `<dataset>.user_state` (`lumos.data.user_state`): a night
 reads the events since the state's date (or, on a first run, a changed recipe or source, or
 --full, the whole log), moves the state to the date in one commit, and scores every user of the
 state (one model load per Spark worker). The rows are written as partition as_of = DATE of
@@ -27,15 +27,14 @@ from lumos.core.runs import CONFIG_HASH_TAG, RECIPE_HASH_TAG
 from lumos.core.tables import TableRef, table_location
 from lumos.core.workspace import Workspace
 from lumos.data.commit_metrics import rows_written
-from lumos.data.training_data import item_tokens, training_data
-from lumos.infer.predictions import partition_lock, write_partition
+from lumos.data.predictions import partition_lock, write_partition
+from lumos.data.training_data import TrainingData, training_data
+from lumos.data.user_state import Night, NightWritten, read_night, write_night
 from lumos.infer.scoring import ENGINES, ScoringJob, score_tokens
 from lumos.infer.trace import MODEL_SNAPSHOT, model_snapshot
-from lumos.infer.user_state import Night, StateWritten, read_night, scoring_input, write_state
-from lumos.train.trained_model import load_registered_model
+from lumos.train.trained_model import TrainedModel, load_registered_model
 
 STAGE = "infer"
-REJECTS_TABLE = "infer_rejects"  # <dataset>.infer_rejects: one partition per date, as predictions
 
 
 @dataclass(frozen=True)
@@ -95,11 +94,10 @@ class InferSummary:
 def infer(workspace: Workspace, model_ref: str, options: InferOptions, report: Report = lambda _: None) -> InferSummary:
     started = time.perf_counter()
     trained = load_registered_model(workspace, model_ref)
-    version, run, model = trained.version, trained.run, trained.model
     data = training_data(workspace, trained.training_data)
     output = TableRef.parse(options.output or f"{data.recipe.dataset}.predictions")
-    report(f"model {version.label} (run {run.info.run_id}, trained on {data.sequences})")
-    engine, warnings = _choose_engine(workspace, options.engine, run.info.run_id, model, report)
+    report(f"model {trained.version.label} (run {trained.run_id}, trained on {data.sequences})")
+    engine, warnings = _choose_engine(workspace, options.engine, trained.run_id, trained.model, report)
 
     from lumos.core.spark import job_steps, workspace_spark
 
@@ -112,38 +110,36 @@ def infer(workspace: Workspace, model_ref: str, options: InferOptions, report: R
         cleanup.callback(night.release)  # the cached frames go once rows, rejects and state are written
         report(f"{night.mode} night: {night.reason}")
         step(f"checking {night.events_read:,} events, writing rejects and the user state as of {options.as_of}")
-        rejects = _write_rejects(spark, workspace, output, version.label, night)
-        state = write_state(spark, workspace, night)
-        tokens, plan, future = scoring_input(spark, workspace, data, night, state.ref)
-        job = _scoring_job(spark, workspace, trained, data, engine, options)
-        predictions = score_tokens(spark, tokens, plan, future, job, model)
-        lineage = _predictions_lineage(workspace, trained, data, engine, options, night, state, rejects)
+        written = write_night(spark, workspace, night, trained.version.label, trained.features)
+        lineage = _predictions_lineage(workspace, trained, data, engine, options, night, written)
+        job = _scoring_job(spark, workspace, trained, written, engine, options)
+        predictions = score_tokens(spark, written.tokens, written.plan, written.future, job, trained.model)
         step(f"scoring and writing {output.name} partition as_of={options.as_of}")
         fault_point("infer.write")
-        written = write_partition(spark, workspace, output, predictions, options.as_of, lineage)
-    return InferSummary(model=version.label, run_id=run.info.run_id, as_of=options.as_of, output=str(written),
-                        rows=rows_written(spark, workspace, written), engine=engine,
+        output_version = write_partition(spark, workspace, output, predictions, options.as_of, lineage)
+    return InferSummary(model=trained.version.label, run_id=trained.run_id, as_of=options.as_of,
+                        output=str(output_version), rows=rows_written(spark, workspace, output_version), engine=engine,
                         training_data=str(data.sequences), inputs=lineage.inputs,
-                        seconds=time.perf_counter() - started, warnings=warnings, rejects=str(rejects),
+                        seconds=time.perf_counter() - started, warnings=warnings, rejects=str(written.rejects),
                         rows_rejected=night.counts.rejected, mode=night.mode, mode_reason=night.reason,
-                        events_read=night.events_read, users_updated=state.users_updated,
-                        late_users=night.late_users, state=str(state.ref))
+                        events_read=night.events_read, users_updated=written.users_updated,
+                        late_users=night.late_users, state=str(written.state))
 
 
-def _scoring_job(spark, workspace: Workspace, trained, data, engine: str, options: InferOptions) -> ScoringJob:
-    run_id = trained.run.info.run_id
+def _scoring_job(spark, workspace: Workspace, trained: TrainedModel, written: NightWritten, engine: str,
+                 options: InferOptions) -> ScoringJob:
     return ScoringJob(
-        model_key=trained.version.label, run_id=run_id, checkpoint=trained.checkpoint,
-        item_tokens=item_tokens(spark, workspace, data.vocab, trained.model.features),
+        model_key=trained.version.label, run_id=trained.run_id, checkpoint=trained.checkpoint,
+        item_tokens=written.item_tokens,
         as_of=options.as_of, top_k=options.top_k, exclude_history=options.exclude_history,
         batch_size=options.batch_size, torch_threads=options.torch_threads,
-        compiled=(workspace, run_id) if engine == "compiled" else None,
+        compiled=(workspace, trained.run_id) if engine == "compiled" else None,
         rows_per_sort=int(spark.conf.get("spark.sql.execution.arrow.maxRecordsPerBatch")),
     )
 
 
-def _predictions_lineage(workspace: Workspace, trained, data, engine: str, options: InferOptions, night: Night,
-                         state: StateWritten, rejects: TableRef) -> LineageRecord:
+def _predictions_lineage(workspace: Workspace, trained: TrainedModel, data: TrainingData, engine: str,
+                         options: InferOptions, night: Night, written: NightWritten) -> LineageRecord:
     """The predictions commit's lineage: the model version and run, every input version (the user
     state's too), the recipe hash, the engine, the night's mode and reject counts."""
     version, run = trained.version, trained.run
@@ -157,26 +153,15 @@ def _predictions_lineage(workspace: Workspace, trained, data, engine: str, optio
                 LineageInput("mlflow-run", f"runs:/{run.info.run_id}", run.info.run_id),
                 LineageInput("delta", table_location(workspace, data.sequences), data.sequences.version),
                 # the state scored: `user_state.last_state` trusts only a state version named here
-                LineageInput("delta", table_location(workspace, state.ref), state.ref.version),
+                LineageInput("delta", table_location(workspace, written.state), written.state.version),
                 *night.inputs],
         stats={"training_data": str(data.sequences), "recipe_hash": run.data.tags.get(RECIPE_HASH_TAG),
-               "config_hash": run.data.tags.get(CONFIG_HASH_TAG), "rejects": str(rejects),
-               "mode": night.mode, "mode_reason": night.reason, "users_updated": state.users_updated,
+               "config_hash": run.data.tags.get(CONFIG_HASH_TAG), "rejects": str(written.rejects),
+               "mode": night.mode, "mode_reason": night.reason, "users_updated": written.users_updated,
                **night.counts.lineage_stats(),
                # so `lumos data trace` answers from this commit alone, without opening MLflow
                MODEL_SNAPSHOT: model_snapshot(workspace, version, run)},
     )
-
-
-def _write_rejects(spark, workspace: Workspace, output: TableRef, model: str, night: Night) -> TableRef:
-    """Replace partition as_of of <dataset>.infer_rejects with the rejected events among those the
-    night read (rule, reason, row), even when there are none, so the partition always describes
-    the latest run."""
-    rejects = TableRef(output.dataset, REJECTS_TABLE)
-    request = {"model": model, "as_of": night.as_of.isoformat(), "rejects_for": output.name, "mode": night.mode}
-    lineage = LineageRecord(stage=STAGE, config=request, config_hash=config_hash(request), inputs=night.inputs,
-                            stats={"rows": night.counts.rejected, **night.counts.lineage_stats()})
-    return write_partition(spark, workspace, rejects, night.rejects, night.as_of, lineage)
 
 
 def _choose_engine(workspace: Workspace, engine: str, run_id: str, model, report: Report) -> tuple[str, list[str]]:

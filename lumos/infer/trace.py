@@ -33,8 +33,8 @@ from lumos.core.tables import TableRef, table_location
 from lumos.core.tracking import tracking_client
 from lumos.core.workspace import Workspace
 from lumos.data.delta_snapshot import DeltaSnapshot, open_snapshot
+from lumos.data.predictions import PARTITION
 from lumos.data.table_metadata import resolve, table_history, version_lineage
-from lumos.infer.predictions import PARTITION
 
 MODEL_SNAPSHOT = "model_snapshot"
 """The key of `model_snapshot` in an infer commit's lineage stats."""

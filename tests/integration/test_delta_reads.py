@@ -28,9 +28,9 @@ from lumos.core.tables import (
 )
 from lumos.core.workspace import init_workspace, open_workspace
 from lumos.data.delta_snapshot import open_snapshot
+from lumos.data.predictions import write_partition
 from lumos.data.synthetic import SyntheticSpec
 from lumos.data.table_metadata import describe_table
-from lumos.infer.predictions import write_partition
 
 DATASET = "quickstart"
 # Every table Lumos writes, and how: ingest's three (hand-made commits of Parquet written by

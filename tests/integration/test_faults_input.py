@@ -219,7 +219,7 @@ def table_properties(spark, location: str) -> dict[str, str]:
 def test_every_table_lumos_writes_keeps_its_commit_log(spark, tmp_path):
     from lumos.core.lineage import LineageRecord
     from lumos.core.tables import LOG_RETENTION, TableRef, table_history, table_location, write_table
-    from lumos.infer.predictions import write_partition
+    from lumos.data.predictions import write_partition
 
     workspace = open_workspace(tmp_path)
 

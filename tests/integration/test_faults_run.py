@@ -31,8 +31,8 @@ from lumos.core.config import from_dict, load_config, to_toml
 from lumos.core.tables import TableRef, open_delta_table, table_location
 from lumos.core.tracking import tracking_client
 from lumos.core.workspace import open_workspace
+from lumos.data.predictions import RunInProgress, partition_lock
 from lumos.data.synthetic import SyntheticSpec
-from lumos.infer.predictions import RunInProgress, partition_lock
 from lumos.quickstart import RECIPES
 from lumos.train.checkpoint import MODEL_FILE, load_model, load_training_state
 from lumos.train.config import TrainConfig
@@ -278,7 +278,7 @@ CONTENDER = """
 import datetime, sys, time
 from lumos.core.tables import TableRef
 from lumos.core.workspace import open_workspace
-from lumos.infer.predictions import RunInProgress, partition_lock
+from lumos.data.predictions import RunInProgress, partition_lock
 workspace = open_workspace(sys.argv[1])
 time.sleep(max(0.0, float(sys.argv[2]) - time.time()))
 try:

@@ -20,7 +20,7 @@ from lumos.cli.app import app
 from lumos.core.lineage import LineageRecord
 from lumos.core.tables import TableRef, read_table, table_history, table_location
 from lumos.core.workspace import init_workspace, open_workspace
-from lumos.infer.predictions import RunInProgress, partition_lock, write_partition
+from lumos.data.predictions import RunInProgress, partition_lock, write_partition
 from lumos.infer.trace import MODEL_SNAPSHOT, trace_prediction
 from lumos.quickstart import RECIPES
 

@@ -1,4 +1,4 @@
-"""Incremental nightly inference (`lumos.infer.user_state`) gives, night after night, exactly the
+"""Incremental nightly inference (`lumos.data.user_state`) gives, night after night, exactly the
 predictions of a full rebuild from the whole log: through skipped nights, a rerun of the same
 date, late events in a new file, and a rerun of an earlier date."""
 

@@ -6,7 +6,7 @@ import datetime
 
 from lumos.core.lineage import LineageInput
 from lumos.core.tables import TableRef
-from lumos.infer.user_state import StateKey, StateVersion, _rebuild_reason, _unconfirmed
+from lumos.data.user_state import StateKey, StateVersion, _rebuild_reason, _unconfirmed
 
 KEY = StateKey("sha256:recipe", "quickstart.vocab@0", "/data/events", 21)
 DAY = datetime.date(2026, 9, 13)

@@ -27,18 +27,18 @@ from lumos.eval.kinds.kind import (
     rows_where,
     task_batches,
 )
+from lumos.eval.task_spec import LoadedTaskLike, TaskSpecLike
 from lumos.train.model import LumosModel
 
 if TYPE_CHECKING:
     from lumos.eval.embeddings import EmbeddingCache
-    from lumos.eval.tasks import LoadedTask, TaskSpec
 
 
-def default_metrics(spec: TaskSpec) -> tuple[str, ...]:
+def default_metrics(spec: TaskSpecLike) -> tuple[str, ...]:
     return ("auc_roc", "pr_auc", "log_loss", "accuracy")
 
 
-def score(model: LumosModel, task: LoadedTask, data: SequencesVersion, device: torch.device,
+def score(model: LumosModel, task: LoadedTaskLike, data: SequencesVersion, device: torch.device,
           embeddings: EmbeddingCache) -> Scores:
     spec = task.spec
     horizon = horizon_index(spec, data)
@@ -47,7 +47,7 @@ def score(model: LumosModel, task: LoadedTask, data: SequencesVersion, device: t
     return _scores(spec, labels, probabilities)
 
 
-def prior_rate_baseline(task: LoadedTask, data: SequencesVersion) -> tuple[str, Scores]:
+def prior_rate_baseline(task: LoadedTaskLike, data: SequencesVersion) -> tuple[str, Scores]:
     spec = task.spec
     horizon = horizon_index(spec, data)
     train = task_batches(data, spec, split="train")
@@ -59,12 +59,12 @@ def prior_rate_baseline(task: LoadedTask, data: SequencesVersion) -> tuple[str, 
     return "prior_rate", _scores(spec, labels, probabilities)
 
 
-def _scores(spec: TaskSpec, labels: list[np.ndarray], probabilities: list[np.ndarray]) -> Scores:
+def _scores(spec: TaskSpecLike, labels: list[np.ndarray], probabilities: list[np.ndarray]) -> Scores:
     y, p = np.concatenate(labels), np.concatenate(probabilities)
     return picked_scores(spec, M.binary_metrics(y, p, spec.decision_threshold), len(y))
 
 
-def check_probabilities(spec: TaskSpec, data: SequencesVersion, column: pa.ChunkedArray) -> list[Broken]:
+def check_probabilities(spec: TaskSpecLike, data: SequencesVersion, column: pa.ChunkedArray) -> list[Broken]:
     values = float_values(column)
     finite = np.isfinite(values)
     with np.errstate(invalid="ignore"):
@@ -73,7 +73,7 @@ def check_probabilities(spec: TaskSpec, data: SequencesVersion, column: pa.Chunk
                                   Broken("probability must lie in [0, 1]", rows_where(outside))) if broken.rows.size]
 
 
-def score_probabilities(spec: TaskSpec, data: SequencesVersion, rows: pa.Table, column: pa.ChunkedArray) -> Scores:
+def score_probabilities(spec: TaskSpecLike, data: SequencesVersion, rows: pa.Table, column: pa.ChunkedArray) -> Scores:
     labels = rows[f"act_{data.spec.horizons_days[horizon_index(spec, data)]}d"].to_numpy(zero_copy_only=False)
     return _scores(spec, [labels], [float_values(column)])
 

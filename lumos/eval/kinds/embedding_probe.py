@@ -8,7 +8,6 @@ scored on the others. There is no "no model" baseline: the probe needs a model's
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import pyarrow.parquet as pq
 import torch
@@ -18,19 +17,17 @@ from lumos.data.sequences_version import SequencesVersion
 from lumos.eval.embeddings import EmbeddingCache
 from lumos.eval.kinds.kind import Scores, TaskKind
 from lumos.eval.probe import run_probe
+from lumos.eval.task_spec import LoadedTaskLike, TaskSpecLike
 from lumos.train.model import LumosModel
 
-if TYPE_CHECKING:
-    from lumos.eval.tasks import LoadedTask, TaskSpec
 
-
-def default_metrics(spec: TaskSpec) -> tuple[str, ...]:
+def default_metrics(spec: TaskSpecLike) -> tuple[str, ...]:
     if spec.labels and spec.labels.probe == "logistic":
         return ("accuracy", "log_loss", "auc_roc")
     return ("rmse", "mae", "r2")
 
 
-def score(model: LumosModel, task: LoadedTask, data: SequencesVersion, device: torch.device,
+def score(model: LumosModel, task: LoadedTaskLike, data: SequencesVersion, device: torch.device,
           embeddings: EmbeddingCache) -> Scores:
     spec, labels_spec = task.spec, task.spec.labels
     computed = embeddings.get(model, data, spec, device)
@@ -43,14 +40,14 @@ def score(model: LumosModel, task: LoadedTask, data: SequencesVersion, device: t
     return Scores({name: float(value) for name, value in result.metrics.items()}, result.test_users)
 
 
-def read_labels(task: LoadedTask) -> dict[str, object]:
+def read_labels(task: LoadedTaskLike) -> dict[str, object]:
     """The task's labels table as user id -> label."""
     labels_spec = task.spec.labels
     table = _read_labels(task.path.parent, labels_spec.path, [labels_spec.user_id, labels_spec.label])
     return dict(zip(map(str, table[labels_spec.user_id].to_pylist()), table[labels_spec.label].to_pylist(), strict=True))
 
 
-def labelled_rows(spec: TaskSpec, users: list[str], as_of: list, label_of: dict[str, object]) -> list[int]:
+def labelled_rows(spec: TaskSpecLike, users: list[str], as_of: list, label_of: dict[str, object]) -> list[int]:
     """Positions of the rows scored: one per labelled user, the split's latest row (largest as_of)
     when a user has several; in row order."""
     latest: dict[str, int] = {}

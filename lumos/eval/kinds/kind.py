@@ -15,10 +15,10 @@ import torch
 from lumos.core.errors import UsageError
 from lumos.data.loader import SequenceLoader
 from lumos.data.sequences_version import SequencesVersion
+from lumos.eval.task_spec import LoadedTaskLike, TaskSpecLike
 
 if TYPE_CHECKING:
     from lumos.eval.embeddings import EmbeddingCache
-    from lumos.eval.tasks import LoadedTask, TaskSpec
     from lumos.train.model import LumosModel
 
 
@@ -32,9 +32,9 @@ class Scores:
     mean `metrics` holds; a leaderboard entry logs it as <metric>_std."""
 
 
-ScoreModel = Callable[["LumosModel", "LoadedTask", SequencesVersion, torch.device, "EmbeddingCache"], Scores]
+ScoreModel = Callable[["LumosModel", LoadedTaskLike, SequencesVersion, torch.device, "EmbeddingCache"], Scores]
 """(model on `device` in eval mode, task, data, device, the run's shared user embeddings) -> scores."""
-ScoreBaseline = Callable[["LoadedTask", SequencesVersion], tuple[str, Scores]]
+ScoreBaseline = Callable[[LoadedTaskLike, SequencesVersion], tuple[str, Scores]]
 """(task, data) -> (baseline name, scores) of the task's "no model" leaderboard entry."""
 
 
@@ -46,9 +46,9 @@ class Broken:
     rows: np.ndarray
 
 
-CheckPredictions = Callable[["TaskSpec", SequencesVersion, pa.ChunkedArray], list[Broken]]
+CheckPredictions = Callable[[TaskSpecLike, SequencesVersion, pa.ChunkedArray], list[Broken]]
 """(task, data, the prediction column as read) -> the rules its values break; empty when none."""
-ScorePredictions = Callable[["TaskSpec", SequencesVersion, pa.Table, pa.ChunkedArray], Scores]
+ScorePredictions = Callable[[TaskSpecLike, SequencesVersion, pa.Table, pa.ChunkedArray], Scores]
 """(task, data, the split's rows with their labels, the checked predictions in the rows' order) ->
 scores, computed by the same metric code as the kind's model scores."""
 
@@ -63,7 +63,7 @@ class Prediction:
     """Its type, as the schema states it (list<int64> or double)."""
     description: str
     """What the value means, for the team that writes it."""
-    rules: Callable[[TaskSpec], list[str]]
+    rules: Callable[[TaskSpecLike], list[str]]
     """The column's rules for a task, as the submission schema states them."""
     check: CheckPredictions
     score: ScorePredictions
@@ -75,7 +75,7 @@ class TaskKind:
 
     name: str
     """What a task spec writes as its kind."""
-    default_metrics: Callable[[TaskSpec], tuple[str, ...]]
+    default_metrics: Callable[[TaskSpecLike], tuple[str, ...]]
     """The metrics a task reports when its spec names none."""
     score: ScoreModel
     """Scores a model on the task's rows: reads the labels, runs the model, computes the metrics."""
@@ -93,19 +93,19 @@ class TaskKind:
     takes no submissions (an embedding probe needs a model's embeddings)."""
 
 
-def picked_scores(spec: TaskSpec, values: Mapping[str, float], rows: int) -> Scores:
+def picked_scores(spec: TaskSpecLike, values: Mapping[str, float], rows: int) -> Scores:
     """The task's metrics out of everything a metrics function computed."""
     return Scores({name: float(values[name]) for name in spec.metric_names if name in values}, rows)
 
 
-def task_batches(data: SequencesVersion, spec: TaskSpec, split: str | None = None) -> SequenceLoader:
+def task_batches(data: SequencesVersion, spec: TaskSpecLike, split: str | None = None) -> SequenceLoader:
     """Batches of the task's split (or `split`), on `data`'s side of its users. Every row is scored and the metrics do not depend
     on row order, so batches go by history length: a batch is padded to its longest."""
     return SequenceLoader(data.snapshot, data.spec, spec.batch_size, split=split or spec.split, shuffle=False,
                           by_length=True, users=data.users)
 
 
-def horizon_index(spec: TaskSpec, data: SequencesVersion) -> int:
+def horizon_index(spec: TaskSpecLike, data: SequencesVersion) -> int:
     """Position of the task's horizon among the sequences' horizons (act_<K>d, value_<K>d columns)."""
     if spec.horizon_days not in data.spec.horizons_days:
         raise UsageError(f"task {spec.name}: {data.ref} has no {spec.horizon_days}-day horizon "
@@ -113,7 +113,7 @@ def horizon_index(spec: TaskSpec, data: SequencesVersion) -> int:
     return data.spec.horizons_days.index(spec.horizon_days)
 
 
-def labels_and_predictions(model: LumosModel, spec: TaskSpec, data: SequencesVersion, device: torch.device,
+def labels_and_predictions(model: LumosModel, spec: TaskSpecLike, data: SequencesVersion, device: torch.device,
                            label: Callable, predict: Callable) -> tuple[list[np.ndarray], list[np.ndarray]]:
     """Per batch of the task's rows, `label(batch)` and `predict(model(batch))`, both as numpy: the
     loop the horizon kinds (binary, regression) score a model with."""

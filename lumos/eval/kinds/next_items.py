@@ -40,17 +40,17 @@ from lumos.data.sequences_version import SequencesVersion
 from lumos.eval import metrics as M
 from lumos.eval.embeddings import split_rows
 from lumos.eval.kinds.kind import Scores, TaskKind, picked_scores
+from lumos.eval.task_spec import LoadedTaskLike, TaskSpecLike, TimeWindow
 from lumos.train.model import LumosModel
 
 if TYPE_CHECKING:
     from lumos.eval.embeddings import EmbeddingCache
-    from lumos.eval.tasks import LoadedTask, TaskSpec, TimeWindow
 
 MICROS_PER_DAY = 86_400_000_000
 EPOCH = datetime.date(1970, 1, 1)
 
 
-def default_metrics(spec: TaskSpec) -> tuple[str, ...]:
+def default_metrics(spec: TaskSpecLike) -> tuple[str, ...]:
     return tuple(f"{metric}@{k}" for metric in ("recall", "ndcg") for k in spec.ks)
 
 
@@ -112,7 +112,7 @@ def top_items(scores: torch.Tensor, history: list[np.ndarray], k: int) -> np.nda
     return torch.topk(scores, keep, dim=1).indices.numpy()
 
 
-def score(model: LumosModel, task: LoadedTask, data: SequencesVersion, device: torch.device,
+def score(model: LumosModel, task: LoadedTaskLike, data: SequencesVersion, device: torch.device,
           embeddings: EmbeddingCache) -> Scores:
     spec = task.spec
     events = window_events(task, data)
@@ -131,18 +131,18 @@ def score(model: LumosModel, task: LoadedTask, data: SequencesVersion, device: t
     return _scores(spec, lists, [events.targets[user] for user in users])
 
 
-def popularity_baseline(task: LoadedTask, data: SequencesVersion) -> tuple[str, Scores]:
+def popularity_baseline(task: LoadedTaskLike, data: SequencesVersion) -> tuple[str, Scores]:
     events = window_events(task, data)
     return "popularity", _count_baseline(task, data, events, events.popularity, np.zeros_like(events.popularity))
 
 
-def recent_popularity_baseline(task: LoadedTask, data: SequencesVersion) -> tuple[str, Scores]:
+def recent_popularity_baseline(task: LoadedTaskLike, data: SequencesVersion) -> tuple[str, Scores]:
     events = window_events(task, data)
     name = f"popularity_last_{task.spec.window.recent_days}d"
     return name, _count_baseline(task, data, events, events.recent, events.popularity)
 
 
-def _count_baseline(task: LoadedTask, data: SequencesVersion, events: WindowEvents, counts: np.ndarray,
+def _count_baseline(task: LoadedTaskLike, data: SequencesVersion, events: WindowEvents, counts: np.ndarray,
                     tie_break: np.ndarray) -> Scores:
     """Everyone gets the same ranking: by `counts`, then `tie_break`, then the smaller id."""
     spec = task.spec
@@ -155,12 +155,12 @@ def _count_baseline(task: LoadedTask, data: SequencesVersion, events: WindowEven
     return _scores(spec, list(lists), [events.targets[user] for user in users])
 
 
-def _scores(spec: TaskSpec, lists: list[np.ndarray], targets: list[np.ndarray]) -> Scores:
+def _scores(spec: TaskSpecLike, lists: list[np.ndarray], targets: list[np.ndarray]) -> Scores:
     values = M.next_items_metrics(lists, targets, spec.ks)
     return picked_scores(spec, values, int(values["rows"]))
 
 
-def window_events(task: LoadedTask, data: SequencesVersion) -> WindowEvents:
+def window_events(task: LoadedTaskLike, data: SequencesVersion) -> WindowEvents:
     """The window's events file, cut at its cutoff, item tokens mapped through the data's vocabulary."""
     window = task.spec.window
     path = (task.path.parent / window.events).resolve()
@@ -176,7 +176,7 @@ def window_events(task: LoadedTask, data: SequencesVersion) -> WindowEvents:
                         item_vocabulary(data), data.spec.item_vocab_size)
 
 
-def active_rows(task: LoadedTask, data: SequencesVersion, events: WindowEvents) -> pa.Table:
+def active_rows(task: LoadedTaskLike, data: SequencesVersion, events: WindowEvents) -> pa.Table:
     """The task split's rows of the users with targets. Each row must be cut at the window's cutoff:
     a row cut later would show the model events of the target window."""
     spec = task.spec

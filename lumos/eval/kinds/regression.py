@@ -26,18 +26,18 @@ from lumos.eval.kinds.kind import (
     rows_where,
     task_batches,
 )
+from lumos.eval.task_spec import LoadedTaskLike, TaskSpecLike
 from lumos.train.model import LumosModel, signed_expm1
 
 if TYPE_CHECKING:
     from lumos.eval.embeddings import EmbeddingCache
-    from lumos.eval.tasks import LoadedTask, TaskSpec
 
 
-def default_metrics(spec: TaskSpec) -> tuple[str, ...]:
+def default_metrics(spec: TaskSpecLike) -> tuple[str, ...]:
     return ("rmse", "mae", "mape")
 
 
-def score(model: LumosModel, task: LoadedTask, data: SequencesVersion, device: torch.device,
+def score(model: LumosModel, task: LoadedTaskLike, data: SequencesVersion, device: torch.device,
           embeddings: EmbeddingCache) -> Scores:
     spec = task.spec
     horizon = horizon_index(spec, data)
@@ -46,7 +46,7 @@ def score(model: LumosModel, task: LoadedTask, data: SequencesVersion, device: t
     return _scores(spec, labels, predictions)
 
 
-def train_mean_baseline(task: LoadedTask, data: SequencesVersion) -> tuple[str, Scores]:
+def train_mean_baseline(task: LoadedTaskLike, data: SequencesVersion) -> tuple[str, Scores]:
     spec = task.spec
     horizon = horizon_index(spec, data)
     train = task_batches(data, spec, split="train")
@@ -58,17 +58,17 @@ def train_mean_baseline(task: LoadedTask, data: SequencesVersion) -> tuple[str, 
     return "train_mean", _scores(spec, labels, predictions)
 
 
-def _scores(spec: TaskSpec, labels: list[np.ndarray], predictions: list[np.ndarray]) -> Scores:
+def _scores(spec: TaskSpecLike, labels: list[np.ndarray], predictions: list[np.ndarray]) -> Scores:
     y, p = np.concatenate(labels), np.concatenate(predictions)
     return picked_scores(spec, M.regression_metrics(y, p), len(y))
 
 
-def check_values(spec: TaskSpec, data: SequencesVersion, column: pa.ChunkedArray) -> list[Broken]:
+def check_values(spec: TaskSpecLike, data: SequencesVersion, column: pa.ChunkedArray) -> list[Broken]:
     finite = np.isfinite(float_values(column))
     return [Broken("value must be a finite number (no null, NaN or infinity)", rows_where(~finite))] if not finite.all() else []
 
 
-def score_values(spec: TaskSpec, data: SequencesVersion, rows: pa.Table, column: pa.ChunkedArray) -> Scores:
+def score_values(spec: TaskSpecLike, data: SequencesVersion, rows: pa.Table, column: pa.ChunkedArray) -> Scores:
     labels = rows[f"value_{data.spec.horizons_days[horizon_index(spec, data)]}d"].to_numpy(zero_copy_only=False)
     return _scores(spec, [labels], [float_values(column)])
 

@@ -19,19 +19,19 @@ import torch
 from lumos.data.contract import FIRST_TOKEN_ID
 from lumos.data.sequences_version import SequencesVersion
 from lumos.eval.kinds.kind import Broken, Prediction, Scores, TaskKind, picked_scores, rows_where, task_batches
+from lumos.eval.task_spec import LoadedTaskLike, TaskSpecLike
 from lumos.train import retrieval_metrics
 from lumos.train.model import LumosModel
 
 if TYPE_CHECKING:
     from lumos.eval.embeddings import EmbeddingCache
-    from lumos.eval.tasks import LoadedTask, TaskSpec
 
 
-def default_metrics(spec: TaskSpec) -> tuple[str, ...]:
+def default_metrics(spec: TaskSpecLike) -> tuple[str, ...]:
     return (*[f"{metric}@{k}" for k in spec.ks for metric in ("hr", "ndcg")], "mrr")
 
 
-def score(model: LumosModel, task: LoadedTask, data: SequencesVersion, device: torch.device,
+def score(model: LumosModel, task: LoadedTaskLike, data: SequencesVersion, device: torch.device,
           embeddings: EmbeddingCache) -> Scores:
     spec = task.spec
     ranks = []
@@ -45,7 +45,7 @@ def score(model: LumosModel, task: LoadedTask, data: SequencesVersion, device: t
     return _scores(spec, ranks)
 
 
-def popularity_baseline(task: LoadedTask, data: SequencesVersion) -> tuple[str, Scores]:
+def popularity_baseline(task: LoadedTaskLike, data: SequencesVersion) -> tuple[str, Scores]:
     spec = task.spec
     popularity = -np.arange(data.spec.item_vocab_size)  # ids go by descending count: id 2 is the most frequent
     ranks = []
@@ -56,14 +56,14 @@ def popularity_baseline(task: LoadedTask, data: SequencesVersion) -> tuple[str, 
     return "popularity", _scores(spec, ranks)
 
 
-def _scores(spec: TaskSpec, ranks: list[torch.Tensor]) -> Scores:
+def _scores(spec: TaskSpecLike, ranks: list[torch.Tensor]) -> Scores:
     all_ranks = torch.cat(ranks) if ranks else torch.empty(0)
     values = retrieval_metrics.retrieval_metrics(all_ranks, ks=spec.ks)
     rows = int(values.pop("scored_rows", len(all_ranks)))
     return picked_scores(spec, values, rows)
 
 
-def check_top_items(spec: TaskSpec, data: SequencesVersion, column: pa.ChunkedArray) -> list[Broken]:
+def check_top_items(spec: TaskSpecLike, data: SequencesVersion, column: pa.ChunkedArray) -> list[Broken]:
     lists = column.to_pylist()
     shortest = min(max(spec.ks), data.spec.item_vocab_size - FIRST_TOKEN_ID)  # a tiny corpus has fewer items
     missing = np.array([items is None or None in items for items in lists], dtype=bool)
@@ -80,7 +80,7 @@ def check_top_items(spec: TaskSpec, data: SequencesVersion, column: pa.ChunkedAr
     return [broken for broken in found if broken.rows.size]
 
 
-def score_top_items(spec: TaskSpec, data: SequencesVersion, rows: pa.Table, column: pa.ChunkedArray) -> Scores:
+def score_top_items(spec: TaskSpecLike, data: SequencesVersion, rows: pa.Table, column: pa.ChunkedArray) -> Scores:
     targets = pc.fill_null(rows["next_item"], 0).to_numpy(zero_copy_only=False)
     histories = rows[data.spec.item_feature].to_pylist()
     ranks = [_list_rank(np.asarray(items, dtype=np.int64), int(target), history, spec.exclude_history)
@@ -99,7 +99,7 @@ def _list_rank(items: np.ndarray, target: int, history: list[int], exclude_histo
     return float(hit[0] + 1) if hit.size else math.inf
 
 
-def top_items_rules(spec: TaskSpec) -> list[str]:
+def top_items_rules(spec: TaskSpecLike) -> list[str]:
     return [f"top_items: at least {max(spec.ks)} distinct item ids of items.parquet, best first",
             "items of the user's history are dropped before ranking" if spec.exclude_history
             else "items of the user's history are ranked like any other"]

@@ -11,8 +11,6 @@ with each metric's std as the spread.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
 
 from lumos.data.sequences_version import SequencesVersion
@@ -20,19 +18,17 @@ from lumos.eval.cross_validation import CrossValidated, cross_validate, logistic
 from lumos.eval.embeddings import EmbeddingCache, split_rows
 from lumos.eval.kinds.embedding_probe import labelled_rows, read_labels
 from lumos.eval.kinds.kind import Scores, TaskKind
+from lumos.eval.task_spec import LoadedTaskLike, TaskSpecLike
 from lumos.train.model import LumosModel
 
-if TYPE_CHECKING:
-    from lumos.eval.tasks import LoadedTask, TaskSpec
 
-
-def default_metrics(spec: TaskSpec) -> tuple[str, ...]:
+def default_metrics(spec: TaskSpecLike) -> tuple[str, ...]:
     if spec.labels and spec.labels.target == "label_sets":
         return ("macro_auc_roc",)
     return ("accuracy", "macro_f1", "log_loss")
 
 
-def score(model: LumosModel, task: LoadedTask, data: SequencesVersion, device: torch.device,
+def score(model: LumosModel, task: LoadedTaskLike, data: SequencesVersion, device: torch.device,
           embeddings: EmbeddingCache) -> Scores:
     computed = embeddings.get(model, data, task.spec, device)
     label_of = read_labels(task)
@@ -43,7 +39,7 @@ def score(model: LumosModel, task: LoadedTask, data: SequencesVersion, device: t
                                              lambda: logistic_estimator("dense", task.spec.labels.target, task.spec.labels.seed)))
 
 
-def bag_of_items_baseline(task: LoadedTask, data: SequencesVersion) -> tuple[str, Scores]:
+def bag_of_items_baseline(task: LoadedTaskLike, data: SequencesVersion) -> tuple[str, Scores]:
     """TF-IDF of the items in each user's history (what the model reads: the split row's history,
     before its target) and a logistic regression, over the same folds as a model entry."""
     spec = task.spec
@@ -59,7 +55,7 @@ def bag_of_items_baseline(task: LoadedTask, data: SequencesVersion) -> tuple[str
                                                         lambda: logistic_estimator("bag", spec.labels.target, spec.labels.seed)))
 
 
-def _scores(spec: TaskSpec, result: CrossValidated) -> Scores:
+def _scores(spec: TaskSpecLike, result: CrossValidated) -> Scores:
     names = [name for name in spec.metric_names if name in result.metrics]
     return Scores({name: result.metrics[name] for name in names}, result.users,
                   spread={name: result.metrics[f"{name}_std"] for name in names})

@@ -1,6 +1,11 @@
 """The per-user state of nightly inference: `<dataset>.user_state`, one row per user with their
 last tokens (`lumos.data.last_tokens`), so a night reads the day's new events, not the whole log.
 
+A night is two calls: `read_night` chooses the mode and reads and checks the events it needs;
+`write_night` writes the night's rejects (partition as_of of `<dataset>.infer_rejects`), moves the
+state to the date and reads back what scoring needs. `lumos.infer.run` scores between that and
+the predictions commit.
+
 **Modes.** A night is *incremental* when the newest state version can be carried forward: it was
 built for the model's recipe and vocabulary and the same events source, its date is on or before
 the as-of date, the source only grew by new files since (a folder's files, or a local Delta
@@ -39,18 +44,21 @@ from lumos.core.errors import UsageError
 from lumos.core.lineage import LineageInput, LineageRecord
 from lumos.core.tables import TableRef, read_table, table_exists, table_history, table_location, write_table
 from lumos.core.workspace import Workspace
+from lumos.data.contract import FeatureSpec
 from lumos.data.ingest import RejectCounts, count_rejects, enforce_reject_budget, read_checked_inputs
 from lumos.data.items import with_item_attributes
+from lumos.data.predictions import write_partition
 from lumos.data.recipe import IngestRecipe
 from lumos.data.sequences import EPOCH, future_context
 from lumos.data.sources import quote_column, read_source_files, source_files
-from lumos.data.time_rows import MICROS_PER_DAY
-from lumos.data.training_data import TrainingData
+from lumos.data.time_rows import MICROS_PER_DAY, TimeRowsPlan
+from lumos.data.training_data import TrainingData, as_of_recipe, item_tokens, require_exists
 from lumos.data.validation import check_events, rejected_rows, strip_whitespace, valid_events
-from lumos.infer.features import any_history, as_of_recipe, require_exists
 
 STATE_TABLE = "user_state"
+REJECTS_TABLE = "infer_rejects"  # <dataset>.infer_rejects: one partition per date, as predictions
 FULL, INCREMENTAL = "full", "incremental"
+STAGE = "infer"
 
 
 @dataclass(frozen=True)
@@ -84,7 +92,11 @@ class Night:
     reason: str
     as_of: datetime.date
     recipe: IngestRecipe
-    """The training recipe with the as-of date's cutoff (`features.as_of_recipe`)."""
+    """The training recipe with the as-of date's cutoff (`training_data.as_of_recipe`)."""
+    vocab: TableRef
+    """The pinned vocabulary version the model was trained with."""
+    output: TableRef
+    """The predictions table the night's run writes: its commits confirm a state version (`last_state`)."""
     state: TableRef
     previous: StateVersion | None
     """The state carried forward (incremental), or None (full)."""
@@ -117,10 +129,22 @@ class Night:
 
 
 @dataclass(frozen=True)
-class StateWritten:
-    ref: TableRef
-    """The state version written, e.g. quickstart.user_state@4."""
+class NightWritten:
+    """What a night wrote (its rejects and the state moved to its date) and what scoring reads of
+    it: every user of the state as written, with ages, gaps and calendar context for the date."""
+
+    rejects: TableRef
+    """The rejects table version written for the date, e.g. quickstart.infer_rejects@3."""
+    state: TableRef
+    """The user state version written, e.g. quickstart.user_state@4."""
     users_updated: int
+    tokens: Any
+    """(`scoring.score_tokens`'s input) each user's last tokens, with the vocabulary's ids."""
+    plan: TimeRowsPlan
+    future: dict[str, list[int]]
+    """Calendar flag → its value on each decoder slot from the date."""
+    item_tokens: tuple[str, ...]
+    """Vocabulary id → item token, to name the recommendations (`training_data.item_tokens`)."""
 
 
 def read_night(spark, workspace: Workspace, data: TrainingData, as_of: datetime.date, events_source: str | None,
@@ -148,7 +172,8 @@ def read_night(spark, workspace: Workspace, data: TrainingData, as_of: datetime.
         raw, mode, previous = sources.raw, FULL, None
     checked = _checked(raw, recipe, sources.items) if mode == INCREMENTAL else sources.checked
     checked = checked.persist()
-    night = Night(mode=mode, reason=reason, as_of=as_of, recipe=recipe, state=state, previous=previous,
+    night = Night(mode=mode, reason=reason, as_of=as_of, recipe=recipe, vocab=data.vocab, output=predictions,
+                  state=state, previous=previous,
                   log=sources.raw, checked=checked, counts=RejectCounts(0, {}), rejects=None, users=sources.users,
                   calendar=sources.calendar, items=sources.items, inputs=inputs, files=files, key=key, cached=[checked])
     try:
@@ -165,7 +190,32 @@ def read_night(spark, workspace: Workspace, data: TrainingData, as_of: datetime.
     return night
 
 
-def write_state(spark, workspace: Workspace, night: Night) -> StateWritten:
+def write_night(spark, workspace: Workspace, night: Night, model: str, features: FeatureSpec) -> NightWritten:
+    """Write the night's rejects (`_write_rejects`), then move the state to its date in one commit,
+    and read back what the model `model` (its version label) scores with `features`."""
+    from lumos.data.last_tokens import time_rows_input_from_last_tokens
+
+    rejects = _write_rejects(spark, workspace, night, model)
+    state, users_updated = _write_state(spark, workspace, night)
+    vocab = read_table(spark, workspace, night.vocab)
+    tokens, plan = time_rows_input_from_last_tokens(read_table(spark, workspace, state), vocab, night.users, night.recipe)
+    future = future_context(night.calendar, night.recipe, [night.as_of]).get(night.as_of, {})
+    return NightWritten(rejects, state, users_updated, tokens, plan, future,
+                        item_tokens(spark, workspace, night.vocab, features))
+
+
+def _write_rejects(spark, workspace: Workspace, night: Night, model: str) -> TableRef:
+    """Replace partition as_of of <dataset>.infer_rejects with the rejected events among those the
+    night read (rule, reason, row), even when there are none, so the partition always describes
+    the latest run."""
+    rejects = TableRef(night.output.dataset, REJECTS_TABLE)
+    request = {"model": model, "as_of": night.as_of.isoformat(), "rejects_for": night.output.name, "mode": night.mode}
+    lineage = LineageRecord(stage=STAGE, config=request, config_hash=config_hash(request), inputs=night.inputs,
+                            stats={"rows": night.counts.rejected, **night.counts.lineage_stats()})
+    return write_partition(spark, workspace, rejects, night.rejects, night.as_of, lineage)
+
+
+def _write_state(spark, workspace: Workspace, night: Night) -> tuple[TableRef, int]:
     """Move the state to the night's date in one commit (an overwrite, see the module docstring)."""
     from lumos.data.last_tokens import last_tokens, merged_last_tokens
 
@@ -188,19 +238,9 @@ def write_state(spark, workspace: Workspace, night: Night) -> StateWritten:
     users_updated = updated.count()
     if state is not None:
         updated = state.join(updated.select("user_id"), "user_id", "left_anti").unionByName(updated)
-    written = write_table(spark, workspace, night.state, updated, _lineage(workspace, night, users_updated))
-    return StateWritten(written, users_updated)
-
-
-def scoring_input(spark, workspace: Workspace, data: TrainingData, night: Night, state: TableRef):
-    """(tokens, plan, future) for `scoring.score_tokens`: every user of the state version written,
-    with ages, gaps and calendar context for the night's date."""
-    from lumos.data.last_tokens import time_rows_input_from_last_tokens
-
-    vocab = read_table(spark, workspace, data.vocab)
-    tokens, plan = time_rows_input_from_last_tokens(read_table(spark, workspace, state), vocab, night.users, night.recipe)
-    future = future_context(night.calendar, night.recipe, [night.as_of]).get(night.as_of, {})
-    return tokens, plan, future
+    lineage = _lineage(workspace, night, users_updated)
+    written = write_table(spark, workspace, night.state, updated, lineage)
+    return written, users_updated
 
 
 def last_state(spark, workspace: Workspace, state: TableRef, predictions: TableRef) -> StateVersion | None:
@@ -290,7 +330,7 @@ def _lineage(workspace: Workspace, night: Night, users_updated: int) -> LineageR
     request = {"state_for": night.recipe.dataset, "as_of": night.as_of.isoformat(), "mode": night.mode}
     events = night.inputs[0]
     return LineageRecord(
-        stage="infer",
+        stage=STAGE,
         config=request,
         config_hash=config_hash(request),
         inputs=night.inputs if night.previous is None else [*night.inputs, LineageInput(
@@ -300,6 +340,21 @@ def _lineage(workspace: Workspace, night: Night, users_updated: int) -> LineageR
                "events_read": night.events_read, "users_updated": users_updated, "late_users": night.late_users,
                **night.counts.lineage_stats()},
     )
+
+
+def any_history(events, recipe: IngestRecipe, as_of: datetime.date) -> bool:
+    """Whether some user has splits.min_history tokens before `as_of` (a row to score)."""
+    from pyspark.sql import functions as F
+
+    if recipe.splits.min_history == 0:  # every user with an event has a row, its history maybe empty
+        return events.limit(1).count() > 0
+    before = events.where(F.unix_micros("ts") < (as_of - EPOCH).days * MICROS_PER_DAY)
+    if recipe.splits.min_history == 1:
+        return before.limit(1).count() > 0
+    if recipe.tokens.unit == "day":
+        before = before.select("user_id", F.floor(F.unix_micros("ts") / MICROS_PER_DAY).alias("day")).distinct()
+    enough = before.groupBy("user_id").count().where(F.col("count") >= recipe.splits.min_history)
+    return enough.limit(1).count() > 0
 
 
 def _tokens_kept(recipe: IngestRecipe) -> int:
