@@ -158,7 +158,7 @@ def trained_entries(task, data, pretrained: LumosModel, max_epochs: int = MAX_EP
     fold = user_folds(users, labels.folds, labels.seed)
     result = {}
     for entry in ("fine-tuned", "scratch"):
-        per_fold, kept = [], []
+        per_fold, kept, losses = [], [], []
         for k in range(labels.folds):
             train = np.flatnonzero(fold != k)
             inner = user_folds([users[i] for i in train], 5, labels.seed + 1) == 0
@@ -168,9 +168,11 @@ def trained_entries(task, data, pretrained: LumosModel, max_epochs: int = MAX_EP
                 tried[body_lr] = train_and_predict(model, rows, train[~inner], train[inner], np.flatnonzero(fold == k), y,
                                                    labels.target, data.spec, labels.seed + k, max_epochs, body_lr)
             kept.append(min(tried, key=lambda body_lr: tried[body_lr][1]))  # the inner validation chooses
+            losses.append({f"{body_lr:g}": loss for body_lr, (_, loss) in tried.items()})
             per_fold.append(fold_metrics(y[fold == k], tried[kept[-1]][0], labels.target))
             print(f"{spec.name} {entry} fold {k} (body lr {kept[-1]:g}): {per_fold[-1]}", file=sys.stderr, flush=True)
-        result[entry] = {"metrics": mean_and_std(per_fold), "per_fold": per_fold, "body_lr": kept}
+        result[entry] = {"metrics": mean_and_std(per_fold), "per_fold": per_fold, "body_lr": kept,
+                         "inner_valid_loss": losses}
     return result
 
 
@@ -190,7 +192,8 @@ def transfer_table(workspace_dir: Path, run_id: str, task_names: list[str], max_
         trained = trained_entries(task, data, pretrained.cpu(), max_epochs, body_lrs)
         entries |= {entry: value["metrics"] for entry, value in trained.items()}
         table[name] = {"metrics": list(task.spec.metric_names), "entries": entries,
-                       "body_lr": {entry: value["body_lr"] for entry, value in trained.items()}}
+                       "choices": {entry: {"body_lr": value["body_lr"], "inner_valid_loss": value["inner_valid_loss"]}
+                                   for entry, value in trained.items()}}
         print(markdown({name: table[name]}), file=sys.stderr, flush=True)
         if out is not None:
             out.write_text(json.dumps({"run": run_id, "max_epochs": max_epochs, "body_lrs": body_lrs, "tasks": table},
