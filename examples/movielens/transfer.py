@@ -12,11 +12,11 @@ folds of users, each fold scored by the same metric code (lumos.eval.cross_valid
     python examples/movielens/transfer.py --run RUN_ID      # RUN_ID: a `lumos train` of train.toml
 
 Fine-tuned and scratch train identically: the head is first fitted alone on the starting network's
-embeddings (linear probing, then fine-tuning: LP-FT), then everything trains with AdamW (lr 1e-3,
-weight decay 0.01), batches of 32 users, up to --max-epochs epochs; the epoch kept (the fitted head
-alone counting as epoch 0) has the lowest loss on an inner validation fifth of the training users
-(the test fold is never seen by any choice). Prints the Markdown table and
-writes it with every fold's figures to --out.
+embeddings (linear probing, then fine-tuning: LP-FT), then everything trains with AdamW (the head at
+lr 1e-3, the encoder at each rate of --body-lrs in turn; weight decay 0.01), batches of 32 users, up
+to --max-epochs epochs. The epoch kept (the fitted head alone counting as epoch 0), and the encoder's
+rate, have the lowest loss on an inner validation fifth of the training users (the test fold is
+never seen by any choice). Prints the Markdown table and writes it with every fold's figures to --out.
 """
 
 from __future__ import annotations
@@ -76,11 +76,13 @@ def start_model(pretrained: LumosModel, width: int, seed: int, fine_tune: bool) 
 
 
 def train_and_predict(model: Classifier, rows, fit: np.ndarray, valid: np.ndarray, test: np.ndarray, y: np.ndarray,
-                      target: str, spec, seed: int, max_epochs: int) -> np.ndarray:
+                      target: str, spec, seed: int, max_epochs: int, body_lr: float = LR) -> tuple[np.ndarray, float]:
     """(len(test), width) probabilities after training `model` on rows `fit`, the epoch kept being
-    the one with the lowest loss on rows `valid`."""
+    the one with the lowest loss on rows `valid`, and that loss. The encoder learns at `body_lr`,
+    the head at LR: a pretrained body may want smaller steps than a new head."""
     fit_head(model, rows, fit, y, target, spec)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=WEIGHT_DECAY)
+    optimizer = torch.optim.AdamW([{"params": model.encoder.parameters(), "lr": body_lr},
+                                   {"params": model.head.parameters(), "lr": LR}], weight_decay=WEIGHT_DECAY)
     rng = np.random.default_rng(seed)
     best, since_best = copy.deepcopy(model.state_dict()), 0
     best_loss = _valid_loss(model, rows, valid, y, target, spec)  # epoch 0: the fitted head alone
@@ -103,7 +105,7 @@ def train_and_predict(model: Classifier, rows, fit: np.ndarray, valid: np.ndarra
                 break
     model.load_state_dict(best)
     logits = torch.from_numpy(_logits(model, rows, test, spec))
-    return (torch.softmax(logits, dim=1) if target == "classes" else torch.sigmoid(logits)).numpy()
+    return (torch.softmax(logits, dim=1) if target == "classes" else torch.sigmoid(logits)).numpy(), best_loss
 
 
 def fit_head(model: Classifier, rows, fit: np.ndarray, y: np.ndarray, target: str, spec, l2: float = 1e-3) -> None:
@@ -141,8 +143,11 @@ def _logits(model: Classifier, rows, index: np.ndarray, spec) -> np.ndarray:
                                                                   "transfer")]).double().numpy()
 
 
-def trained_entries(task, data, pretrained: LumosModel, max_epochs: int = MAX_EPOCHS) -> dict[str, dict]:
-    """fine-tuned and scratch on the task's folds: {entry: {"metrics": mean and _std, "per_fold": [...]}}."""
+def trained_entries(task, data, pretrained: LumosModel, max_epochs: int = MAX_EPOCHS,
+                    body_lrs: tuple[float, ...] = (LR,)) -> dict[str, dict]:
+    """fine-tuned and scratch on the task's folds: {entry: {"metrics": mean and _std, "per_fold": [...],
+    "body_lr": the one kept per fold}}. With several `body_lrs`, each fold trains once per rate and
+    keeps the one with the lowest inner-validation loss, for both entries alike."""
     spec, labels = task.spec, task.spec.labels
     rows = split_rows(data, spec.split)
     label_of = read_labels(task)
@@ -153,21 +158,26 @@ def trained_entries(task, data, pretrained: LumosModel, max_epochs: int = MAX_EP
     fold = user_folds(users, labels.folds, labels.seed)
     result = {}
     for entry in ("fine-tuned", "scratch"):
-        per_fold = []
+        per_fold, kept, losses = [], [], []
         for k in range(labels.folds):
             train = np.flatnonzero(fold != k)
             inner = user_folds([users[i] for i in train], 5, labels.seed + 1) == 0
-            model = start_model(pretrained, len(names), labels.seed + k, fine_tune=entry == "fine-tuned")
-            probabilities = train_and_predict(model, rows, train[~inner], train[inner], np.flatnonzero(fold == k), y,
-                                              labels.target, data.spec, labels.seed + k, max_epochs)
-            per_fold.append(fold_metrics(y[fold == k], probabilities, labels.target))
-            print(f"{spec.name} {entry} fold {k}: {per_fold[-1]}", file=sys.stderr, flush=True)
-        result[entry] = {"metrics": mean_and_std(per_fold), "per_fold": per_fold}
+            tried = {}
+            for body_lr in body_lrs:
+                model = start_model(pretrained, len(names), labels.seed + k, fine_tune=entry == "fine-tuned")
+                tried[body_lr] = train_and_predict(model, rows, train[~inner], train[inner], np.flatnonzero(fold == k), y,
+                                                   labels.target, data.spec, labels.seed + k, max_epochs, body_lr)
+            kept.append(min(tried, key=lambda body_lr: tried[body_lr][1]))  # the inner validation chooses
+            losses.append({f"{body_lr:g}": loss for body_lr, (_, loss) in tried.items()})
+            per_fold.append(fold_metrics(y[fold == k], tried[kept[-1]][0], labels.target))
+            print(f"{spec.name} {entry} fold {k} (body lr {kept[-1]:g}): {per_fold[-1]}", file=sys.stderr, flush=True)
+        result[entry] = {"metrics": mean_and_std(per_fold), "per_fold": per_fold, "body_lr": kept,
+                         "inner_valid_loss": losses}
     return result
 
 
 def transfer_table(workspace_dir: Path, run_id: str, task_names: list[str], max_epochs: int = MAX_EPOCHS,
-                   out: Path | None = None) -> dict[str, dict]:
+                   out: Path | None = None, body_lrs: tuple[float, ...] = (LR,)) -> dict[str, dict]:
     """Every task's four entries; written to `out` (JSON) after each task, so a long run keeps what it has."""
     workspace = open_workspace(workspace_dir)
     tasks = load_tasks([HERE / "tasks"])
@@ -179,11 +189,15 @@ def transfer_table(workspace_dir: Path, run_id: str, task_names: list[str], max_
         _, baseline = score_baseline(task, data)
         frozen = score_model(pretrained, task, data)
         entries = {"bag_of_items": _with_std(baseline), "frozen + probe": _with_std(frozen)}
-        entries |= {entry: value["metrics"] for entry, value in trained_entries(task, data, pretrained.cpu(), max_epochs).items()}
-        table[name] = {"metrics": list(task.spec.metric_names), "entries": entries}
+        trained = trained_entries(task, data, pretrained.cpu(), max_epochs, body_lrs)
+        entries |= {entry: value["metrics"] for entry, value in trained.items()}
+        table[name] = {"metrics": list(task.spec.metric_names), "entries": entries,
+                       "choices": {entry: {"body_lr": value["body_lr"], "inner_valid_loss": value["inner_valid_loss"]}
+                                   for entry, value in trained.items()}}
         print(markdown({name: table[name]}), file=sys.stderr, flush=True)
         if out is not None:
-            out.write_text(json.dumps({"run": run_id, "max_epochs": max_epochs, "tasks": table}, indent=2) + "\n",
+            out.write_text(json.dumps({"run": run_id, "max_epochs": max_epochs, "body_lrs": body_lrs, "tasks": table},
+                                      indent=2) + "\n",
                            encoding="utf-8")
     return table
 
@@ -208,9 +222,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workspace", type=Path, default=HERE)
     parser.add_argument("--tasks", nargs="+", default=list(TASKS))
     parser.add_argument("--max-epochs", type=int, default=MAX_EPOCHS, help="of fine-tuned and scratch training")
+    parser.add_argument("--body-lrs", type=float, nargs="+", default=[LR],
+                        help="encoder learning rates tried per fold (the head's is 1e-3); the inner validation keeps one")
     parser.add_argument("--out", type=Path, default=HERE / "data" / "transfer.json")
     args = parser.parse_args(argv)
-    table = transfer_table(args.workspace, args.run, args.tasks, args.max_epochs, args.out)
+    table = transfer_table(args.workspace, args.run, args.tasks, args.max_epochs, args.out, tuple(args.body_lrs))
     print(markdown(table))
     return 0
 

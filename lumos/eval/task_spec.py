@@ -9,6 +9,7 @@ here instead of that class, so no import runs from a kind back to the task loade
 from __future__ import annotations
 
 import datetime
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, Protocol
@@ -55,13 +56,21 @@ class TimeWindow:
     """Targets: the items each user first rates in the `days` days from the cutoff."""
     recent_days: int = 7
     """The popularity_last_<N>d baseline counts the events of the N days before the cutoff."""
+    recency_prior: float = 0.0
+    """The model entry's item scores add this weight times log(1 + the item's events in the
+    `recent_days` before the cutoff): a product of experts of the model and what is popular now,
+    which a sequence model cannot see from one user's history. 0: the model alone. Choose it on an
+    earlier cutoff (benchmarks/time_split_prior.py), never on this window's targets."""
     user_id: str = "user_id"
     item_id: str = "item_id"
     timestamp: str = "ts"
     """Column names in the events file (a timestamp; without a zone it reads as UTC)."""
 
     def __post_init__(self) -> None:
-        require_valid([(key, "must be at least 1") for key in ("days", "recent_days") if getattr(self, key) < 1])
+        problems = [(key, "must be at least 1") for key in ("days", "recent_days") if getattr(self, key) < 1]
+        if not 0 <= self.recency_prior < math.inf:  # NaN fails both comparisons
+            problems.append(("recency_prior", "must be a finite number >= 0"))
+        require_valid(problems)
 
 
 class TaskSpecLike(Protocol):

@@ -5,6 +5,7 @@ path, and the MovieLens time-split recipes and task name one cutoff."""
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import math
 from collections import Counter
@@ -23,7 +24,7 @@ from lumos.data.contract import FeatureSpec
 from lumos.data.delta_snapshot import DataFile, DeltaSnapshot
 from lumos.data.recipe import IngestRecipe
 from lumos.data.sequences_version import SequencesVersion
-from lumos.eval.kinds.next_items import MICROS_PER_DAY, cutoff_micros, split_events
+from lumos.eval.kinds.next_items import MICROS_PER_DAY, cutoff_micros, recency_prior, split_events, top_items, window_events
 from lumos.eval.metrics import next_items_metrics
 from lumos.eval.score import score_baselines, score_model
 from lumos.eval.tasks import LoadedTask, TaskSpec, TimeWindow, load_tasks
@@ -173,6 +174,36 @@ def test_a_model_is_scored_on_the_active_users_through_the_same_path(workspace):
     assert set(scores.metrics) == set(task.spec.metric_names) == {"recall@3", "recall@10", "ndcg@3", "ndcg@10"}
     assert all(0 <= value <= 1 for value in scores.metrics.values())
     assert scores.rows == dict(score_baselines(task, data))["popularity"].rows
+
+
+def test_the_recency_prior_moves_the_model_towards_the_last_days_popularity(workspace):
+    """Weight 0 is the model alone; a weight that swamps the model ranks the recently rated items
+    first, as the 7-day baseline does, among those it counts; the model's own order comes back when
+    the counts tie."""
+    data, task, _ = workspace
+    torch.manual_seed(0)
+    config = ModelConfig(d_model=8, n_heads=2, encoder_layers=1, decoder_layers=1, d_ff=16, dropout=0.0, max_len=8,
+                         heads=("retrieval",))
+    model = LumosModel(config, data.spec).eval()
+    with_prior = lambda weight: LoadedTask(dataclasses.replace(  # noqa: E731
+        task.spec, window=dataclasses.replace(task.spec.window, recency_prior=weight)), task.path)
+    alone = score_model(model, task, data).metrics
+    assert score_model(model, with_prior(0.0), data).metrics == alone
+    assert score_model(model, with_prior(1e6), data).metrics != alone
+    events = window_events(task, data)
+    assert torch.equal(recency_prior(events, 2.0), 2.0 * torch.log1p(torch.from_numpy(events.recent).float()))
+    model_scores = torch.randn(3, len(events.recent), generator=torch.Generator().manual_seed(1))
+    lists = top_items(model_scores + recency_prior(events, 1e3), [np.empty(0)] * 3, 10)
+    for row, items in enumerate(lists):  # by recent count first, then by the model's score
+        keys = [(int(events.recent[item]), float(model_scores[row, item])) for item in items]
+        assert keys == sorted(keys, reverse=True)
+
+
+@pytest.mark.parametrize("weight", [-0.5, float("nan"), float("inf")])
+def test_a_recency_prior_must_be_finite_and_not_negative(weight):
+    window = {"events": "events.parquet", "cutoff": CUTOFF, "recency_prior": weight}
+    with pytest.raises(ConfigError, match="recency_prior"):
+        from_dict(TaskSpec, {"name": "t", "kind": "next_items", "primary_metric": "ndcg@10", "window": window})
 
 
 def test_rows_cut_at_another_date_are_refused(workspace, tmp_path):
