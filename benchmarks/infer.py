@@ -239,16 +239,19 @@ def incremental_nights(workspace, folder: Path, users: int, history_days: int, e
         "users": users, "history_days": history_days, "state_build_seconds": round(build_seconds, 2),
         "incremental": {"mode": incremental.mode, "seconds": round(incremental_seconds, 2),
                         "events_read": incremental.events_read, "users_updated": incremental.users_updated,
-                        "users_per_s": round(incremental.rows / incremental_seconds, 1)},
+                        "users_per_s": round(incremental.rows / incremental_seconds, 1),
+                        "state_write_seconds": round(incremental.state_write_seconds, 2)},
         "full": {"mode": full.mode, "seconds": round(full_seconds, 2), "events_read": full.events_read,
-                 "users_per_s": round(full.rows / full_seconds, 1)},
+                 "users_per_s": round(full.rows / full_seconds, 1),
+                 "state_write_seconds": round(full.state_write_seconds, 2)},
         "incremental_over_full": round(incremental_seconds / full_seconds, 3),
         "state_bytes": state.size_bytes,
     }
     print(f"{users:>9,} users, {history_days:>3} days: incremental {incremental_seconds:.1f} s "
           f"({incremental.events_read:,} events, {incremental.mode}), full {full_seconds:.1f} s "
           f"({full.events_read:,} events): ratio {result['incremental_over_full']:.2f}; "
-          f"state {state.size_bytes / 1e6:.1f} MB", flush=True)
+          f"state {state.size_bytes / 1e6:.1f} MB, written in {incremental.state_write_seconds:.1f} s "
+          f"(incremental) and {full.state_write_seconds:.1f} s (full)", flush=True)
     return result
 
 
@@ -339,8 +342,10 @@ def main() -> None:
                                    args.model_only_max_users, args.model_alone_threads)["torch"]["users_per_s"]
                 world["model_alone_users_per_s"] = alone
                 world["incremental_over_model_alone"] = round(world["incremental"]["users_per_s"] / alone, 3)
+                world["full_over_model_alone"] = round(world["full"]["users_per_s"] / alone, 3)
                 print(f"  model alone {alone:,.0f} users/s: the incremental night runs at "
-                      f"{world['incremental_over_model_alone']:.0%} of it", flush=True)
+                      f"{world['incremental_over_model_alone']:.0%} of it, the full night at "
+                      f"{world['full_over_model_alone']:.0%}", flush=True)
                 results.append(world)
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps({"benchmark": "infer-incremental", "machine": {"cpus": os.cpu_count()},
