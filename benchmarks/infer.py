@@ -232,7 +232,9 @@ def incremental_nights(workspace, folder: Path, users: int, history_days: int, e
     for path in sorted(new_day.glob("*.parquet")):
         path.rename(log / f"day-{path.name}")
     incremental_seconds, incremental = timed(night, False, output)
-    full_seconds, full = timed(night, True, output + "_full")
+    # Into the same predictions table, as the incremental night: a partition written into a table
+    # that exists costs Delta a few more jobs than a first write, the same for both modes.
+    full_seconds, full = timed(night, True, output)
     written = TableRef.parse(incremental.state)  # <the training data's dataset>.user_state@N
     state = open_snapshot(table_location(workspace, written), written.version)
     result = {
