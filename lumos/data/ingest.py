@@ -112,12 +112,15 @@ class RejectCounts:
 
 
 def read_checked_inputs(spark, workspace: Workspace, recipe: IngestRecipe, base_dir: Path,
-                        source_key: str = "source.path") -> CheckedInputs:
+                        source_key: str = "source.path", events_fingerprint: bool = True) -> CheckedInputs:
     """Read the recipe's events, users, calendar and items (relative paths against `base_dir`),
     check the events with `validation.check_events` and join the items' attributes to them: the
     one read → check chain ingest and infer share.
-    `source_key` names the events location in errors (source.path, or infer's --source)."""
-    raw, events_input = read_source(spark, workspace, recipe.source.path, recipe.source.format, base_dir, source_key)
+    `source_key` names the events location in errors (source.path, or infer's --source).
+    `events_fingerprint=False`: a local events file or folder's version is left for the caller
+    (`sources.read_source`'s `content_fingerprint`)."""
+    raw, events_input = read_source(spark, workspace, recipe.source.path, recipe.source.format, base_dir, source_key,
+                                    events_fingerprint)
     check_columns(raw, [c.source for c in event_columns(recipe)], "columns", recipe.source.path)
     users, users_input = read_users(spark, workspace, recipe, base_dir)
     calendar, calendar_input = read_calendar(spark, workspace, recipe, base_dir)

@@ -55,11 +55,14 @@ def last_tokens(events: DataFrame, recipe: IngestRecipe) -> DataFrame:
 
 
 def merged_last_tokens(earlier: DataFrame, later: DataFrame, recipe: IngestRecipe) -> DataFrame:
-    """(user_id, tokens) of every user of `later`: their tokens of `earlier` (the state) and of
-    `later` (`last_tokens` of newer events) in token order, the last `tokens_kept` of them."""
-    joined = later.alias("later").join(earlier.alias("earlier"), "user_id", "left")
+    """(user_id, tokens) of every user of `earlier` (the state) or `later` (`last_tokens` of newer
+    events): a user of `later` gets both their token lists in token order, the last `tokens_kept`
+    of them; any other user keeps their `earlier` row. One join: the state is shuffled once."""
+    joined = earlier.alias("earlier").join(later.alias("later"), "user_id", "full_outer")
     both = F.concat(F.coalesce(F.col("earlier.tokens"), F.array()), F.col("later.tokens"))
-    return joined.select("user_id", _last(F.sort_array(both), tokens_kept(recipe)).alias("tokens"))
+    merged = F.when(F.col("later.tokens").isNull(), F.col("earlier.tokens"))
+    merged = merged.otherwise(_last(F.sort_array(both), tokens_kept(recipe)))
+    return joined.select("user_id", merged.alias("tokens"))
 
 
 def token_fields(recipe: IngestRecipe) -> list[str]:

@@ -24,8 +24,11 @@ Validation turns it into the malformed_line rule, so a broken line is a reject, 
 SUFFIX_FORMATS = {".parquet": "parquet", ".csv": "csv", ".json": "json", ".jsonl": "json", ".ndjson": "json"}
 
 
-def read_source(spark, workspace: Workspace, location: str, fmt: str, base_dir: Path, key: str):
-    """Return (DataFrame, LineageInput) for a recipe location; `key` names the recipe field in errors."""
+def read_source(spark, workspace: Workspace, location: str, fmt: str, base_dir: Path, key: str,
+                content_fingerprint: bool = True):
+    """Return (DataFrame, LineageInput) for a recipe location; `key` names the recipe field in errors.
+    `content_fingerprint=False` leaves a local file or folder's version empty, for a caller that
+    fingerprints it file by file (`files_fingerprint`) instead of rereading every byte."""
     if TABLE_REF.match(location) and not (base_dir / location).exists():
         ref = resolve(spark, workspace, TableRef.parse(location))
         return read_table(spark, workspace, ref), LineageInput("delta", table_location(workspace, ref), ref.version)
@@ -44,7 +47,8 @@ def read_source(spark, workspace: Workspace, location: str, fmt: str, base_dir: 
         version = DeltaTable.forPath(spark, str(path)).history(1).collect()[0]["version"]
         frame = spark.read.format("delta").option("versionAsOf", version).load(str(path))
         return frame, LineageInput("delta", str(path), version)
-    return _read_files(spark, str(path), fmt), LineageInput("files", str(path), fingerprint(path))
+    version = fingerprint(path) if content_fingerprint else ""
+    return _read_files(spark, str(path), fmt), LineageInput("files", str(path), version)
 
 
 def _read_files(spark, location: str | list[str], fmt: str):
@@ -187,10 +191,30 @@ def fingerprint(path: Path) -> str:
             if any(part.startswith((".", "_")) for part in relative.parts):
                 continue  # Spark's _SUCCESS markers and .crc files are not data
             digest.update(str(relative).encode() + b"\0")
-        with file.open("rb") as handle:
-            for block in iter(lambda: handle.read(1 << 20), b""):
-                digest.update(block)
+        _hash_bytes(file, digest)
     return "sha256:" + digest.hexdigest()
+
+
+def file_sha256(path: Path) -> str:
+    """sha256 of one file's bytes."""
+    return _hash_bytes(path, hashlib.sha256()).hexdigest()
+
+
+def files_fingerprint(hashes: dict[str, str]) -> str:
+    """sha256 over each file's relative path and content hash (`file_sha256`): a folder's version
+    that, unlike `fingerprint`'s one stream of every byte, a reader can compute by hashing only the
+    files it has not hashed before (nightly inference's events source: `lumos.data.event_files`)."""
+    digest = hashlib.sha256()
+    for relative in sorted(hashes):
+        digest.update(f"{relative}\0{hashes[relative]}\n".encode())
+    return "files:sha256:" + digest.hexdigest()
+
+
+def _hash_bytes(path: Path, digest):
+    with path.open("rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest
 
 
 # ---------------------------------------------------------------------------------------------

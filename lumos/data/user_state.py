@@ -9,11 +9,13 @@ the predictions commit.
 **Modes.** A night is *incremental* when the newest state version can be carried forward: it was
 built for the model's recipe and vocabulary and the same events source, its date is on or before
 the as-of date, the source only grew by new files since (a folder's files, or a local Delta
-table's, compared with the listing the state recorded), and the predictions commit of its run
-names it (see Kills). It then reads the events with timestamps in [state date, as-of date), plus
-the new files' events from before the state date (*late* events), checked by the recipe's rules.
-Users with late events are recomputed from the whole log; every other user with new events gets
-their state tokens and new tokens merged. Anything else is a *full* rebuild from the whole log,
+table's, compared with the listing the state recorded: `event_files`), and the predictions commit
+of its run names it (see Kills). It then reads the new files, and the recorded files holding
+events on or after the state's date (the listing records each file's latest event), keeping the
+events with timestamps in [state date, as-of date), plus the new files' events from before the
+state date (*late* events), checked by the recipe's rules. Users with late events are recomputed
+from the whole log; every other user with new events gets their state tokens and new tokens
+merged. Anything else is a *full* rebuild from the whole log,
 and the night says why (first run, --full, changed recipe or vocab, an earlier date, a rewritten
 source, an interrupted run).
 
@@ -35,6 +37,7 @@ an earlier date, late events) and compares each night's predictions with a full 
 from __future__ import annotations
 
 import datetime
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -45,6 +48,7 @@ from lumos.core.lineage import LineageInput, LineageRecord
 from lumos.core.tables import TableRef, read_table, table_exists, table_history, table_location, write_table
 from lumos.core.workspace import Workspace
 from lumos.data.contract import FeatureSpec
+from lumos.data.event_files import EventFile, event_times, fingerprinted, with_event_times
 from lumos.data.ingest import RejectCounts, count_rejects, enforce_reject_budget, read_checked_inputs
 from lumos.data.items import with_item_attributes
 from lumos.data.predictions import write_partition
@@ -80,8 +84,8 @@ class StateVersion:
     as_of: datetime.date
     key: StateKey
     events: LineageInput
-    files: dict[str, str] | None
-    """The events source's files as read (`sources.source_files`); None when it is not a folder or table of files."""
+    files: dict[str, EventFile] | None
+    """The events source's files as consumed (`event_files`); None when it is not a folder or table of files."""
 
 
 @dataclass
@@ -113,8 +117,11 @@ class Night:
     """The recipe's items table (None without [items]): its attributes join every checked event."""
     inputs: list[LineageInput]
     """Events, users and calendar as read, and the pinned vocab version."""
-    files: dict[str, str] | None
+    files: dict[str, EventFile] | None
+    """The events source's files, hashed and with their latest events (`event_files`)."""
     key: StateKey
+    late_files: list[str] = field(default_factory=list)
+    """New files with events before the state's date (incremental): the only ones read for them."""
     late_users: int = 0
     """Users with late events (timestamps before the state's date, in new files): recomputed from the log."""
     cached: list = field(default_factory=list)
@@ -145,6 +152,8 @@ class NightWritten:
     """Calendar flag → its value on each decoder slot from the date."""
     item_tokens: tuple[str, ...]
     """Vocabulary id → item token, to name the recommendations (`training_data.item_tokens`)."""
+    state_write_seconds: float
+    """The state's Delta write (the updated users already computed and cached)."""
 
 
 def read_night(spark, workspace: Workspace, data: TrainingData, as_of: datetime.date, events_source: str | None,
@@ -157,25 +166,33 @@ def read_night(spark, workspace: Workspace, data: TrainingData, as_of: datetime.
     require_exists(recipe.source.path, "--source" if events_source else "the events source")
     for role, section in recipe.source_sections()[1:]:
         require_exists(getattr(recipe, section).path, f"the {role} source")
-    sources = read_checked_inputs(spark, workspace, recipe, Path.cwd(), "--source")
-    inputs = [*sources.inputs, LineageInput("delta", table_location(workspace, data.vocab), data.vocab.version)]
-    events_input = sources.inputs[0]
-    files = source_files(spark, events_input)
-    key = StateKey(config_hash(to_plain(data.recipe)), str(data.vocab), events_input.uri, _tokens_kept(recipe))
+    # The events' version waits for the mode: an incremental night hashes only the new files.
+    sources = read_checked_inputs(spark, workspace, recipe, Path.cwd(), "--source", events_fingerprint=False)
+    listed = source_files(spark, sources.inputs[0])
+    key = StateKey(config_hash(to_plain(data.recipe)), str(data.vocab), sources.inputs[0].uri, _tokens_kept(recipe))
     state = TableRef(recipe.dataset, STATE_TABLE)
     previous = last_state(spark, workspace, state, predictions)
-    reason = "--full" if full else _rebuild_reason(previous, key, as_of, events_input, files)
+    reason = "--full" if full else _rebuild_reason(previous, key, as_of, sources.inputs[0], listed)
     if reason is None:
-        raw = _new_rows(spark, sources.raw, previous, events_input, files, recipe, as_of)
         mode, reason = INCREMENTAL, f"state of {previous.as_of} ({previous.ref}) carried forward"
     else:
-        raw, mode, previous = sources.raw, FULL, None
-    checked = _checked(raw, recipe, sources.items) if mode == INCREMENTAL else sources.checked
+        mode, previous = FULL, None
+    events_input, files = fingerprinted(sources.inputs[0], listed, previous.files if previous and previous.files else {})
+    inputs = [events_input, *sources.inputs[1:],
+              LineageInput("delta", table_location(workspace, data.vocab), data.vocab.version)]
+    if mode == INCREMENTAL:
+        raw, files = _new_rows(spark, sources.raw, previous, events_input, files, recipe, as_of)
+        checked = _checked(raw, recipe, sources.items)
+    else:
+        raw, checked = sources.raw, sources.checked
+        if files is not None:  # every file's event times, for the nights that carry this state forward
+            files = with_event_times(files, list(files), event_times(raw, _raw_timestamp(recipe)))
     checked = checked.persist()
     night = Night(mode=mode, reason=reason, as_of=as_of, recipe=recipe, vocab=data.vocab, output=predictions,
                   state=state, previous=previous,
                   log=sources.raw, checked=checked, counts=RejectCounts(0, {}), rejects=None, users=sources.users,
-                  calendar=sources.calendar, items=sources.items, inputs=inputs, files=files, key=key, cached=[checked])
+                  calendar=sources.calendar, items=sources.items, inputs=inputs, files=files, key=key,
+                  late_files=_late_files(files, previous), cached=[checked])
     try:
         night.counts = count_rejects(checked)
         if mode == FULL or night.counts.rows_read:  # a night with no new events has nothing to budget
@@ -196,12 +213,12 @@ def write_night(spark, workspace: Workspace, night: Night, model: str, features:
     from lumos.data.last_tokens import time_rows_input_from_last_tokens
 
     rejects = _write_rejects(spark, workspace, night, model)
-    state, users_updated = _write_state(spark, workspace, night)
+    state, users_updated, write_seconds = _write_state(spark, workspace, night)
     vocab = read_table(spark, workspace, night.vocab)
     tokens, plan = time_rows_input_from_last_tokens(read_table(spark, workspace, state), vocab, night.users, night.recipe)
     future = future_context(night.calendar, night.recipe, [night.as_of]).get(night.as_of, {})
     return NightWritten(rejects, state, users_updated, tokens, plan, future,
-                        item_tokens(spark, workspace, night.vocab, features))
+                        item_tokens(spark, workspace, night.vocab, features), write_seconds)
 
 
 def _write_rejects(spark, workspace: Workspace, night: Night, model: str) -> TableRef:
@@ -215,32 +232,46 @@ def _write_rejects(spark, workspace: Workspace, night: Night, model: str) -> Tab
     return write_partition(spark, workspace, rejects, night.rejects, night.as_of, lineage)
 
 
-def _write_state(spark, workspace: Workspace, night: Night) -> tuple[TableRef, int]:
-    """Move the state to the night's date in one commit (an overwrite, see the module docstring)."""
-    from lumos.data.last_tokens import last_tokens, merged_last_tokens
+def _write_state(spark, workspace: Workspace, night: Night) -> tuple[TableRef, int, float]:
+    """Move the state to the night's date in one commit (an overwrite, see the module docstring):
+    (the version written, users updated, the write's seconds)."""
+    from lumos.data.last_tokens import last_tokens
 
     events = valid_events(night.checked)
     if night.mode == FULL:
         updated = last_tokens(_before(events, night.as_of), night.recipe)
-        state = None
+        updated = updated.persist()
+        night.cached.append(updated)
+        users_updated = updated.count()
     else:
-        start = night.previous.as_of
+        updated, users_updated = _carried_forward(spark, workspace, night, events)
+    started = time.perf_counter()
+    written = write_table(spark, workspace, night.state, updated, _lineage(workspace, night, users_updated))
+    return written, users_updated, time.perf_counter() - started
+
+
+def _carried_forward(spark, workspace: Workspace, night: Night, events):
+    """(the state carried to the night's date, users updated): the state's users joined once with
+    the users of tonight's newer events (their tokens merged), and users with late events
+    recomputed from the log in place of their state rows."""
+    from lumos.data.last_tokens import last_tokens, merged_last_tokens
+
+    start = night.previous.as_of
+    state = read_table(spark, workspace, night.previous.ref)
+    newer = events.where(~_before_column(start))
+    relearned = None
+    if night.late_files:  # else no event read tonight is before the state's date
         late = _before(events, start).select("user_id").distinct().persist()
         night.cached.append(late)
         night.late_users = late.count()
-        state = read_table(spark, workspace, night.previous.ref)
-        tonight = last_tokens(events.where(~_before_column(start)).join(late, "user_id", "left_anti"), night.recipe)
-        updated = merged_last_tokens(state, tonight, night.recipe)
         if night.late_users:
-            updated = updated.unionByName(last_tokens(_before(_log_of(night, late), night.as_of), night.recipe))
-    updated = updated.persist()
-    night.cached.append(updated)
-    users_updated = updated.count()
-    if state is not None:
-        updated = state.join(updated.select("user_id"), "user_id", "left_anti").unionByName(updated)
-    lineage = _lineage(workspace, night, users_updated)
-    written = write_table(spark, workspace, night.state, updated, lineage)
-    return written, users_updated
+            state, newer = state.join(late, "user_id", "left_anti"), newer.join(late, "user_id", "left_anti")
+            relearned = last_tokens(_before(_log_of(night, late), night.as_of), night.recipe)
+    tonight = last_tokens(newer, night.recipe).persist()  # counted, then merged
+    night.cached.append(tonight)
+    users_updated = tonight.count() + night.late_users
+    updated = merged_last_tokens(state, tonight, night.recipe)
+    return (updated if relearned is None else updated.unionByName(relearned)), users_updated
 
 
 def last_state(spark, workspace: Workspace, state: TableRef, predictions: TableRef) -> StateVersion | None:
@@ -260,7 +291,15 @@ def last_state(spark, workspace: Workspace, state: TableRef, predictions: TableR
         return _unconfirmed(state.at(newest.version))
     stats = newest.lineage.stats
     return StateVersion(state.at(newest.version), datetime.date.fromisoformat(stats["as_of"]), StateKey(**stats["key"]),
-                        LineageInput(**stats["events"]), stats.get("source_files"))
+                        LineageInput(**stats["events"]), _recorded_files(stats.get("source_files")))
+
+
+def _recorded_files(recorded: dict | None) -> dict[str, EventFile] | None:
+    """The files a state's lineage records; None also for a listing without per-file records (an
+    older lumos recorded only identities), which `_rebuild_reason` rebuilds."""
+    if not recorded or not all(isinstance(item, dict) for item in recorded.values()):
+        return None
+    return {uri: EventFile(**item) for uri, item in recorded.items()}
 
 
 def _unconfirmed(ref: TableRef) -> StateVersion:
@@ -270,7 +309,9 @@ def _unconfirmed(ref: TableRef) -> StateVersion:
 
 def _rebuild_reason(previous: StateVersion | None, key: StateKey, as_of: datetime.date, events: LineageInput,
                     files: dict[str, str] | None) -> str | None:
-    """Why the night must rebuild the state from the whole log; None when it can carry it forward."""
+    """Why the night must rebuild the state from the whole log; None when it can carry it forward.
+    `files`: the events source's listing tonight (`sources.source_files`), compared with the
+    state's; a source without one is compared by version."""
     if previous is None:
         return "no state yet (first run)"
     if previous.as_of == datetime.date.min:
@@ -284,30 +325,58 @@ def _rebuild_reason(previous: StateVersion | None, key: StateKey, as_of: datetim
         return f"the events source {key.events} differs from the state's {previous.key.events}"
     if as_of < previous.as_of:
         return f"{as_of} is before the state's date {previous.as_of}"
-    if previous.events.version == events.version:
-        return None
-    if files is None or previous.files is None:
+    if files is not None and previous.files is None:
+        return "the state records no per-file listing of the events source (an older lumos wrote it)"
+    if files is None:
+        if previous.events.version == events.version:
+            return None
         return f"the events source changed and is not a folder of files or a local Delta table ({events.kind})"
-    rewritten = [name for name, identity in previous.files.items() if files.get(name) != identity]
+    rewritten = [name for name, item in previous.files.items() if files.get(name) != item.identity]
     if rewritten:
         return f"the events source was rewritten, not appended ({len(rewritten)} files changed or gone, e.g. {rewritten[0]})"
     return None
 
 
-def _new_rows(spark, raw, previous: StateVersion, events: LineageInput, files: dict[str, str] | None,
+def _new_rows(spark, raw, previous: StateVersion, events: LineageInput, files: dict[str, EventFile] | None,
               recipe: IngestRecipe, as_of: datetime.date):
-    """The raw rows tonight reads: timestamps in [state date, as_of) from the whole source (file
-    and row-group statistics skip the older files), and the new files' rows before the state date
-    or with no readable time (late events and rejects)."""
+    """(the raw rows tonight reads, the files with the new ones' latest events). Rows with
+    timestamps in [state date, as_of) from the recorded files whose latest event is on or after
+    the state date, and every new file's rows before as_of or with no readable time (late events
+    and rejects among them). A source without a listing (read by version, unchanged) is filtered
+    whole."""
+    from pyspark.sql import functions as F
+
     ts = _raw_timestamp(recipe)
     start, end = _utc_midnight(previous.as_of), _utc_midnight(as_of)
-    window = raw.where((ts >= start) & (ts < end))
-    new = sorted(set(files or {}) - set(previous.files or {}))
-    if not new:
-        return window
-    late = read_source_files(spark, events, recipe.source.format, new)
-    late = late.where(_raw_timestamp(recipe).isNull() | (_raw_timestamp(recipe) < start))
-    return window.unionByName(late, allowMissingColumns=True)
+    if files is None:
+        return raw.where((ts >= start) & (ts < end)), None
+    start_micros = (previous.as_of - EPOCH).days * MICROS_PER_DAY
+    reopened = sorted(uri for uri, item in previous.files.items()
+                      if item.last_event is not None and item.last_event >= start_micros)
+    new = sorted(set(files) - set(previous.files))
+    parts = []
+    if reopened:
+        parts.append(read_source_files(spark, events, recipe.source.format, reopened).where((ts >= start) & (ts < end)))
+    if new:
+        arrived = read_source_files(spark, events, recipe.source.format, new)
+        files = with_event_times(files, new, event_times(arrived, ts))
+        parts.append(arrived.where(ts.isNull() | (ts < end)))
+    if not parts:
+        return raw.where(F.lit(False)), files  # nothing to read: Spark scans no file for it
+    rows = parts[0]
+    for part in parts[1:]:
+        rows = rows.unionByName(part, allowMissingColumns=True)
+    return rows, files
+
+
+def _late_files(files: dict[str, EventFile] | None, previous: StateVersion | None) -> list[str]:
+    """The new files whose first event is before the state's date: tonight reads the recorded
+    files from that date on, so only these can hold late events. none on a full night."""
+    if previous is None or files is None:
+        return []
+    start = (previous.as_of - EPOCH).days * MICROS_PER_DAY
+    return sorted(uri for uri, item in files.items()
+                  if uri not in (previous.files or {}) and item.first_event is not None and item.first_event < start)
 
 
 def _log_of(night: Night, users):
@@ -336,7 +405,7 @@ def _lineage(workspace: Workspace, night: Night, users_updated: int) -> LineageR
         inputs=night.inputs if night.previous is None else [*night.inputs, LineageInput(
             "delta", table_location(workspace, night.previous.ref), night.previous.ref.version)],
         stats={"as_of": night.as_of.isoformat(), "key": to_plain(night.key), "events": to_plain(events),
-               "source_files": night.files, "mode": night.mode, "reason": night.reason,
+               "source_files": to_plain(night.files), "mode": night.mode, "reason": night.reason,
                "events_read": night.events_read, "users_updated": users_updated, "late_users": night.late_users,
                **night.counts.lineage_stats()},
     )

@@ -89,6 +89,7 @@ class InferSummary:
     """Users with late events (before the state's date, in new files), recomputed from the log."""
     state: str = ""
     """The user state version written, e.g. quickstart.user_state@4."""
+    state_write_seconds: float = 0.0
 
 
 def infer(workspace: Workspace, model_ref: str, options: InferOptions, report: Report = lambda _: None) -> InferSummary:
@@ -123,7 +124,8 @@ def infer(workspace: Workspace, model_ref: str, options: InferOptions, report: R
                         seconds=time.perf_counter() - started, warnings=warnings, rejects=str(written.rejects),
                         rows_rejected=night.counts.rejected, mode=night.mode, mode_reason=night.reason,
                         events_read=night.events_read, users_updated=written.users_updated,
-                        late_users=night.late_users, state=str(written.state))
+                        late_users=night.late_users, state=str(written.state),
+                        state_write_seconds=written.state_write_seconds)
 
 
 def _scoring_job(spark, workspace: Workspace, trained: TrainedModel, written: NightWritten, engine: str,

@@ -133,3 +133,12 @@ def test_every_night_equals_a_full_rebuild(spark, promoted):
     lineage = history[0].lineage
     assert lineage.stats["as_of"] == "2026-09-15" and lineage.stats["key"]["vocab"] == "quickstart.vocab@0"
     assert any(item.version == lineage.stats["events"]["version"] for item in lineage.inputs)
+    # The incremental night hashed only the files it had not recorded, the full one every file:
+    # the same files give the same version.
+    assert history[1].lineage.stats["mode"] == "incremental"
+    assert history[1].lineage.stats["events"]["version"] == lineage.stats["events"]["version"]
+    assert lineage.stats["events"]["version"].startswith("files:sha256:")
+    recorded = lineage.stats["source_files"]
+    assert recorded and all(item["sha256"] and item["identity"] for item in recorded.values())
+    (late_file,) = [item for uri, item in recorded.items() if uri.endswith("part-late-00000.parquet")]
+    assert late_file["first_event"] == late_file["last_event"] - 120_000_000  # 12:00 to 12:02 on the 5th

@@ -24,7 +24,14 @@ from lumos.data.contract import FeatureSpec
 from lumos.data.delta_snapshot import DataFile, DeltaSnapshot
 from lumos.data.recipe import IngestRecipe
 from lumos.data.sequences_version import SequencesVersion
-from lumos.eval.kinds.next_items import MICROS_PER_DAY, cutoff_micros, recency_prior, split_events, top_items, window_events
+from lumos.eval.kinds.next_items import (
+    MICROS_PER_DAY,
+    cutoff_micros,
+    recency_prior,
+    split_events,
+    top_items,
+    window_events,
+)
 from lumos.eval.metrics import next_items_metrics
 from lumos.eval.score import score_baselines, score_model
 from lumos.eval.tasks import LoadedTask, TaskSpec, TimeWindow, load_tasks

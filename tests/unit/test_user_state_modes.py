@@ -6,6 +6,7 @@ import datetime
 
 from lumos.core.lineage import LineageInput
 from lumos.core.tables import TableRef
+from lumos.data.event_files import EventFile
 from lumos.data.user_state import StateKey, StateVersion, _rebuild_reason, _unconfirmed
 
 KEY = StateKey("sha256:recipe", "quickstart.vocab@0", "/data/events", 21)
@@ -15,8 +16,9 @@ EVENTS = LineageInput("files", "/data/events", "sha256:before")
 
 
 def state(**changes) -> StateVersion:
+    recorded = {uri: EventFile(identity, "sha256:x", first_event=0, last_event=0) for uri, identity in FILES.items()}
     fields = {"ref": TableRef("quickstart", "user_state", 3), "as_of": DAY, "key": KEY, "events": EVENTS,
-              "files": FILES} | changes
+              "files": recorded} | changes
     return StateVersion(**fields)
 
 
@@ -43,3 +45,4 @@ def test_what_rebuilds_says_why():
     assert "rewritten, not appended (1 files" in reason(state(), events=changed, files=rewritten)
     assert "rewritten" in reason(state(), events=changed, files={"/data/events/part-1.parquet": "90:2"})
     assert "not a folder of files" in reason(state(files=None), events=LineageInput("delta", "x", 4), files=None)
+    assert "older lumos" in reason(state(files=None))  # a listing recorded without per-file records
