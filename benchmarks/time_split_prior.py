@@ -11,6 +11,7 @@ neither the test window nor the month before it as targets.
 
     examples/movielens/run.sh                  # fetch.py's data/events.parquet
     python benchmarks/time_split_prior.py --seeds 0 1
+    python benchmarks/time_split_prior.py --skip-ingest --seeds 0 --runs RUN_ID   # score a trained one again
 
 Writes benchmarks/results/time_split_prior.json and prints NDCG@10 per weight and seed, the
 7-day popularity baseline's on the same window, and the weight with the best mean.
@@ -43,7 +44,8 @@ ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "movielens"
 RESULTS = ROOT / "benchmarks" / "results"
 TEST_CUTOFF = "1998-03-08"
-GRID = (0.0, 0.25, 0.5, 1.0, 2.0, 4.0)
+GRID = (0.0, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0)
+"""From the model alone to the recent counts deciding, with the model only breaking their ties."""
 TIME_STEPS = 600
 """run.sh's TIME_STEPS: the validation model trains as the time-split model does."""
 
@@ -80,6 +82,7 @@ def main() -> None:
     parser.add_argument("--days-before", type=int, default=30, help="the validation cutoff: this many days before the test cutoff")
     parser.add_argument("--steps", type=int, default=TIME_STEPS)
     parser.add_argument("--skip-ingest", action="store_true", help="the validation tables are already ingested")
+    parser.add_argument("--runs", nargs="+", default=[], help="validation models already trained here (one per seed): score them again")
     parser.add_argument("--out", type=Path, default=RESULTS / "time_split_prior.json")
     args = parser.parse_args()
 
@@ -97,11 +100,14 @@ def main() -> None:
     print(f"validation cutoff {cutoff}: baselines {baselines}", flush=True)
 
     scores: dict[float, list[float]] = {weight: [] for weight in GRID}
-    for seed in args.seeds:
+    runs = list(args.runs)
+    for seed in args.seeds[len(runs):]:
         config = load_config(TrainConfig, EXAMPLE / "train.toml", [
             "data.table=movielens_before_valid.sequences", f"run.max_steps={args.steps}", f"run.seed={seed}",
             "run.experiment=movielens-time-split-prior"])
-        model = load_training_run(workspace, train(config, workspace).run_id).model
+        runs.append(train(config, workspace).run_id)
+    for seed, run_id in zip(args.seeds, runs, strict=True):
+        model = load_training_run(workspace, run_id).model
         for weight in GRID:
             task = LoadedTask(dataclasses.replace(spec, window=dataclasses.replace(spec.window, recency_prior=weight)),
                               test_task.path)
@@ -113,6 +119,7 @@ def main() -> None:
           f"7-day popularity {baselines.get('popularity_last_7d', float('nan')):.4f})")
     RESULTS.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"validation_cutoff": cutoff.isoformat(), "steps": args.steps, "seeds": args.seeds,
+                                    "runs": runs,
                                     "baselines": baselines, "ndcg_at_10": {str(w): s for w, s in scores.items()},
                                     "chosen": best}, indent=2))
     print(f"wrote {args.out}")
