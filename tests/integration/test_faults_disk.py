@@ -70,6 +70,22 @@ def test_a_torch_save_on_a_full_disk_is_named_a_full_disk(tmp_path):
             torch.save({"weights": torch.zeros(1000)}, full / "state.pt")
 
 
+def test_a_kernel_build_on_a_full_disk_leaves_no_cache_entry_and_builds_once_space_is_freed(tmp_path):
+    from lumos.compile.compilation import Options
+    from lumos.compile.runtime.kernel_cache import KernelCache
+    from lumos.compile.target import CPU
+
+    source = "float twice(float x) { return 2 * x; }\n"
+    cache = KernelCache(tmp_path / "kernels", "cpu")
+    with full_disk(tmp_path / "kernels", size="1m") as free:
+        with pytest.raises(DiskFull, match=f"no space left on device writing {cache.root}"):
+            cache.build(source, CPU.toolchain(Options()))
+        assert cache.entries() == [] and not list(cache.root.glob(".build-*"))  # nothing half-built left
+        free()
+        built = cache.build(source, CPU.toolchain(Options()))
+        assert not built.hit and cache.lookup(built.key) == built.library
+
+
 @pytest.mark.slow  # two ingests: ~80 s
 def test_an_ingest_on_a_full_disk_commits_nothing_and_reruns_once_space_is_freed(spark, tmp_path):
     project = ingest_project(tmp_path)
