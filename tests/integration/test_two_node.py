@@ -60,27 +60,6 @@ def node(project: Path, config_file: Path, rank: int, port: int) -> subprocess.P
     )
 
 
-def train_two_nodes(project: Path, config_file: Path, attempts: int = 3) -> tuple[list[tuple[int, str, str]], int]:
-    """Both nodes' (exit code, stdout, stderr), and how many pairs were started again.
-
-    Node 0's store listens on --master-port, which both nodes are given before either starts, as
-    on real machines (each node is launched on its own, like torchrun's --master-port): a port
-    bound to 0 by node 0 could only reach node 1 through another channel both share. So the port
-    is probed free here; should another process take it before node 0 binds it, node 0 exits
-    naming EADDRINUSE, and the pair starts again on another port."""
-    for retries in range(attempts):
-        port = free_port()
-        nodes = [node(project, config_file, rank, port) for rank in (0, 1)]
-        first = nodes[0].communicate(timeout=900)
-        if nodes[0].returncode != 0 and "EADDRINUSE" in first[1]:
-            nodes[1].kill()  # it may be waiting on whoever holds the port
-            nodes[1].communicate()
-            continue
-        second = nodes[1].communicate(timeout=900)
-        return [(nodes[0].returncode, *first), (nodes[1].returncode, *second)], retries
-    raise AssertionError(f"node 0 found its port taken {attempts} times")
-
-
 def train_metrics(client, run_id: str) -> dict[str, list[float]]:
     keys = [key for key in client.get_run(run_id).data.metrics if key.startswith("train/")]
     return {key: [m.value for m in sorted(client.get_metric_history(run_id, key), key=lambda m: m.step)] for key in keys}
@@ -94,18 +73,18 @@ def test_two_nodes_train_as_one_node_with_two_ranks(project, tmp_path):
 
     config_file = tmp_path / "train.toml"
     config_file.write_text(to_toml(config))
-    outputs, retries = train_two_nodes(project, config_file)
-    for code, _, stderr in outputs:
-        assert code == 0, stderr[-3000:]
-    first, second = (json.loads(stdout) for _, stdout, _ in outputs)
+    port = free_port()
+    nodes = [node(project, config_file, rank, port) for rank in (0, 1)]
+    outputs = [process.communicate(timeout=900) for process in nodes]
+    for process, (_, stderr) in zip(nodes, outputs, strict=True):
+        assert process.returncode == 0, stderr[-3000:]
+    first, second = (json.loads(stdout) for stdout, _ in outputs)
     assert first["world_size"] == second["world_size"] == 2 and first["step"] == second["step"] == 6
     assert first["run_id"] is not None and second["run_id"] is None
 
     client = tracking_client(workspace)
     experiment = client.get_experiment_by_name(EXPERIMENT).experiment_id
-    runs = client.search_runs([experiment])  # an attempt whose port was taken left a FAILED run
-    assert {run.info.run_id for run in runs if run.info.status == "FINISHED"} == {one_node.run_id, first["run_id"]}
-    assert len(runs) == 2 + retries
+    assert {run.info.run_id for run in client.search_runs([experiment])} == {one_node.run_id, first["run_id"]}
     assert client.get_run(first["run_id"]).data.params["world_size"] == "2"
     expected = train_metrics(client, one_node.run_id)
     measured = train_metrics(client, first["run_id"])
