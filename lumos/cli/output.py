@@ -21,6 +21,7 @@ from rich.console import Console
 from rich.table import Table
 
 from lumos.core.config import InvalidFields
+from lumos.core.disk import full_disk_message
 from lumos.core.errors import EXIT_RUNTIME, EXIT_USAGE, LumosError
 from lumos.core.tracking import locked_store_message
 
@@ -136,9 +137,9 @@ def handles_errors(command: Callable) -> Callable:
         except Exception as error:
             if debug:
                 traceback.print_exc()
-            locked = locked_store_message(error)
-            if locked:
-                stderr_console().print(f"[bold red]error:[/bold red] {escape(locked)}")
+            known = locked_store_message(error) or full_disk_message(error)
+            if known:
+                stderr_console().print(f"[bold red]error:[/bold red] {escape(known)}")
                 raise typer.Exit(EXIT_RUNTIME) from None
             message = str(error).strip().splitlines()[0] if str(error).strip() else ""
             stderr_console().print(

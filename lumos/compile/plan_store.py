@@ -34,6 +34,7 @@ from lumos.compile.runtime.native import NativeProgram
 from lumos.compile.schedule.horizontal import weight_value
 from lumos.compile.target import CPU, TARGETS, target_named
 from lumos.core.errors import LumosError
+from lumos.core.faults import fault_point
 from lumos.core.settings import CompileSettings
 from lumos.core.workspace import Workspace
 from lumos.train.model import LumosModel
@@ -42,6 +43,7 @@ PLAN_FILE = "plan.json"
 PLAN_FORMAT = 1  # bump when the plan fields or the driver signature (runtime.py) change
 
 SEQ_FOLDER = "seq-"
+TAG_LENGTHS = "seq="
 
 
 def artifact_dir(target: str, seq_len: int | None = None) -> str:
@@ -137,13 +139,25 @@ def store_plan(workspace: Workspace, run_id: str, result: CompileResult) -> str:
 
     target, seq_len = result.plan["target"], result.plan["seq_len"]
     client = tracking_client(workspace)
+    destination = artifact_dir(target, seq_len)
     with tempfile.TemporaryDirectory(prefix="lumos-plan-") as scratch:
         folder = write_plan(Path(scratch) / "plan", result)
-        client.log_artifacts(run_id, str(folder), artifact_dir(target, seq_len))
-    folders = [item.path.rsplit("/", 1)[1] for item in client.list_artifacts(run_id, artifact_dir(target)) if item.is_dir]
-    stored = sorted(int(name.removeprefix(SEQ_FOLDER)) for name in folders if name.startswith(SEQ_FOLDER))
-    client.set_tag(run_id, f"{COMPILE_TAG_PREFIX}{target}", f"seq={','.join(map(str, stored))}")
-    return artifact_dir(target, seq_len)
+        # One file at a time, the plan last, then the tag: an upload killed anywhere leaves a
+        # folder the tag does not name, and load_compiled reads only the folders it names.
+        client.log_artifact(run_id, str(folder / result.target.source_file), destination)
+        fault_point("compile.upload")  # test hook: lumos.core.faults
+        client.log_artifact(run_id, str(folder / PLAN_FILE), destination)
+    tag = f"{COMPILE_TAG_PREFIX}{target}"
+    stored = sorted({*tagged_lengths(client.get_run(run_id).data.tags.get(tag)), seq_len})
+    client.set_tag(run_id, tag, f"{TAG_LENGTHS}{','.join(map(str, stored))}")
+    return destination
+
+
+def tagged_lengths(tag: str | None) -> list[int]:
+    """The history lengths whose plans a run's compile tag names (`seq=6,12`): uploaded whole."""
+    if not tag or not tag.startswith(TAG_LENGTHS):
+        return []
+    return [int(length) for length in tag.removeprefix(TAG_LENGTHS).split(",") if length]
 
 
 def load_compiled(workspace: Workspace, run_id: str, model: LumosModel, target: str = "cpu") -> PlansByLength | None:
@@ -161,7 +175,8 @@ def load_compiled(workspace: Workspace, run_id: str, model: LumosModel, target: 
         run = tracking_client(workspace).get_run(run_id)
     except mlflow.exceptions.MlflowException:
         return None
-    if f"{COMPILE_TAG_PREFIX}{target}" not in run.data.tags:
+    lengths = tagged_lengths(run.data.tags.get(f"{COMPILE_TAG_PREFIX}{target}"))
+    if not lengths:
         return None
     with tempfile.TemporaryDirectory(prefix="lumos-plan-") as scratch:
         try:
@@ -172,6 +187,6 @@ def load_compiled(workspace: Workspace, run_id: str, model: LumosModel, target: 
         # The libraries come from the kernel cache, so the downloaded files are not needed afterwards.
         cache = KernelCache.for_workspace(workspace, target)
         plans = [program_from_plan(plan.parent, model, cache, workspace.settings.compile)
-                 for plan in sorted(folder.glob(f"{SEQ_FOLDER}*/{PLAN_FILE}"))]
+                 for plan in (folder / f"{SEQ_FOLDER}{length}" / PLAN_FILE for length in lengths)]
         plans = [plan for plan in plans if plan is not None]
         return PlansByLength(plans) if plans else None

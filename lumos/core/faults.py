@@ -10,8 +10,10 @@ exception handlers, no cleanup, no `finally`. Points:
 - train: `train.step.<N>` (after optimizer step N, on every rank), `train.step.<N>.rank<R>` (there, on
   rank R only), `checkpoint.replace` (a new checkpoint written,
   the old one still in place under its name);
-- infer: `infer.write` (the partition scored, nothing committed);
-- promote: `promote.alias` (a new version registered, the alias not yet moved).
+- infer: `infer.write` (the partition scored, nothing committed), `infer.mid_write` (the
+  predictions' write has put down data files, before its commit);
+- promote: `promote.alias` (a new version registered, the alias not yet moved);
+- compile: `compile.upload` (the plan's source uploaded to the run, its plan.json not yet).
 """
 
 from __future__ import annotations

@@ -14,6 +14,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from lumos.core.disk import writing_to
 from lumos.core.errors import LumosError, UsageError
 from lumos.core.lineage import LineageRecord
 from lumos.core.workspace import Workspace
@@ -88,15 +89,16 @@ def write_table(spark, workspace: Workspace, ref: TableRef, frame, lineage: Line
     with Delta's ConcurrentModification error rather than interleaving rows.
     """
     location = table_location(workspace, ref)
-    keep_log(spark, location)
-    (
-        frame.write.format("delta")
-        .mode("overwrite")
-        .option("overwriteSchema", "true")
-        .options(**LOG_RETENTION)
-        .option("userMetadata", lineage.to_json())
-        .save(location)
-    )
+    with writing_to(location):
+        keep_log(spark, location)
+        (
+            frame.write.format("delta")
+            .mode("overwrite")
+            .option("overwriteSchema", "true")
+            .options(**LOG_RETENTION)
+            .option("userMetadata", lineage.to_json())
+            .save(location)
+        )
     return committed_version(spark, workspace, ref, lineage)
 
 
@@ -106,8 +108,9 @@ def commit_table_files(spark, workspace: Workspace, ref: TableRef, files, schema
     replaces the table's contents with them, carrying `lineage`; returns the version written."""
     from lumos.core.delta_commit import commit_overwrite
 
-    version = commit_overwrite(spark, table_location(workspace, ref), files, schema.json(), LOG_RETENTION,
-                               lineage.to_json())
+    location = table_location(workspace, ref)
+    with writing_to(location):
+        version = commit_overwrite(spark, location, files, schema.json(), LOG_RETENTION, lineage.to_json())
     return ref.at(version)
 
 
@@ -128,7 +131,8 @@ def write_arrow_table(spark, workspace: Workspace, ref: TableRef, table, schema,
         folder = Path(table_location(workspace, ref))
         folder.mkdir(parents=True, exist_ok=True)
         path = folder / f"part-00000-{uuid.uuid4()}-c000.snappy.parquet"
-        pq.write_table(table, path, compression="snappy")
+        with writing_to(str(folder)):
+            pq.write_table(table, path, compression="snappy")
         stat = path.stat()
         files.append(WrittenFile(path.name, stat.st_size, int(stat.st_mtime * 1000)))
     return commit_table_files(spark, workspace, ref, files, schema, lineage)

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from lumos.core.config import config_hash, to_plain
+from lumos.core.disk import writing_to
 from lumos.core.errors import UsageError
 from lumos.core.faults import crash_during_write, fault_point
 from lumos.core.lineage import LineageInput, LineageRecord
@@ -271,8 +272,9 @@ def _sequence_rows(spark, workspace: Workspace, ref: TableRef, events, vocab, us
     (`lumos.data.sequence_files`; Spark's writer was most of an ingest's write). Otherwise built by
     Spark and cached, then written by Spark's writer."""
     if recipe.splits.mode == "time" and workspace.is_local:
-        return _FileRows(write_sequence_files(events, vocab, users, calendar, recipe,
-                                                     table_location(workspace, ref)))
+        location = table_location(workspace, ref)
+        with writing_to(location):
+            return _FileRows(write_sequence_files(events, vocab, users, calendar, recipe, location))
     return _CachedRows(build_sequences(events, vocab, users, calendar, recipe, tokens).persist(), events)
 
 

@@ -14,6 +14,7 @@ import datetime
 from collections.abc import Iterator
 from pathlib import Path
 
+from lumos.core.disk import writing_to
 from lumos.core.lineage import LineageRecord
 from lumos.core.lock import LEASE_SECONDS, RunInProgress, describe_holder, lease_lock
 from lumos.core.tables import LOG_RETENTION, TableRef, committed_version, keep_log, table_location
@@ -35,10 +36,11 @@ def write_partition(spark, workspace: Workspace, ref: TableRef, frame, as_of: da
         .options(**LOG_RETENTION)
         .option("userMetadata", lineage.to_json())
     )
-    keep_log(spark, table_location(workspace, ref))
+    location = table_location(workspace, ref)
     try:
-        with _floats_without_dictionary(spark, frame.schema):
-            writer.save(table_location(workspace, ref))
+        with writing_to(location), _floats_without_dictionary(spark, frame.schema):
+            keep_log(spark, location)
+            writer.save(location)
     except Exception as error:
         if "Concurrent" in type(error).__name__ or "Concurrent" in str(error)[:500]:
             raise RunInProgress(f"another run wrote {ref.name} for {as_of} at the same time and committed first; "

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 from lumos.core.config import config_hash
 from lumos.core.errors import UsageError
-from lumos.core.faults import fault_point
+from lumos.core.faults import crash_during_write, fault_point
 from lumos.core.lineage import LineageInput, LineageRecord
 from lumos.core.progress import Report
 from lumos.core.runs import CONFIG_HASH_TAG, RECIPE_HASH_TAG
@@ -117,7 +117,8 @@ def infer(workspace: Workspace, model_ref: str, options: InferOptions, report: R
         predictions = score_tokens(spark, written.tokens, written.plan, written.future, job, trained.model)
         step(f"scoring and writing {output.name} partition as_of={options.as_of}")
         fault_point("infer.write")
-        output_version = write_partition(spark, workspace, output, predictions, options.as_of, lineage)
+        with crash_during_write("infer.mid_write", table_location(workspace, output)):
+            output_version = write_partition(spark, workspace, output, predictions, options.as_of, lineage)
     return InferSummary(model=trained.version.label, run_id=trained.run_id, as_of=options.as_of,
                         output=str(output_version), rows=rows_written(spark, workspace, output_version), engine=engine,
                         training_data=str(data.sequences), inputs=lineage.inputs,

@@ -30,6 +30,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from lumos.core.config import from_dict, read_toml, to_toml
+from lumos.core.disk import writing_to
 from lumos.core.errors import LumosError, UsageError
 from lumos.core.faults import fault_point
 from lumos.data.contract import FeatureSpec
@@ -64,10 +65,11 @@ def save_checkpoint(folder: Path, model: LumosModel, config: TrainConfig, state:
     files = folder.with_name(f".{folder.name}-{tag}")
     link = folder.with_name(f".{folder.name}.link-{tag}")
     staging = folder.with_name(f".{folder.name}.tmp-{tag}")
-    staging.mkdir(parents=True)
     try:
-        save_model(staging, model, config)
-        torch.save(dataclasses.asdict(state), staging / STATE_FILE)
+        with writing_to(str(folder)):  # a full disk: the name still opens the previous checkpoint, if any
+            staging.mkdir(parents=True)
+            save_model(staging, model, config)
+            torch.save(dataclasses.asdict(state), staging / STATE_FILE)
         os.replace(staging, files)
         os.symlink(files.name, link)  # relative: the run's folder may move
         if folder.exists() or folder.is_symlink():

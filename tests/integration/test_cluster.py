@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -64,10 +64,16 @@ class StandaloneCluster:
         return [{path.name for path in folder.glob(f"{application}/*/*")} for folder in self.worker_dirs]
 
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
+def master_url(master_log: Path, master: subprocess.Popen, timeout_s: float = 120) -> str:
+    """The URL the master started on: it binds port 0 itself and logs the port it got (a port
+    probed free here first could be taken by another process before the master bound it)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and master.poll() is None:
+        started = re.search(r"Starting Spark master at (spark://\S+)", master_log.read_text(errors="replace"))
+        if started:
+            return started[1]
+        time.sleep(0.5)
+    raise RuntimeError(f"the Spark master did not start; see {master_log}")
 
 
 def spark_class(main_class: str, args: list[str], log: Path) -> subprocess.Popen:
@@ -100,12 +106,11 @@ def stop(daemon: subprocess.Popen) -> None:
 @pytest.fixture(scope="session")
 def standalone_cluster(tmp_path_factory) -> StandaloneCluster:
     folder = tmp_path_factory.mktemp("standalone")
-    port = free_port()
-    url = f"spark://127.0.0.1:{port}"
     daemons: list[subprocess.Popen] = []
     try:
         daemons.append(spark_class("org.apache.spark.deploy.master.Master",
-                                   ["--host", "127.0.0.1", "--port", str(port), "--webui-port", "0"], folder / "master.log"))
+                                   ["--host", "127.0.0.1", "--port", "0", "--webui-port", "0"], folder / "master.log"))
+        url = master_url(folder / "master.log", daemons[0])
         worker_dirs = []
         for number in range(1, WORKERS + 1):
             worker_dirs.append(folder / f"worker-{number}")

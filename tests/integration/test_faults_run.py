@@ -581,3 +581,48 @@ def test_a_promote_killed_before_its_alias_moves_leaves_the_old_alias_and_a_reru
     assert json.loads(rerun.stdout)["reused_version"] is True
     assert int(client.get_model_version_by_alias("killed", "production").version) == 2
     assert len(client.search_model_versions("name='killed'")) == 2
+
+
+# -- a kill in the middle of a data-file write, and during `lumos compile`'s upload -----------------
+
+
+@pytest.mark.slow  # a Spark JVM per process: minutes
+def test_sigkill_mid_predictions_file_write_shows_no_rows_and_a_rerun_writes_each_user_once(spark, promoted):
+    day = "2026-08-17"
+    killed = lumos_process(promoted, "infer", "--model", "quickstart@production", "--as-of", day,
+                           env={"LUMOS_FAULT_POINT": "infer.mid_write"})
+    _, stderr = killed.communicate(timeout=600)
+    assert killed.returncode == -signal.SIGKILL, stderr[-2000:]
+    partition = Path(table_location(open_workspace(promoted), PREDICTIONS)) / f"as_of={day}"
+    assert list(partition.glob("*.parquet")), "killed once the write had put a data file down"
+    assert predictions_for(spark, promoted, day) == []  # not committed: Delta shows none of it
+
+    rerun = lumos(promoted, "infer", "--model", "quickstart@production", "--as-of", day, "--json")
+    assert rerun.exit_code == 0, rerun.output
+    rows = predictions_for(spark, promoted, day)
+    assert len(rows) == json.loads(rerun.stdout)["rows"] == len({row["user_id"] for row in rows}) > 100
+
+
+@pytest.mark.slow  # three `lumos compile` of a tiny model, one a process of its own: ~60 s
+def test_a_compile_killed_mid_upload_leaves_the_stored_plans_whole_and_a_rerun_adds_its_plan(promoted):
+    from lumos.compile.engine import load_compiled
+    from lumos.train.run import download_checkpoint
+
+    workspace = open_workspace(promoted)
+    run_id = (promoted / "run").read_text()
+    client = tracking_client(workspace)
+    compile_args = ("compile", "--run", run_id, "--batch", "8", "--no-search")
+    assert lumos(promoted, *compile_args, "--seq", "6").exit_code == 0
+    killed = lumos_process(promoted, *compile_args, "--seq", "12", env={"LUMOS_FAULT_POINT": "compile.upload"})
+    _, stderr = killed.communicate(timeout=300)
+    assert killed.returncode == -signal.SIGKILL, stderr[-2000:]
+    uploaded = {item.path for item in client.list_artifacts(run_id, "compile/cpu/seq-12")}
+    assert uploaded == {"compile/cpu/seq-12/library.c"}  # the source, its plan not yet
+    assert client.get_run(run_id).data.tags["lumos.compile.cpu"] == "seq=6"
+    model, _ = load_model(download_checkpoint(workspace, run_id, "--run"))
+    assert load_compiled(workspace, run_id, model.eval()).seq_lens == (6,)  # the whole plan only
+
+    rerun = lumos(promoted, *compile_args, "--seq", "12", "--json")
+    assert rerun.exit_code == 0, rerun.output
+    assert client.get_run(run_id).data.tags["lumos.compile.cpu"] == "seq=6,12"
+    assert load_compiled(workspace, run_id, model).seq_lens == (6, 12)

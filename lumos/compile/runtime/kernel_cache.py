@@ -32,6 +32,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from lumos.core.disk import writing_to
 from lumos.core.errors import LumosError, UsageError
 from lumos.core.workspace import Workspace
 
@@ -230,12 +231,14 @@ class KernelCache:
 
     def _store(self, key: str, product: str, make, described: dict) -> None:
         """Build an entry in a temporary folder (`make` writes its files) and rename it into place."""
-        self.root.mkdir(parents=True, exist_ok=True)
-        staging = Path(tempfile.mkdtemp(prefix=f".build-{key[:12]}-", dir=self.root))
+        with writing_to(str(self.root)):
+            self.root.mkdir(parents=True, exist_ok=True)
+            staging = Path(tempfile.mkdtemp(prefix=f".build-{key[:12]}-", dir=self.root))
         try:
-            make(staging)
-            (staging / ENTRY).write_text(json.dumps({"key": key, "sha256": _sha256_file(staging / product),
-                                                     "target": self.target, **described}))
+            with writing_to(str(self.root)):  # a full disk: no entry, the staging folder removed below
+                make(staging)
+                (staging / ENTRY).write_text(json.dumps({"key": key, "sha256": _sha256_file(staging / product),
+                                                         "target": self.target, **described}))
             folder = self.entry(key)
             folder.parent.mkdir(parents=True, exist_ok=True)
             try:

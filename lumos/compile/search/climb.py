@@ -53,6 +53,11 @@ CONFIRM_REPEATS = 7
 """Whole calls of the baseline and of the searched program, alternately, before the search result
 is kept: per-kernel times on a busy machine can mislead, a whole call is what counts."""
 
+search_clock = time.perf_counter
+"""The clock the budget is spent on (deadlines, rounds, SearchResult.seconds); kernels themselves
+are timed on time.perf_counter. A test swaps in a clock that ticks once per reading, so that what a
+budget allows is a count, the same on a loaded machine as on an idle one."""
+
 
 # ---------------------------------------------------------------------------------------------
 # The reference: the interpreter on a few rows
@@ -420,7 +425,7 @@ def search_schedules(graph: Graph, kernels: list[Kernel], materialized: set[Node
     verified and the whole call is faster, both programs with their searched schedules; without
     `register_blocks`, no register-blocked matmul is a candidate; with `fusion`, the time left
     climbs over the fusion choices (a prologue or epilogue stored instead of fused, `_climb_fusion`)."""
-    started = time.perf_counter()
+    started = search_clock()
     deadline = started + budget_s
     schedules_until = deadline - FUSION_SHARE * budget_s if fusion else deadline
     inputs = inputs if inputs is not None else random_inputs(graph, seed)
@@ -476,7 +481,7 @@ def search_schedules(graph: Graph, kernels: list[Kernel], materialized: set[Node
     if not confirmed["kept"]:
         kernels, materialized = plain
         schedules = {kernel.name: KernelSchedule() for kernel in kernels}
-    return SearchResult(schedules, groups, rounds, time.perf_counter() - started, budget_s, kernels, materialized,
+    return SearchResult(schedules, groups, rounds, search_clock() - started, budget_s, kernels, materialized,
                         fused_report, confirmed, ranking_report(bench.timed), fusion_report)
 
 
@@ -505,7 +510,7 @@ def _resume(bench: Bench, kernels, materialized, groups: list[Group], deadline: 
     """Go on with the schedule search of groups not finished, until `deadline` (the fusion climb's
     share of the budget, when it needed less). Returns the rounds run."""
     pending = [group for group in groups if group.cached is None and group.searching and group.best is not None]
-    if not pending or time.perf_counter() + 1.0 > deadline:
+    if not pending or search_clock() + 1.0 > deadline:
         return 0
     return _run_rounds(bench, kernels, materialized, groups, pending, deadline)
 
@@ -532,10 +537,10 @@ def _choose_attention(bench: Bench, plain: tuple, fused: tuple, staged: tuple | 
     goes on. Returns the report, the chosen program's searched groups and the
     rounds run."""
     plain_groups = make_groups(*plain, seed, register_blocks, search_cache)
-    halfway = time.perf_counter() + (deadline - time.perf_counter()) / 2
+    halfway = search_clock() + (deadline - search_clock()) / 2
     rounds = _search_groups(bench, *plain, plain_groups, search_cache, halfway, known)
     fused_groups = make_groups(*fused, seed, register_blocks, search_cache)
-    fused_until = deadline if staged is None else time.perf_counter() + (deadline - time.perf_counter()) * 2 / 3
+    fused_until = deadline if staged is None else search_clock() + (deadline - search_clock()) * 2 / 3
     fused_rounds, verified = _search_fused(bench, fused, fused_groups, search_cache, fused_until, known)
     rounds += fused_rounds
     staged_report = None
@@ -582,9 +587,9 @@ def _search_fused(bench: Bench, program: tuple, groups: list[Group], search_cach
 def _run_rounds(bench: Bench, kernels, materialized, groups, pending, deadline) -> int:
     rounds, round_seconds = 0, []
     while any(group.searching for group in pending):
-        if rounds and time.perf_counter() + statistics.mean(round_seconds) > deadline:
+        if rounds and search_clock() + statistics.mean(round_seconds) > deadline:
             break
-        began = time.perf_counter()
+        began = search_clock()
         trying: dict[str, int] = {}  # group key → candidate index tried this round
         schedules = {}
         for group in groups:
@@ -606,7 +611,7 @@ def _run_rounds(bench: Bench, kernels, materialized, groups, pending, deadline) 
             for key, index in trying.items():  # one of them does not compile: none is kept
                 next(g for g in groups if g.key == key).candidates[index].rejected = "does not build"
             rounds += 1
-            round_seconds.append(time.perf_counter() - began)
+            round_seconds.append(search_clock() - began)
             continue
         position = {kernel.name: i for i, kernel in enumerate(kernels)}
         for key, index in trying.items():
@@ -626,7 +631,7 @@ def _run_rounds(bench: Bench, kernels, materialized, groups, pending, deadline) 
                 raise AssertionError(f"kernel {kernel.name} ({kernel.node.origin}) differs from the interpreter with "
                                      "the renderer's default schedule: a renderer bug")
         rounds += 1
-        round_seconds.append(time.perf_counter() - began)
+        round_seconds.append(search_clock() - began)
     return rounds
 
 
@@ -741,7 +746,7 @@ def _climb_fusion(bench: Bench, kernels: list[Kernel], materialized: set[Node], 
     report = {"sites": len(sites), "rules": saturated.rules, "enodes": saturated.serialized.term_nodes,
               "eclasses": saturated.serialized.term_classes, "saturate_s": saturated.seconds, "steps": [], "stored": []}
     for site in sorted(sites, key=predicted):
-        if time.perf_counter() + 1.0 > deadline:
+        if search_clock() + 1.0 > deadline:
             break
         new_kernels, stored = program([site], materialized)
         new_groups = make_groups(new_kernels, stored, seed, register_blocks, search_cache)
@@ -749,7 +754,7 @@ def _climb_fusion(bench: Bench, kernels: list[Kernel], materialized: set[Node], 
         step = {"site": site.describe(), "kind": site.kind, "nodes": len(site.nodes), "kept": False}
         try:
             rounds += _search_groups(bench, new_kernels, stored, new_groups, search_cache,
-                                     min(deadline, time.perf_counter() + FUSION_STEP_S), known)
+                                     min(deadline, search_clock() + FUSION_STEP_S), known)
         except (BuildError, AssertionError) as error:  # the renderer cannot take this program
             report["steps"].append({**step, "rejected": str(error)[:80]})
             continue
