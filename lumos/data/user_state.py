@@ -350,7 +350,7 @@ def _new_rows(spark, raw, previous: StateVersion, events: LineageInput, files: d
     start, end = _utc_midnight(previous.as_of), _utc_midnight(as_of)
     if files is None:
         return raw.where((ts >= start) & (ts < end)), None
-    start_micros = (previous.as_of - EPOCH).days * MICROS_PER_DAY
+    start_micros = _midnight_micros(previous.as_of)
     reopened = sorted(uri for uri, item in previous.files.items()
                       if item.last_event is not None and item.last_event >= start_micros)
     new = sorted(set(files) - set(previous.files))
@@ -371,10 +371,10 @@ def _new_rows(spark, raw, previous: StateVersion, events: LineageInput, files: d
 
 def _late_files(files: dict[str, EventFile] | None, previous: StateVersion | None) -> list[str]:
     """The new files whose first event is before the state's date: tonight reads the recorded
-    files from that date on, so only these can hold late events. none on a full night."""
+    files from that date on, so only these can hold late events. None on a full night."""
     if previous is None or files is None:
         return []
-    start = (previous.as_of - EPOCH).days * MICROS_PER_DAY
+    start = _midnight_micros(previous.as_of)
     return sorted(uri for uri, item in files.items()
                   if uri not in (previous.files or {}) and item.first_event is not None and item.first_event < start)
 
@@ -417,7 +417,7 @@ def any_history(events, recipe: IngestRecipe, as_of: datetime.date) -> bool:
 
     if recipe.splits.min_history == 0:  # every user with an event has a row, its history maybe empty
         return events.limit(1).count() > 0
-    before = events.where(F.unix_micros("ts") < (as_of - EPOCH).days * MICROS_PER_DAY)
+    before = events.where(F.unix_micros("ts") < _midnight_micros(as_of))
     if recipe.splits.min_history == 1:
         return before.limit(1).count() > 0
     if recipe.tokens.unit == "day":
@@ -439,7 +439,7 @@ def _before(events, date: datetime.date):
 def _before_column(date: datetime.date):
     from pyspark.sql import functions as F
 
-    return F.unix_micros("ts") < (date - EPOCH).days * MICROS_PER_DAY
+    return F.unix_micros("ts") < _midnight_micros(date)
 
 
 def _raw_timestamp(recipe: IngestRecipe):
@@ -452,4 +452,9 @@ def _raw_timestamp(recipe: IngestRecipe):
 def _utc_midnight(date: datetime.date):
     from pyspark.sql import functions as F
 
-    return F.timestamp_micros(F.lit((date - EPOCH).days * MICROS_PER_DAY))
+    return F.timestamp_micros(F.lit(_midnight_micros(date)))
+
+
+def _midnight_micros(date: datetime.date) -> int:
+    """`date` at 00:00 UTC in unix microseconds: where a night's window starts and ends."""
+    return (date - EPOCH).days * MICROS_PER_DAY
