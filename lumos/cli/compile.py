@@ -94,8 +94,8 @@ def program_lines(programs: dict) -> list[str]:
     have made, whether the kept program has it, and the programs timed (whole call, against the
     best so far)."""
     proposed = programs["proposed"]
-    lines = [f"e-graph programs: {len(proposed)} proposals the scheduler would not make "
-             f"({programs['enodes']:,} e-nodes; "
+    size = f"{programs['enodes']:,} e-nodes; " if programs["enodes"] is not None else ""
+    lines = [f"e-graph programs: {len(proposed)} proposals the scheduler would not make ({size}"
              + (", ".join(f"{name}×{count}" for name, count in programs["rules"].items()) or "no rule fired")
              + f"), {len(programs['tried'])} programs timed, {len(programs['kept'])} proposals kept"]
     lines += [f"  {'kept' if p['kept'] else 'not kept'}: {p['describe']}" for p in proposed]

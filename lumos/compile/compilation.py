@@ -70,7 +70,8 @@ class Options:
     """Compute each attention with one online-softmax kernel (no score matrix stored)."""
     join_products: bool = True
     """Matrix products of one value (a query/key/value projection) as one tiled kernel with an
-    output each (schedule/products.py; False: a kernel each, to measure what it gains)."""
+    output each: the products rule's proposals (egraph/programs.py), lowered by
+    schedule/products.py (False: proposed but not kept, a kernel each, to measure what it gains)."""
 
 
 @dataclass
@@ -102,7 +103,8 @@ class Compilation:
     """How many attentions run as one online-softmax kernel; None where the target has no attention pass."""
     programs: dict | None = None
     """With Options.egraph_fusion: what the e-graph proposed beyond the scheduler, the programs
-    timed and the one kept (search/genome.py: ProgramSearch.report)."""
+    timed and the one kept (search/genome.py: ProgramSearch.report). On the CUDA target: the
+    products rule's proposals and whether each is kept (genome.py: proposals_report)."""
     products_joined: list[str] | None = None
     """The kernels that compute several matrix products of one value (schedule/products.py);
     None where the target has no products pass."""

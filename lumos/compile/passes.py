@@ -10,6 +10,7 @@ from collections.abc import Callable
 
 from lumos.compile.compilation import Compilation, Options
 from lumos.compile.egraph.attention import find_attention, fuse_attention
+from lumos.compile.egraph.programs import product_proposals
 from lumos.compile.egraph.rewrite import rewrite_graph
 from lumos.compile.kernel.lower import reads_siblings_in_place
 from lumos.compile.render.c import render_library
@@ -24,7 +25,7 @@ from lumos.compile.schedule.products import join_products
 from lumos.compile.schedule.siblings import join_siblings
 from lumos.compile.search.cache import SearchCache
 from lumos.compile.search.climb import Bench, random_inputs, search_schedules
-from lumos.compile.search.genome import climb_programs, propose
+from lumos.compile.search.genome import climb_programs, proposals_report, propose
 
 Pass = Callable[[Compilation, KernelCache], None]
 
@@ -114,9 +115,13 @@ def attention(c: Compilation, cache: KernelCache) -> None:
 
 
 def products(c: Compilation, cache: KernelCache) -> None:
-    c.products_joined = []
-    if c.options.join_products:
-        c.kernels, c.products_joined = join_products(c.kernels, lambda kernel: joins_as_tiles(kernel, c.materialized))
+    """The products rule's proposals (egraph/programs.py), each a gene; with Options.join_products
+    every gene is kept (nothing is timed on this target yet) and its pairs joined."""
+    proposals, fired = product_proposals(c.kernels)
+    kept = [p for p in proposals if c.options.join_products]
+    c.programs = proposals_report(proposals, frozenset(p.key for p in kept), fired)
+    pairs = {pair for proposal in kept for pair in proposal.pairs}
+    c.kernels, c.products_joined = join_products(c.kernels, pairs, lambda kernel: joins_as_tiles(kernel, c.materialized))
 
 
 def buffers(c: Compilation, cache: KernelCache) -> None:

@@ -7,7 +7,7 @@
     → search (C: schedule variants by measurement, search/)
     or attention (CUDA: online-softmax kernels, egraph/attention.py)
     → products (CUDA: matrix products of one value, a query/key/value projection, as one tiled
-    kernel with an output each, schedule/products.py)
+    kernel with an output each: the e-graph's products rule proposes, schedule/products.py lowers)
     → siblings (C, Options.multi_output or the chosen program's joins: a layer norm's statistics
     as one kernel with two outputs)
     → plan buffers → render (C or CUDA) → build (gcc or NVRTC, through the kernel cache) → load

@@ -10,9 +10,10 @@
 - `fusion`: a buffer's producer inlined into its consumer (prologues and epilogues); every
   buffer stored or inlined in one e-graph, a program one extraction (search.py climbs over them);
 - `programs`: fusion from no fusion at all (every node a `store`; fuse producer into consumer,
-  recompute instead of store, under the scheduler's legality as facts) and sibling kernels by a
-  rule over kernel-level facts; the scheduler's program one extraction of several, the others
-  proposals for search/genome.py's climb (Options.egraph_fusion);
+  recompute instead of store, under the scheduler's legality as facts), and sibling kernels and
+  matrix products of one value (CUDA: one tiled matmul with an output each) by rules over
+  kernel-level facts; the scheduler's program one extraction of several, the others proposals for
+  search/genome.py's climb (Options.egraph_fusion);
 - `schedule`: the loop-nest variants of one kernel, every one extracted for search.py to measure;
 - `attention`: softmax by the max-rescaling identity and online softmax: a fused attention kernel
   that never stores its score matrix (offered to search.py, kept if verified and faster).

@@ -12,7 +12,10 @@ The rules put the fused form beside each read of a store, under facts computed f
   consumer computes it again, instead of one kernel writing it and the others reading it;
 - siblings: kernels that reduce the same rows of a common buffer into outputs of the same shape
   are `joinable` (one kernel with several outputs, schedule/siblings.py), derived by a rule over
-  kernel-level facts (what each kernel reads, which kernels are row statistics, the order).
+  kernel-level facts (what each kernel reads, which kernels are row statistics, the order);
+- products: kernels that each multiply the same value, read the same way, by a weight of their
+  own (a query/key/value projection) are `products_joinable` (one tiled matmul with an output
+  each, schedule/products.py: CUDA target), by a rule over the same kind of facts.
 
 A program is one extraction. The scheduler's program (`choose_materialized`) is the extraction
 that prices its own buffers as free reads and every other store out of reach; others price the
@@ -100,6 +103,67 @@ def sibling_pairs(kernels: list[Kernel]) -> tuple[list[tuple[Kernel, Kernel]], d
     report = egraph.run(sibling_rules.saturate())
     pairs = [(kernels[first], kernels[later]) for first, later in following
              if _holds(egraph, joinable(i64(first), i64(later)))]
+    fired = {getattr(r, "name", None) or str(r): n for r, n in report.num_matches_per_rule.items() if n}
+    return pairs, fired
+
+
+# ---------------------------------------------------------------------------------------------
+# Matrix products of one value: a rule over kernel-level facts, as for siblings.
+
+
+weight_product = relation("weight_product", i64, i64, i64)
+"""Kernel a is one matrix product of a weight of its own by the node `value`, read the way
+numbered `read` (schedule/products.py: product_read; the same number, the same read)."""
+runs_beside = relation("runs_beside", i64, i64)
+"""Kernel b may run at kernel a's place: it reads nothing written from a (a's own output
+included) up to b, so neither depends on the other."""
+products_joinable = relation("products_joinable", i64, i64)
+
+value, read = vars_("value read", i64)
+product_rules = ruleset(
+    rule(weight_product(a, value, read), weight_product(b, value, read), runs_beside(a, b),
+         name="products: one kernel for matrix products of one value").then(products_joinable(a, b)),
+)
+
+
+def weight_products(kernels: list[Kernel]) -> dict[int, tuple[int, int]]:
+    """Each kernel of one weight product, by index: (its value's node id, the number of its read)."""
+    from lumos.compile.schedule.products import product_read
+
+    reads: dict[tuple, int] = {}
+    products = {}
+    for index, kernel in enumerate(kernels):
+        found = product_read(kernel)
+        if found is not None:
+            node, how = found
+            products[index] = (node.id, reads.setdefault(how, len(reads)))
+    return products
+
+
+def product_facts(kernels: list[Kernel], products: dict[int, tuple[int, int]]) -> list:
+    """The facts the products rule matches: each weight product's value and read, and which of
+    them may run beside an earlier one."""
+    facts = [weight_product(i64(index), i64(node), i64(how)) for index, (node, how) in products.items()]
+    written_at = {node: position for position, kernel in enumerate(kernels) for node in kernel.outputs}
+    for first in products:
+        for later in products:
+            if first < later and not any(first <= written_at.get(node, -1) < later for node in kernels[later].reads):
+                facts.append(runs_beside(i64(first), i64(later)))
+    return facts
+
+
+def product_pairs(kernels: list[Kernel], rules=product_rules) -> tuple[list[tuple[Kernel, Kernel]], dict[str, int]]:
+    """The pairs (earlier, later) of kernels the products rule finds joinable, and its matches.
+    Whether a joined kernel maps to one tiled matmul is checked when it is built (join_products'
+    `lowers`). `rules`: the ruleset to run (a test runs a broken one)."""
+    products = weight_products(kernels)
+    facts = product_facts(kernels, products)
+    egraph = EGraph()
+    if facts:
+        egraph.register(*facts)
+    report = egraph.run(rules.saturate())
+    pairs = [(kernels[first], kernels[later]) for first in products for later in products
+             if first < later and _holds(egraph, products_joinable(i64(first), i64(later)))]
     fired = {getattr(r, "name", None) or str(r): n for r, n in report.num_matches_per_rule.items() if n}
     return pairs, fired
 
@@ -226,20 +290,21 @@ class Proposal:
     key: str
     kind: str
     """fuse (the scheduler stores it, the e-graph inlines it into its consumer), recompute (the
-    same, and it has several consumers), store (the scheduler fuses it, the e-graph stores it) or
-    siblings (two kernels as one with two outputs)."""
+    same, and it has several consumers), store (the scheduler fuses it, the e-graph stores it),
+    siblings (two kernels as one with two outputs) or products (two matrix products of one value
+    as one tiled matmul with an output each)."""
     nodes: list[Node]
     extractions: list[str]
     pairs: list[tuple[Node, Node]] = field(default_factory=list)
-    """For siblings: (the earlier kernel's node, the later one's), one pair per copy."""
+    """For siblings and products: (the earlier kernel's node, the later one's), one pair per copy."""
 
     def describe(self) -> str:
         node = self.nodes[0]
         where = node.origin.split(' ("')[0][:50] or "-"
         what = {"fuse": "fuse", "recompute": "recompute", "store": "store",
-                "siblings": "one kernel for"}[self.kind]
+                "siblings": "one kernel for", "products": "one matmul kernel for"}[self.kind]
         subject = f"{node.op.name.lower()}{list(node.shape)}"
-        if self.kind == "siblings":
+        if self.kind in ("siblings", "products"):
             subject += f" and {self.pairs[0][1].op.name.lower()}{list(self.pairs[0][1].shape)}"
         return f"{what} {subject} ×{len(self.pairs) or len(self.nodes)} ({where}; {', '.join(self.extractions)})"
 
@@ -267,11 +332,21 @@ def fusion_proposals(space: ProgramSpace) -> list[Proposal]:
 
 def sibling_proposals(kernels: list[Kernel]) -> tuple[list[Proposal], dict[str, int]]:
     pairs, fired = sibling_pairs(kernels)
+    return _pair_proposals("siblings", pairs), fired
+
+
+def product_proposals(kernels: list[Kernel]) -> tuple[list[Proposal], dict[str, int]]:
+    """The products rule's pairs as proposals, one per family of pairs (identical layers together)."""
+    pairs, fired = product_pairs(kernels)
+    return _pair_proposals("products", pairs), fired
+
+
+def _pair_proposals(kind: str, pairs: list[tuple[Kernel, Kernel]]) -> list[Proposal]:
     by_key: dict[str, Proposal] = {}
     for earlier, later in pairs:
-        key = f"siblings:{family(earlier.node)}:{family(later.node)}"
-        proposal = by_key.setdefault(key, Proposal(key, "siblings", [], ["siblings rule"]))
+        key = f"{kind}:{family(earlier.node)}:{family(later.node)}"
+        proposal = by_key.setdefault(key, Proposal(key, kind, [], [f"{kind} rule"]))
         proposal.nodes += [earlier.node, later.node]
         proposal.pairs.append((earlier.node, later.node))
-    return list(by_key.values()), fired
+    return list(by_key.values())
 

@@ -13,12 +13,14 @@ output only, and one matmul of width 3d fills its register blocks better than th
 so that stays its way. The CUDA target has no weight concatenation (its plans bind the model's
 own tensors), hence this join.
 
-Kernels are joined when each is one matrix product of a weight (a constant tensor) by the same
+Which kernels may join is the e-graph's (egraph/programs.py: the products rule, over the facts
+`product_read` gives): each is one matrix product of a weight (a constant tensor) by the same
 value, read through the same view (the same node: a layer norm inlined into each computes the
-same numbers), into outputs that differ in their last dim at most; when a later one reads nothing
-written between the first and itself and no output of the others (it moves up to the first's
-place); and when the joined kernel maps to one tiled matmul (`lowers`). The joined kernel takes
-the first's place and name.
+same numbers), into outputs that differ in their last dim at most, and the later one reads nothing
+written from the earlier one up to itself (it moves up to the earlier one's place). This module
+lowers the pairs the rule found: each later kernel joins the earliest kernel it pairs with (not
+itself joined into another), while that one has fewer than MAX_OUTPUTS outputs and the joined
+kernel maps to one tiled matmul (`lowers`). The joined kernel takes the first's place and name.
 """
 
 from __future__ import annotations
@@ -36,9 +38,10 @@ Lowers = Callable[[Kernel], bool]
 """Whether a joined kernel maps to one tiled matmul (render/cuda.py: joins_as_tiles)."""
 
 
-def product_value(kernel: Kernel) -> tuple | None:
-    """What a kernel of one matrix product multiplies by its weight: (the value's node, its operand
-    position, how it is read, the output's shape but its last dim); None for any other kernel."""
+def product_read(kernel: Kernel) -> tuple[Node, tuple] | None:
+    """What a kernel of one matrix product multiplies by its weight, and how: (the value's node,
+    (its operand position, its view but the weight's rows, the output's shape but its last dim));
+    None for any other kernel."""
     if kernel.attention is not None or kernel.also:
         return None
     sums = [node for node in kernel.unique_fused if is_matmul(node)]
@@ -57,44 +60,29 @@ def product_value(kernel: Kernel) -> tuple | None:
     columns = len(product.shape) - 2  # the weight's rows: the one dim the outputs may differ in
     read = (view.shape[:columns] + view.shape[columns + 1:], view.strides[:columns] + view.strides[columns + 1:],
             view.offset)
-    return product.srcs[index], index, read, kernel.node.shape[:-1]
+    return product.srcs[index], (index, read, kernel.node.shape[:-1])
 
 
-def join_products(kernels: list[Kernel], lowers: Lowers) -> tuple[list[Kernel], list[str]]:
-    """`kernels` with matrix products of one value joined, and the names of the joined kernels."""
-    written_at = {node: position for position, kernel in enumerate(kernels) for node in kernel.outputs}
-    groups: dict[tuple, list[int]] = {}
-    for position, kernel in enumerate(kernels):
-        value = product_value(kernel)
-        if value is not None:
-            groups.setdefault((id(value[0]), *value[1:]), []).append(position)
-    joined_into: dict[int, Kernel] = {}
-    gone: set[int] = set()
-    for positions in groups.values():
-        first, members = positions[0], [positions[0]]
-        for position in positions[1:]:
-            if len(members) == MAX_OUTPUTS:
-                break
-            if _moves_up(kernels, written_at, [kernels[m] for m in members], position, first):
-                candidate = _joined([kernels[m] for m in [*members, position]])
-                if lowers(candidate):
-                    members.append(position)
-        if len(members) > 1:
-            joined_into[first] = _joined([kernels[m] for m in members])
-            gone.update(members[1:])
-    result = [joined_into.get(position, kernel) for position, kernel in enumerate(kernels) if position not in gone]
-    return result, [kernel.name for kernel in joined_into.values()]
-
-
-def _moves_up(kernels: list[Kernel], written_at: dict[Node, int], members: list[Kernel], position: int,
-              first: int) -> bool:
-    """Kernel `position` can run at `first`'s place beside `members`: it reads nothing written
-    between them, nor an output of theirs, and no member reads its output."""
-    kernel = kernels[position]
-    theirs = {node for member in members for node in member.outputs}
-    if any(node in theirs or first <= written_at.get(node, -1) < position for node in kernel.reads):
-        return False
-    return not any(node in member.reads for member in members for node in kernel.outputs)
+def join_products(kernels: list[Kernel], pairs: set[tuple[Node, Node]], lowers: Lowers) -> tuple[list[Kernel], list[str]]:
+    """`kernels` with the pairs the products rule found, (earlier node, later node), joined, and
+    the names of the joined kernels."""
+    position_of = {kernel.node: position for position, kernel in enumerate(kernels)}
+    partners: dict[int, list[int]] = {}  # a later kernel's earlier partners
+    for earlier, later in pairs:
+        partners.setdefault(position_of[later], []).append(position_of[earlier])
+    members: dict[int, list[int]] = {}  # a kernel that others join: their positions, its own first
+    absorbed: set[int] = set()
+    for later in sorted(partners):
+        first = min((position for position in partners[later] if position not in absorbed), default=None)
+        if first is None:
+            continue
+        group = members.get(first, [first])
+        if len(group) < MAX_OUTPUTS and lowers(_joined([kernels[m] for m in [*group, later]])):
+            members[first] = [*group, later]
+            absorbed.add(later)
+    result = [_joined([kernels[m] for m in members[position]]) if position in members else kernel
+              for position, kernel in enumerate(kernels) if position not in absorbed]
+    return result, [kernels[position].name for position in sorted(members)]
 
 
 def _joined(members: list[Kernel]) -> Kernel:

@@ -102,14 +102,23 @@ class ProgramSearch:
         programs timed, and the genes of the one kept."""
         kept = self.best.genes if self.best is not None else frozenset()
         by_key = {p.key: p for p in self.proposals}
-        return {"rules": self.rules, "enodes": self.space.serialized.term_nodes, "seconds": self.seconds,
-                "proposed": [{"key": p.key, "kind": p.kind, "describe": p.describe(), "kept": p.key in kept}
-                             for p in self.proposals],
-                "tried": [{"genes": sorted(by_key[g].describe() for g in program.genes), "ms": program.ms,
-                           "against_ms": program.against_ms, "predicted_ms": program.predicted_ms,
-                           "rejected": program.rejected, "kept": program is self.best}
-                          for program in self.tried],
-                "kept": sorted(by_key[g].describe() for g in kept)}
+        report = proposals_report(self.proposals, kept, self.rules)
+        report.update(enodes=self.space.serialized.term_nodes, seconds=self.seconds,
+                      tried=[{"genes": sorted(by_key[g].describe() for g in program.genes), "ms": program.ms,
+                              "against_ms": program.against_ms, "predicted_ms": program.predicted_ms,
+                              "rejected": program.rejected, "kept": program is self.best}
+                             for program in self.tried])
+        return report
+
+
+def proposals_report(proposals: list[Proposal], kept: frozenset[str], rules: dict[str, int]) -> dict:
+    """What --explain shows of proposals that no program timed: each, and whether it is kept (the
+    CUDA target's products genes, all kept with Options.join_products: it times nothing yet)."""
+    by_key = {p.key: p for p in proposals}
+    return {"rules": rules, "enodes": None, "seconds": 0.0,
+            "proposed": [{"key": p.key, "kind": p.kind, "describe": p.describe(), "kept": p.key in kept}
+                         for p in proposals],
+            "tried": [], "kept": sorted(by_key[g].describe() for g in kept)}
 
 
 def propose(graph: Graph, recompute_cheap: bool = True) -> ProgramSearch:
