@@ -147,3 +147,40 @@ def test_kernels_are_joined_after_the_search(kernel_cache):
     inputs = _inputs(graph, offset=3.0)
     plain = compile_graph(graph, kernel_cache, OFF)
     np.testing.assert_allclose(load_program(searched)(inputs)["y"], load_program(plain)(inputs)["y"], rtol=1e-5, atol=1e-5)
+
+
+def test_each_layer_norm_of_a_lumos_model_is_one_statistics_kernel(kernel_cache):
+    """On a small Lumos model (the benchmark models' layers at d=16): with Options.multi_output,
+    every layer norm's statistics (the mean, then 1/√(var + ε) from the same row) are one kernel
+    with two outputs; without it, two kernels. The C target's graph passes, no search (the siblings
+    pass joins whatever kernels the search keeps)."""
+    from lumos.compile.compilation import Compilation
+    from lumos.compile.frontend.lumos_model import lower_model
+    from lumos.compile.program import run_passes
+    from lumos.compile.target import CPU
+    from lumos.data.contract import FeatureSpec
+    from lumos.train.model import LumosModel, ModelConfig
+
+    features = FeatureSpec(token_categorical={"item": 12, "hour": 24}, token_numeric=("value",),
+                           static_categorical={"user_country": 5}, future_flags=("sale",), horizons_days=(1, 3),
+                           max_len=17)
+    config = ModelConfig(d_model=16, n_heads=2, encoder_layers=2, decoder_layers=1, d_ff=32, dropout=0.0, max_len=17)
+    torch.manual_seed(0)
+    model = LumosModel(config, features).eval()
+    graph_passes = [step for step in CPU.passes if step[0] in ("egraph", "horizontal", "layout", "schedule", "siblings")]
+
+    def statistics(options: Options) -> dict[str, list[int]]:
+        """Per layer norm (its module's path): the outputs of each kernel of its statistics."""
+        graph = lower_model(model, 4, 17, symbolic_batch=True)
+        kernels = run_passes(graph_passes, Compilation(graph, options), kernel_cache).kernels
+        found: dict[str, list[int]] = {}
+        for kernel in kernels:
+            origin = kernel.node.origin.split(' ("')[0]
+            if kernel.kind == "reduce" and origin.startswith("aten.layer_norm"):
+                found.setdefault(origin.split(" in ")[-1], []).append(len(kernel.outputs))
+        return found
+
+    norms = [name for name, module in model.named_modules() if isinstance(module, torch.nn.LayerNorm)]
+    assert len(norms) == 10
+    assert statistics(ON) == {name: [2] for name in norms}
+    assert statistics(OFF) == {name: [1, 1] for name in norms}
