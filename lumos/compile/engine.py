@@ -112,7 +112,8 @@ class CompileSummary:
     """The fusion choices the e-graph offered, each tried as a whole call, and which were kept (search.py)."""
     programs: dict | None = None
     """With --egraph-fusion: the fusions the e-graph proposed that the scheduler does not make, the
-    programs timed, and which were kept (search/genome.py)."""
+    programs timed, and which were kept (search/genome.py). On the CUDA target: the products
+    rule's joins and whether each was kept."""
 
 
 def compile_run(workspace: Workspace, run_id: str, target: str = "cpu", batch_size: int = 256,
