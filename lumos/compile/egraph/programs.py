@@ -112,10 +112,11 @@ def sibling_pairs(kernels: list[Kernel]) -> tuple[list[tuple[Kernel, Kernel]], d
 
 
 weight_product = relation("weight_product", i64, i64, i64)
-"""Kernel a is one matrix product of a weight of its own by the node `value`, read the way
-numbered `read` (schedule/products.py: product_read; the same number, the same read)."""
+"""(a, value, read): kernel a is one matrix product of a weight of its own by the node `value`,
+read the way numbered `read` (schedule/products.py: product_read; the same number, the same
+operand position, view and output shape, each but the width)."""
 runs_beside = relation("runs_beside", i64, i64)
-"""Kernel b may run at kernel a's place: it reads nothing written from a (a's own output
+"""(a, b): kernel b may run at kernel a's place: it reads nothing written from a (a's own output
 included) up to b, so neither depends on the other."""
 products_joinable = relation("products_joinable", i64, i64)
 
