@@ -58,8 +58,10 @@ class Target:
 def _load_native(compilation: Compilation, tensors: Mapping[str, np.ndarray] | None = None) -> NativeProgram:
     graph = compilation.graph
     source = tensors if tensors is not None else graph.tensors
-    return NativeProgram(compilation.build.library, *_signature(compilation), [source[name] for name in tensor_names(graph)],
-                         compilation.buffers.arena_bytes, symbolic_batch=graph.batch is not None)
+    names = tensor_names(graph)
+    return NativeProgram(compilation.build.library, *_signature(compilation), [source[name] for name in names],
+                         compilation.buffers.arena_bytes, symbolic_batch=graph.batch is not None,
+                         storage=graph.storage, tensor_names=names)
 
 
 def _load_gpu(compilation: Compilation, tensors: Mapping[str, np.ndarray] | None = None) -> GpuProgram:
