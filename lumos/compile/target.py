@@ -67,9 +67,10 @@ def _load_native(compilation: Compilation, tensors: Mapping[str, np.ndarray] | N
 def _load_gpu(compilation: Compilation, tensors: Mapping[str, np.ndarray] | None = None) -> GpuProgram:
     graph = compilation.graph
     source = tensors if tensors is not None else graph.tensors
+    names = tensor_names(graph)
     return GpuProgram(compilation.build.library.read_bytes(), compilation.cuda.launches, *_signature(compilation),
-                      [source[name] for name in tensor_names(graph)], compilation.buffers.arena_bytes,
-                      graph.batch is not None)
+                      [source[name] for name in names], compilation.buffers.arena_bytes,
+                      graph.batch is not None, storage=graph.storage, tensor_names=names)
 
 
 def _signature(compilation: Compilation) -> tuple[list, list]:

@@ -56,12 +56,12 @@ from lumos.compile.frontend.half import (
     HalfPrecision,
     eager_output_dtypes,
     float32_copy,
+    from_stored,
     half_dtype,
     half_storage,
-    from_stored,
-    stored_array,
     native_half,
     release_float32_weights,
+    stored_array,
     widened,
 )
 from lumos.compile.frontend.lumos_model import UnsupportedOp, lower_program
@@ -324,7 +324,7 @@ class CompiledModule:
         """The program's outputs by name, as tensors on the inputs' device."""
         names = [name for name, _ in self.program.inputs]
         if self.target is CUDA:  # GpuProgram reads and returns CUDA tensors (on its GPU: moved back)
-            out = self.program({name: value.detach().to(torch.float32) for name, value in zip(names, used, strict=True)})
+            out = self.program({name: value.detach() for name, value in zip(names, used, strict=True)})  # it converts
             device = used[0].device if used else out[next(iter(out))].device
             return {name: value.to(device) for name, value in out.items()}
         out = self.program({name: stored_array(value) for name, value in zip(names, used, strict=True)})

@@ -20,9 +20,9 @@ verified against the float32 copy within that rounding (ir/graph.py: ROUNDING). 
 precision rounds after every op, so the two differ by half precision's own error: `TOLERANCE` per
 dtype is what the tests hold them to.
 
-The old way remains where half storage does not: a partitioned module (part eager, part compiled)
-and the CUDA target are compiled as the float32 copy (`HalfPrecision`: half inputs widened and
-outputs narrowed by PyTorch at each call, weights held in float32).
+The old way remains for a partitioned module (part eager, part compiled; each part's boundary is
+PyTorch's): it is compiled as the float32 copy (`HalfPrecision`: half inputs widened and outputs
+narrowed by PyTorch at each call, weights held in float32).
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from torch import nn
 from torch.utils import _pytree as pytree
 
 from lumos.compile.ir.graph import Graph, Storage
-from lumos.compile.target import CPU, Target
+from lumos.compile.target import CPU, CUDA, Target
 from lumos.core.errors import UsageError
 
 HALF = (torch.bfloat16, torch.float16)
@@ -57,8 +57,10 @@ def half_dtype(module: nn.Module, example_inputs: Sequence) -> torch.dtype | Non
 
 
 def native_half(target: Target) -> bool:
-    """Whether the target stores half buffers itself (else the module runs as its float32 copy)."""
-    return target is CPU
+    """Whether the target stores half buffers itself (else the module runs as its float32 copy):
+    both do, the C target and the CUDA one (its kernels built by NVRTC and run on the CPU in the
+    tests; on a GPU by the gpu-marked tests)."""
+    return target in (CPU, CUDA)
 
 
 def dtype_name(dtype: torch.dtype) -> str:
@@ -121,7 +123,7 @@ def float32_copy(module: nn.Module) -> nn.Module:
 class HalfPrecision:
     """A program compiled from a module's float32 copy, called like the half-precision module:
     half inputs widened, each tensor output returned in the dtype eager gave it (the old way, where
-    half storage is not: a partitioned module, the CUDA target)."""
+    half storage is not: a partitioned module)."""
 
     def __init__(self, compiled: Callable, output_dtypes: list[torch.dtype | None]):
         self.compiled, self.output_dtypes = compiled, output_dtypes

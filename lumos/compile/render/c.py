@@ -26,7 +26,16 @@ from lumos.compile.kernel.ir import Compare, KernelIR, Loop
 from lumos.compile.kernel.lower import lower_attention, lower_kernel
 from lumos.compile.kernel.online_softmax import fused_attention
 from lumos.compile.kernel.tiles import cpu_layout
-from lumos.compile.render.cstyle import C, block_lines, comment_text, compare, int_expr, kernel_comment, stored, stored_as
+from lumos.compile.render.cstyle import (
+    C,
+    block_lines,
+    comment_text,
+    compare,
+    int_expr,
+    kernel_comment,
+    stored,
+    stored_as,
+)
 from lumos.compile.runtime.kernel_cache import UNIT_BREAK
 from lumos.compile.schedule.buffers import BufferPlan
 from lumos.compile.schedule.kernels import Kernel, KernelSchedule

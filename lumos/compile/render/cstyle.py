@@ -94,7 +94,7 @@ assert set(UNARY_C) == UNARY, f"UNARY_C must print exactly the unary ops; differ
 assert set(BINARY_C) == BINARY | REDUCE, f"BINARY_C must print the binary and reduce ops; differs by {set(BINARY_C) ^ (BINARY | REDUCE)}"
 
 
-_STORED: ContextVar[Mapping[str, str]] = ContextVar("stored", default={})
+_STORED: ContextVar[Mapping[str, str] | None] = ContextVar("stored", default=None)
 
 
 @contextmanager
@@ -108,8 +108,9 @@ def stored_as(dtypes: Mapping[str, str]) -> Iterator[None]:
         _STORED.reset(token)
 
 
-def stored(buffer: str) -> str | None:
-    return _STORED.get().get(buffer)
+def stored(buffer: str | None) -> str | None:
+    """The half dtype `buffer` is stored in; None: float32."""
+    return (_STORED.get() or {}).get(buffer)
 
 
 def buffer_name(e) -> str | None:

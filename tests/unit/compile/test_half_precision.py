@@ -9,12 +9,23 @@ import re
 import numpy as np
 import pytest
 import torch
+from cuda_on_cpu import run_on_cpu
 from torch import nn
 
-from lumos.compile.frontend.export import CompiledModule, compile_module
-from lumos.compile.frontend.half import TOLERANCE, HalfPrecision
+from lumos.compile.frontend.export import CompiledModule, build_exported, compile_module, export_module
+from lumos.compile.frontend.half import (
+    TOLERANCE,
+    HalfPrecision,
+    eager_output_dtypes,
+    float32_copy,
+    from_stored,
+    half_storage,
+)
 from lumos.compile.frontend.torch_backend import make_backend
 from lumos.compile.ir.graph import ROUNDING
+from lumos.compile.program import Options
+from lumos.compile.runtime.kernel_cache import KernelCache
+from lumos.compile.target import CUDA
 
 C = 16
 
@@ -142,3 +153,39 @@ def test_a_partitioned_half_module_runs_as_its_float32_copy(kernel_cache):
         compiled = compile_module(module, [x], kernel_cache)
     assert isinstance(compiled, HalfPrecision)
     check(compiled(x), module, x, torch.bfloat16)
+
+
+# ---------------------------------------------------------------------------------------------
+# The CUDA target: built by NVRTC (no GPU needed) and run on the CPU (cuda_on_cpu.py)
+
+
+def cuda_compilation(module: nn.Module, x: torch.Tensor, tmp_path):
+    """The module's CUDA program as compile_module would build it for CUDA tensors."""
+    pytest.importorskip("cuda.bindings.nvrtc", reason="the CUDA target needs cuda-bindings (the cuda extra)")
+    twin, wide = float32_copy(module), [x.float()]
+    dtypes = eager_output_dtypes(module, [x])
+    compilation, _ = build_exported(twin, export_module(twin, wide), wide, KernelCache(tmp_path, "cuda"),
+                                    Options(arch="sm_80"), CUDA, 0,
+                                    lambda graph, used: half_storage(module, [x], dtypes, graph, used))
+    return compilation
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("make", [mlp, lambda dtype: Attention().to(dtype).eval(), encoder], ids=["mlp", "attention", "encoder"])
+def test_cuda_kernels_store_half_and_compute_float32(make, dtype, tmp_path):
+    torch.manual_seed(0)
+    module = make(dtype)
+    x = torch.randn(2, 6, 32 if isinstance(module, Attention) else C, dtype=dtype)
+    compilation = cuda_compilation(module, x, tmp_path)  # NVRTC built it (the build pass)
+    name = str(dtype).removeprefix("torch.")
+    source = compilation.cuda.source
+    assert f"const lumos_{name}* __restrict__" in source and f"lumos_from_{name}(" in source
+    assert f"lumos_to_{name}(" in source  # the output, written half
+    got = run_on_cpu(compilation, {"x" if "x" in compilation.graph.inputs else next(iter(compilation.graph.inputs)):
+                                   x.float().numpy()}, tmp_path)
+    (output,) = got.values()
+    have = from_stored(output).reshape(x.shape)
+    assert have.dtype is dtype
+    with torch.no_grad():
+        exact = float32_copy(module)(x.float())
+    torch.testing.assert_close(have.float(), exact, atol=1e-4, rtol=ROUNDING[name])
