@@ -124,6 +124,21 @@ def test_a_float16_encoder_layer_in_half_precision(kernel_cache):
     check(compiled(x), module, x, torch.float16)
 
 
+@pytest.mark.slow  # 30 s of schedule search
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_searched_kernels_load_half_weights_in_vectors(dtype, kernel_cache):
+    """With the search, the register-blocked matmuls and the fused attention: weights loaded a
+    vector at a time, widened in registers (never a float32 copy), and the searched kernels checked
+    against the interpreter at their half outputs within one rounding."""
+    module = encoder(dtype, width=64)
+    x = torch.randn(4, 16, 64, dtype=dtype)
+    compiled = compile_module(module, [x], kernel_cache, strict=True, search_budget=20)
+    stores_half(compiled, module, dtype)
+    name = str(dtype).removeprefix("torch.")
+    assert re.search(rf"lumos_load(8|16)_{name}\(&b\d+\[", compiled.compilation.source)
+    check(compiled(x), module, x, dtype)
+
+
 def test_torch_compile_takes_a_bfloat16_encoder(kernel_cache):
     torch._dynamo.reset()
     module = encoder(torch.bfloat16)
