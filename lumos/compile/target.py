@@ -118,6 +118,7 @@ CPU = Target(
         ("egraph", passes.rewrite),  # first: layout's copies (x + 0) are what the algebra removes
         ("horizontal", passes.horizontal),
         ("layout", passes.layout),
+        ("half_outputs", passes.half_outputs),  # a half output read by other nodes: a copy of its own
         ("schedule", passes.fuse),
         ("programs", passes.programs),  # Options.egraph_fusion: the e-graph's programs, climbed
         ("search", passes.search),
@@ -141,6 +142,7 @@ CUDA = Target(
     passes=(
         ("egraph", passes.rewrite),  # the same extracted program as the C target's
         ("layout", passes.layout),
+        ("half_outputs", passes.half_outputs),  # a half output read by other nodes: a copy of its own
         ("schedule", passes.fuse),
         ("attention", passes.attention),  # no schedule search yet: it would time kernels on a GPU
         ("products", passes.products),  # a query/key/value projection as one kernel (C: horizontal)

@@ -332,6 +332,22 @@ class Graph:
         return counts
 
 
+def own_half_outputs(graph: Graph) -> None:
+    """Give each half output that other nodes read a node of its own (a copy, x + 0, rounded as
+    it is stored), so that they read the float32 value, not the rounded one in the output buffer.
+    A pass after the e-graph's (which removes x + 0); the copy is batched as its source is."""
+    uses = graph.consumers()
+    for name in graph.storage.outputs:
+        node = graph.outputs[name]
+        if not uses.get(node):
+            continue
+        zero = graph.scalar(0.0)
+        copy = graph.add(Op.ADD, (node, zero), (View.contiguous(node.shape), View(node.shape, (0,) * len(node.shape))),
+                         node.shape, origin=node.origin)
+        copy.batched = node.batched
+        graph.outputs[name] = copy
+
+
 def is_product_sum(node: Node) -> bool:
     """`node` sums a product: a SUM whose operand is a MUL (a matrix product, or over a length-1
     axis an elementwise multiply)."""

@@ -150,6 +150,39 @@ def test_torch_compile_takes_a_bfloat16_encoder(kernel_cache):
     torch._dynamo.reset()
 
 
+class Mixed(nn.Module):
+    """Integer ids and a float32 buffer in a bfloat16 model; a half output that another output
+    reads; a float32 and a bool output."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed, self.linear = nn.Embedding(500, C), nn.Linear(C, C)
+        self.register_buffer("scale", torch.tensor(3.0))
+
+    def forward(self, ids, x):
+        hidden = self.linear(self.embed(ids) + x)
+        return hidden, (hidden * 2).sum(-1), hidden.float() * self.scale, ids > 3
+
+
+def test_only_what_the_module_holds_half_is_stored_half(kernel_cache):
+    torch.manual_seed(0)
+    module = Mixed().to(torch.bfloat16)
+    module.scale = module.scale.float()
+    module.eval()
+    ids, x = torch.randint(0, 500, (4, 7)), torch.randn(4, 7, C, dtype=torch.bfloat16)
+    compiled = compile_module(module, [ids, x], kernel_cache, strict=True)  # verified: float32 inside
+    storage = compiled.compilation.graph.storage
+    assert storage.inputs == {"x": "bfloat16"} and storage.outputs == {"output0": "bfloat16", "output1": "bfloat16"}
+    assert set(storage.tensors) == {"embed.weight", "linear.bias", "linear.weight#T"}  # not the float32 scale
+    with torch.no_grad():
+        want = module(ids, x)
+    got = compiled(ids, x)
+    assert [value.dtype for value in got] == [value.dtype for value in want]
+    for have, expected in zip(got[:3], want[:3], strict=True):
+        torch.testing.assert_close(have, expected, atol=TOLERANCE[torch.bfloat16] * 4, rtol=TOLERANCE[torch.bfloat16])
+    assert torch.equal(got[3], want[3])
+
+
 class CumulativeBetweenLinears(nn.Module):
     def __init__(self):
         super().__init__()
