@@ -197,7 +197,7 @@ def _check_inputs(example_inputs: Sequence) -> None:
             raise UsageError(f"example input {index} is a {type(value).__name__}; compile_module takes tensors only")
         if value.is_floating_point() and value.dtype != torch.float32:
             raise UsageError(f"example input {index} is {value.dtype}; the compiler computes in float32 "
-                             "(bfloat16 and float16 modules are widened to it; float64 is refused)")
+                             "(bfloat16 and float16 modules are lowered from their float32 copy; float64 is refused)")
 
 
 def export_module(module: nn.Module, example_inputs: Sequence[torch.Tensor]):
@@ -350,8 +350,8 @@ def compile_module(module: nn.Module, example_inputs: Sequence[torch.Tensor], ca
 
     A bfloat16 or float16 module (weights or inputs) is lowered from its float32 copy and stored
     in its own dtype: weights, inputs and outputs half, computed in float32 (frontend/half.py);
-    verified against the float32 copy within one rounding to the dtype. Partitioned, or for a
-    target without half storage, it is compiled as its float32 copy instead (HalfPrecision)."""
+    verified against the float32 copy within one rounding to the dtype. Partitioned, it is
+    compiled as its float32 copy instead (HalfPrecision)."""
     half = half_dtype(module, example_inputs)
     original, given = module, example_inputs
     if half is not None:
