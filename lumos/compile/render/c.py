@@ -55,8 +55,10 @@ def render_kernel(kernel: Kernel, materialized: set[Node], params: dict[Node, st
                   schedule: KernelSchedule | None = None, barrier: bool = True,
                   dtypes: Mapping[Node, str] | None = None) -> str:
     """`dtypes`: the nodes stored in a half dtype (Graph.stored_dtypes); the rest are float32."""
-    with stored_as(kernel_dtypes(kernel, params, dtypes or {})):
-        return _render_kernel(kernel, materialized, params, schedule, barrier)
+    names = kernel_dtypes(kernel, params, dtypes or {})
+    with stored_as(names):
+        return _render_kernel(kernel, materialized, params, schedule, barrier,
+                              frozenset(name for name, dtype in names.items() if dtype == "bfloat16"))
 
 
 def kernel_dtypes(kernel: Kernel, params: dict[Node, str], dtypes: Mapping[Node, str]) -> dict[str, str]:
@@ -68,7 +70,7 @@ def kernel_dtypes(kernel: Kernel, params: dict[Node, str], dtypes: Mapping[Node,
 
 
 def _render_kernel(kernel: Kernel, materialized: set[Node], params: dict[Node, str],
-                   schedule: KernelSchedule | None, barrier: bool) -> str:
+                   schedule: KernelSchedule | None, barrier: bool, bfloat16: frozenset[str]) -> str:
     schedule = schedule or KernelSchedule()
     if kernel.attention is not None:
         ir = lower_attention(kernel, materialized, params, schedule)
@@ -76,7 +78,7 @@ def _render_kernel(kernel: Kernel, materialized: set[Node], params: dict[Node, s
         return print_attention(fused_attention(ir, schedule, attention.keys_copy is not None, attention.store), barrier)
     ir = lower_kernel(kernel, materialized, params, schedule)
     if not kernel.also:  # the register-blocked and row-wise layouts write one output
-        ir = cpu_layout(ir, schedule)
+        ir = cpu_layout(ir, schedule, bfloat16)
     return print_kernel(ir, barrier, schedule.wide)
 
 

@@ -32,9 +32,11 @@ from lumos.compile.kernel.cpu_ir import (
     For,
     Identity,
     If,
+    InterleavedStore,
     IntLet,
     LaneReduce,
     MulAdd,
+    PairLoad,
     Prefetch,
     Rescale,
     Scope,
@@ -352,6 +354,10 @@ def tile_lines(s: TileStmt, dialect: Dialect) -> list[str]:
         return [f"{target(s.target)} *= {expr(s.factor)};"]
     if isinstance(s, VectorStore):
         return [VECTOR_C["store"].format(w=s.width, at=element(s.at), x=expr(s.value), dtype=vector_dtype(s.at))]
+    if isinstance(s, PairLoad):
+        return [f"lumos_load{s.width}_pair_bfloat16(&{address(s.at)}, &{element(s.even)}, &{element(s.odd)});"]
+    if isinstance(s, InterleavedStore):
+        return [f"lumos_store{s.width}_interleaved(&{element(s.at)}, {expr(s.even)}, {expr(s.odd)});"]
     if isinstance(s, Prefetch):
         return [VECTOR_C["prefetch"].format(at=address(s.at) if isinstance(s.at, (Load, Element)) else expr(s.at))]
     if isinstance(s, Transpose):

@@ -104,3 +104,24 @@ static inline void lumos_store16_float16(lumos_float16* p, lumos_f16 v) {
   for (int k = 0; k < 16; k++) p[k] = lumos_to_float16(v[k]);
 }
 #endif
+/* 2N bfloat16 at p as two vectors of N floats, the even-placed ones and the odd-placed ones: one
+   load, a shift (element 2j sits in lane j's low half) and a mask (2j + 1 in its high half), and no
+   shuffle (the register-blocked matmul's weights, kernel/tiles.py); lumos_storeN_interleaved puts
+   the two back in order. */
+#define LUMOS_BFLOAT16_PAIRS(N, ...)                                                              \
+  static inline void lumos_load##N##_pair_bfloat16(const lumos_bfloat16* p, lumos_f##N* even, lumos_f##N* odd) { \
+    lumos_u##N bits;                                                                               \
+    memcpy(&bits, p, sizeof bits);                                                                 \
+    *even = (lumos_f##N)(bits << 16);                                                              \
+    *odd = (lumos_f##N)(bits & 0xffff0000u);                                                       \
+  }                                                                                                \
+  static const lumos_i##N lumos_interleave##N[2] = {__VA_ARGS__};                                  \
+  static inline void lumos_store##N##_interleaved(float* p, lumos_f##N even, lumos_f##N odd) {    \
+    const lumos_f##N low = __builtin_shuffle(even, odd, lumos_interleave##N[0]);                   \
+    const lumos_f##N high = __builtin_shuffle(even, odd, lumos_interleave##N[1]);                  \
+    memcpy(p, &low, sizeof low);                                                                   \
+    memcpy(p + N, &high, sizeof high);                                                             \
+  }
+LUMOS_BFLOAT16_PAIRS(8, {0, 8, 1, 9, 2, 10, 3, 11}, {4, 12, 5, 13, 6, 14, 7, 15})
+LUMOS_BFLOAT16_PAIRS(16, {0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23},
+                     {8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31})
