@@ -240,3 +240,80 @@ def test_cuda_kernels_store_half_and_compute_float32(make, dtype, tmp_path):
     with torch.no_grad():
         exact = float32_copy(module)(x.float())
     torch.testing.assert_close(have.float(), exact, atol=1e-4, rtol=ROUNDING[name])
+
+
+# ---------------------------------------------------------------------------------------------
+# The C header's conversions, against torch's
+
+
+CONVERSIONS = r"""
+void widen_bfloat16(const lumos_bfloat16* h, float* f, int n) { for (int i = 0; i < n; i++) f[i] = lumos_from_bfloat16(h[i]); }
+void round_bfloat16(const float* f, lumos_bfloat16* h, int n) { for (int i = 0; i < n; i++) h[i] = lumos_to_bfloat16(f[i]); }
+void widen_float16(const lumos_float16* h, float* f, int n) { for (int i = 0; i < n; i++) f[i] = lumos_from_float16(h[i]); }
+void round_float16(const float* f, lumos_float16* h, int n) { for (int i = 0; i < n; i++) h[i] = lumos_to_float16(f[i]); }
+/* n a multiple of 32: every vector form, each load stored back through the matching store */
+void vectors(const lumos_bfloat16* b, const lumos_float16* h, lumos_bfloat16* b8, lumos_bfloat16* b16,
+             lumos_float16* h8, lumos_float16* h16, float* pairs8, float* pairs16, int n) {
+  for (int i = 0; i < n; i += 32) {
+    for (int k = 0; k < 32; k += 8) lumos_store8_bfloat16(b8 + i + k, lumos_load8_bfloat16(b + i + k));
+    for (int k = 0; k < 32; k += 16) lumos_store16_bfloat16(b16 + i + k, lumos_load16_bfloat16(b + i + k));
+    for (int k = 0; k < 32; k += 8) lumos_store8_float16(h8 + i + k, lumos_load8_float16(h + i + k));
+    for (int k = 0; k < 32; k += 16) lumos_store16_float16(h16 + i + k, lumos_load16_float16(h + i + k));
+    lumos_f8 e8, o8; lumos_f16 e16, o16;
+    for (int k = 0; k < 32; k += 16) { lumos_load8_pair_bfloat16(b + i + k, &e8, &o8); lumos_store8_interleaved(pairs8 + i + k, e8, o8); }
+    lumos_load16_pair_bfloat16(b + i, &e16, &o16);
+    lumos_store16_interleaved(pairs16 + i, e16, o16);
+  }
+}
+"""
+
+
+def test_the_c_conversions_match_torch_for_every_half_value(tmp_path):
+    """Every one of the 65,536 bit patterns of each half dtype widens as torch widens it (NaNs as
+    NaNs), float32 values round as torch rounds them (ties, overflow, subnormals, infinities), and
+    the vector forms agree with the scalar ones."""
+    import ctypes
+    import subprocess
+
+    from lumos.compile.render.c import HALF_HEADER, HEADER
+
+    source = tmp_path / "conversions.c"
+    source.write_text(HEADER + HALF_HEADER + CONVERSIONS)
+    library = tmp_path / "conversions.so"
+    subprocess.run(["gcc", "-O3", "-march=native", "-shared", "-fPIC", "-fopenmp", str(source), "-o", str(library)],
+                   check=True)
+    c = ctypes.CDLL(str(library))
+
+    def call(name, *arrays):
+        getattr(c, name)(*(ctypes.c_void_p(array.ctypes.data) for array in arrays), ctypes.c_int(arrays[0].size))
+
+    bits = np.arange(65536, dtype=np.uint16)
+    for dtype, suffix in ((torch.bfloat16, "bfloat16"), (torch.float16, "float16")):
+        want = torch.from_numpy(bits.view(np.int16).copy()).view(dtype).float().numpy()
+        got = np.empty(65536, np.float32)
+        call(f"widen_{suffix}", bits, got)
+        np.testing.assert_array_equal(got, want)  # NaN where torch has NaN
+        rng = np.random.default_rng(0)
+        with np.errstate(all="ignore"):  # the midpoints next to infinities and NaNs (dropped below)
+            halfway = (want[:-1:2] + want[1::2]) / 2
+        values = np.concatenate([want[np.isfinite(want)], rng.standard_normal(100_000).astype(np.float32) * 10.0 ** rng.integers(-9, 9, 100_000),
+                                 halfway,  # ties round to even
+                                 np.array([np.inf, -np.inf, 3.4e38, -3.4e38, 1e-45, 65520.0, 65519.0], np.float32)])
+        values = values[np.isfinite(values) | np.isinf(values)].astype(np.float32)
+        rounded = np.empty(values.size, np.uint16)
+        call(f"round_{suffix}", values, rounded)
+        expected = torch.from_numpy(values).to(dtype).view(torch.int16).numpy().view(np.uint16)
+        np.testing.assert_array_equal(rounded, expected)
+    b = bits
+    h = bits.copy()
+    out = [np.empty(65536, np.uint16) for _ in range(4)] + [np.empty(65536, np.float32) for _ in range(2)]
+    call("vectors", b, h, *out)
+    finite_b = np.isfinite(torch.from_numpy(b.view(np.int16).copy()).view(torch.bfloat16).float().numpy())
+    finite_h = np.isfinite(torch.from_numpy(h.view(np.int16).copy()).view(torch.float16).float().numpy())
+    np.testing.assert_array_equal(out[0][finite_b], b[finite_b])  # widen, then round: the same value
+    np.testing.assert_array_equal(out[1][finite_b], b[finite_b])
+    np.testing.assert_array_equal(out[2][finite_h], h[finite_h])
+    np.testing.assert_array_equal(out[3][finite_h], h[finite_h])
+    widened_b = torch.from_numpy(b.view(np.int16).copy()).view(torch.bfloat16).float().numpy()
+    np.testing.assert_array_equal(out[4], widened_b)  # pairs split and interleaved back in order
+    np.testing.assert_array_equal(out[5], widened_b)
