@@ -12,6 +12,7 @@ from lumos.compile.compilation import Compilation, Options
 from lumos.compile.egraph.attention import find_attention, fuse_attention
 from lumos.compile.egraph.programs import product_proposals
 from lumos.compile.egraph.rewrite import rewrite_graph
+from lumos.compile.ir.graph import own_half_outputs
 from lumos.compile.kernel.lower import reads_siblings_in_place
 from lumos.compile.render.c import render_library
 from lumos.compile.render.cuda import joins_as_tiles, render_program
@@ -44,6 +45,10 @@ def layout(c: Compilation, cache: KernelCache) -> None:
         transpose_weights(c.graph)
     if c.options.transpose_activations:
         transpose_activations(c.graph)
+
+
+def half_outputs(c: Compilation, cache: KernelCache) -> None:
+    own_half_outputs(c.graph)
 
 
 def fuse(c: Compilation, cache: KernelCache) -> None:

@@ -58,16 +58,19 @@ class Target:
 def _load_native(compilation: Compilation, tensors: Mapping[str, np.ndarray] | None = None) -> NativeProgram:
     graph = compilation.graph
     source = tensors if tensors is not None else graph.tensors
-    return NativeProgram(compilation.build.library, *_signature(compilation), [source[name] for name in tensor_names(graph)],
-                         compilation.buffers.arena_bytes, symbolic_batch=graph.batch is not None)
+    names = tensor_names(graph)
+    return NativeProgram(compilation.build.library, *_signature(compilation), [source[name] for name in names],
+                         compilation.buffers.arena_bytes, symbolic_batch=graph.batch is not None,
+                         storage=graph.storage, tensor_names=names)
 
 
 def _load_gpu(compilation: Compilation, tensors: Mapping[str, np.ndarray] | None = None) -> GpuProgram:
     graph = compilation.graph
     source = tensors if tensors is not None else graph.tensors
+    names = tensor_names(graph)
     return GpuProgram(compilation.build.library.read_bytes(), compilation.cuda.launches, *_signature(compilation),
-                      [source[name] for name in tensor_names(graph)], compilation.buffers.arena_bytes,
-                      graph.batch is not None)
+                      [source[name] for name in names], compilation.buffers.arena_bytes,
+                      graph.batch is not None, storage=graph.storage, tensor_names=names)
 
 
 def _signature(compilation: Compilation) -> tuple[list, list]:
@@ -115,6 +118,7 @@ CPU = Target(
         ("egraph", passes.rewrite),  # first: layout's copies (x + 0) are what the algebra removes
         ("horizontal", passes.horizontal),
         ("layout", passes.layout),
+        ("half_outputs", passes.half_outputs),  # a half output read by other nodes: a copy of its own
         ("schedule", passes.fuse),
         ("programs", passes.programs),  # Options.egraph_fusion: the e-graph's programs, climbed
         ("search", passes.search),
@@ -138,6 +142,7 @@ CUDA = Target(
     passes=(
         ("egraph", passes.rewrite),  # the same extracted program as the C target's
         ("layout", passes.layout),
+        ("half_outputs", passes.half_outputs),  # a half output read by other nodes: a copy of its own
         ("schedule", passes.fuse),
         ("attention", passes.attention),  # no schedule search yet: it would time kernels on a GPU
         ("products", passes.products),  # a query/key/value projection as one kernel (C: horizontal)

@@ -28,9 +28,11 @@ The graph is made functional (`masked_fill_` becomes `masked_fill`, dropout disa
 decomposed, so linear, layer norm and attention stay whole; only the fused fast-path kernels a
 graph may already hold (dynamo's) are rewritten into the ops they stand for.
 
-Values in the IR are float32 (a bfloat16 or float16 module is compiled as its float32 copy,
-frontend/half.py): integer inputs (ids, exact below 2**24) and bool inputs (masks) are
-passed as floats, and each output is converted back to the dtype eager returns. Shapes are those
+Values in the IR are float32: integer inputs (ids, exact below 2**24) and bool inputs (masks) are
+passed as floats, and each output is converted back to the dtype eager returns. A bfloat16 or
+float16 module is lowered from its float32 copy but stored in its own dtype (frontend/half.py):
+its half weights, inputs and outputs stay half at the program's boundary, widened and rounded by
+the kernels. Shapes are those
 of the example, except the batch: when every input has the same first dim (> 1) and the module
 traced at one more row differs only there (ir.mark_batch), the batch is symbolic, and any number
 of rows runs (in chunks of the example's batch). Otherwise the shapes are static.
@@ -39,7 +41,7 @@ of rows runs (in chunks of the example's batch). Otherwise the shapes are static
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -50,10 +52,21 @@ from torch.utils import _pytree as pytree
 
 from lumos.compile.compilation import DEFAULT_ARCH
 from lumos.compile.frontend.fast_path import DECOMPOSITIONS, math_path
-from lumos.compile.frontend.half import HalfPrecision, eager_output_dtypes, float32_copy, half_dtype, widened
+from lumos.compile.frontend.half import (
+    HalfPrecision,
+    eager_output_dtypes,
+    float32_copy,
+    from_stored,
+    half_dtype,
+    half_storage,
+    native_half,
+    release_float32_weights,
+    stored_array,
+    widened,
+)
 from lumos.compile.frontend.lumos_model import UnsupportedOp, lower_program
 from lumos.compile.frontend.partition import PartitionedModule, compile_partitioned, unsupported_nodes
-from lumos.compile.ir.graph import Graph, mark_batch
+from lumos.compile.ir.graph import ROUNDING, Graph, Storage, mark_batch
 from lumos.compile.program import Compilation, Options, compile_graph, load_program
 from lumos.compile.runtime.cuda import GpuProgram, gpu_arch
 from lumos.compile.runtime.kernel_cache import KernelCache
@@ -184,7 +197,7 @@ def _check_inputs(example_inputs: Sequence) -> None:
             raise UsageError(f"example input {index} is a {type(value).__name__}; compile_module takes tensors only")
         if value.is_floating_point() and value.dtype != torch.float32:
             raise UsageError(f"example input {index} is {value.dtype}; the compiler computes in float32 "
-                             "(bfloat16 and float16 modules are widened to it; float64 is refused)")
+                             "(bfloat16 and float16 modules are lowered from their float32 copy; float64 is refused)")
 
 
 def export_module(module: nn.Module, example_inputs: Sequence[torch.Tensor]):
@@ -259,6 +272,7 @@ class CompiledModule:
     """The ones the graph reads, by position (an argument the forward ignores is not passed on)."""
     input_shapes: list[tuple[int, ...]]
     input_dtypes: list[torch.dtype]
+    """Each input's dtype (a half one is passed to the program as it is: frontend/half.py)."""
     outputs: list[TensorOutput | object]
     """The flattened return value: a graph output per tensor, the value itself for a constant (None)."""
     output_spec: pytree.TreeSpec
@@ -310,12 +324,11 @@ class CompiledModule:
         """The program's outputs by name, as tensors on the inputs' device."""
         names = [name for name, _ in self.program.inputs]
         if self.target is CUDA:  # GpuProgram reads and returns CUDA tensors (on its GPU: moved back)
-            out = self.program({name: value.detach().to(torch.float32) for name, value in zip(names, used, strict=True)})
+            out = self.program({name: value.detach() for name, value in zip(names, used, strict=True)})  # it converts
             device = used[0].device if used else out[next(iter(out))].device
             return {name: value.to(device) for name, value in out.items()}
-        out = self.program({name: value.detach().cpu().to(torch.float32).numpy()
-                            for name, value in zip(names, used, strict=True)})
-        return {name: torch.from_numpy(value) for name, value in out.items()}
+        out = self.program({name: stored_array(value) for name, value in zip(names, used, strict=True)})
+        return {name: from_stored(value) for name, value in out.items()}
 
 
 def compile_module(module: nn.Module, example_inputs: Sequence[torch.Tensor], cache: KernelCache | None = None,
@@ -335,57 +348,69 @@ def compile_module(module: nn.Module, example_inputs: Sequence[torch.Tensor], ca
     partition compiled and verified like this, static shapes, one EagerFallbackWarning);
     `strict` refuses it instead with UnsupportedOp.
 
-    A bfloat16 or float16 module (weights or inputs) is compiled as its float32 copy, called
-    with its half inputs widened and its outputs returned in eager's dtypes (frontend/half.py)."""
-    if half_dtype(module, example_inputs) is not None:
+    A bfloat16 or float16 module (weights or inputs) is lowered from its float32 copy and stored
+    in its own dtype: weights, inputs and outputs half, computed in float32 (frontend/half.py);
+    verified against the float32 copy within one rounding to the dtype. Partitioned, it is
+    compiled as its float32 copy instead (HalfPrecision)."""
+    half = half_dtype(module, example_inputs)
+    original, given = module, example_inputs
+    if half is not None:
         with math_path(module):
-            dtypes = eager_output_dtypes(module, example_inputs)
-        compiled = compile_module(float32_copy(module), [widened(value) for value in example_inputs], cache, options,
-                                  verify, strict, search_budget)
-        return HalfPrecision(compiled, dtypes)
+            output_dtypes = eager_output_dtypes(module, example_inputs)
+        module, example_inputs = float32_copy(module), [widened(value) for value in example_inputs]
     target = target_for(module_devices(module, example_inputs))
     if not target.runs_here():
         raise UsageError(f"the inputs are on {target.device.upper()}, but torch sees no CUDA GPU here")
     options = options or default_options(target)
     budget = requested_budget(search_budget, options)
     program = export_module(module, example_inputs)
-    if not strict and unsupported_nodes(program.graph):
+    partitioned = not strict and bool(unsupported_nodes(program.graph))
+    if half is not None and (partitioned or not native_half(target)):
+        return HalfPrecision(compile_module(module, example_inputs, cache, options, verify, strict, search_budget),
+                             output_dtypes)
+    if partitioned:
         _check_functional(program)
         partition_options = replace(options, symbolic_batch=False)
         return compile_partitioned(program, example_inputs, lambda part, inputs: compile_module(
             part, inputs, cache, partition_options, verify, strict=True, search_budget=budget))
+    storage = (lambda graph, used: half_storage(original, given, output_dtypes, graph, used)) if half else None
     compilation, used = build_exported(module, program, example_inputs, kernel_cache_for(cache, target), options,
-                                       target, budget)
+                                       target, budget, storage)
     output_node = next(node for node in program.graph.nodes if node.op == "output")
     compiled = CompiledModule(
         load_program(compilation), compilation, len(example_inputs), used,
         input_shapes=[tuple(example_inputs[index].shape) for index in used],
-        input_dtypes=[example_inputs[index].dtype for index in used],
-        outputs=[TensorOutput(f"output{index}", leaf.meta["val"].dtype) if isinstance(leaf, torch.fx.Node) else leaf
-                 for index, leaf in enumerate(output_node.args[0])],
+        input_dtypes=[given[index].dtype for index in used],
+        outputs=[TensorOutput(f"output{index}", output_dtypes[index] if half else leaf.meta["val"].dtype)
+                 if isinstance(leaf, torch.fx.Node) else leaf for index, leaf in enumerate(output_node.args[0])],
         output_spec=program.call_spec.out_spec,
         batch=compilation.graph.batch,
     )
+    if half:
+        release_float32_weights(compilation.graph)
     if verify:
-        checks = [example_inputs]
+        checks = [given]
         if compiled.batch:  # a smaller batch too, and a larger one (two chunks)
-            checks += [[value[:-1] for value in example_inputs],
-                       [torch.cat([value, value[:1]]) for value in example_inputs]]
+            checks += [[value[:-1] for value in given], [torch.cat([value, value[:1]]) for value in given]]
         verify_module(compiled, module, checks)
     return compiled
 
 
 def build_exported(module: nn.Module, program, example_inputs: Sequence[torch.Tensor], cache: KernelCache,
-                   options: Options, target: Target, search_budget: float | str) -> tuple[Compilation, list[int]]:
+                   options: Options, target: Target, search_budget: float | str,
+                   storage: Callable[[Graph, list[int]], Storage] | None = None) -> tuple[Compilation, list[int]]:
     """The exported program lowered (the batch made symbolic where `options` say and it can be)
     and built for `target` by its passes (program.py), searching within `search_budget`; with the
-    positions of the forward's arguments the graph reads. Needs no device: the CUDA target's build
-    is NVRTC's PTX."""
+    positions of the forward's arguments the graph reads. `storage`, given the lowered graph and
+    those positions, says which of its buffers are stored in a half dtype. Needs no device: the
+    CUDA target's build is NVRTC's PTX."""
     graph = lower_exported(program)
     if options.symbolic_batch:
         mark_symbolic_batch(graph, module, example_inputs)
     # Program inputs are the graph's that survived pruning (an unused input is not passed).
     used = [index for index, name in enumerate(program.graph_signature.user_inputs) if name in graph.inputs]
+    if storage is not None:
+        graph.storage = storage(graph, used)
     example = {name: example_inputs[index].detach().cpu().to(torch.float32).numpy()
                for index, name in zip(used, graph.inputs, strict=True)}
     compilation = compile_graph(graph, cache, options, example_inputs=example,
@@ -395,26 +420,29 @@ def build_exported(module: nn.Module, program, example_inputs: Sequence[torch.Te
 
 def verify_module(compiled: CompiledModule, module: nn.Module, inputs: Sequence[Sequence[torch.Tensor]]) -> float:
     """Largest difference from eager PyTorch (math path, eval mode) over the input sets; raises
-    VerificationError beyond the engine's tolerance."""
+    VerificationError beyond the engine's tolerance. A half-precision program is checked against
+    `module`, its float32 copy, on the inputs widened; its half outputs within one rounding to
+    their dtype more (ROUNDING)."""
     worst = 0.0
     for args in inputs:
         with math_path(module), torch.no_grad():
-            expected = pytree.tree_leaves(module(*args))
+            expected = pytree.tree_leaves(module(*(widened(value) for value in args)))
         got = pytree.tree_leaves(compiled(*args))
         for index, (want, have) in enumerate(zip(expected, got, strict=True)):
             if not isinstance(want, torch.Tensor):
                 if want != have:
                     raise VerificationError(f"output {index}: compiled {have!r}, torch {want!r}")
                 continue
+            rtol = max(compiled.target.rtol, ROUNDING.get(str(have.dtype).removeprefix("torch."), 0.0))
             want, have = want.detach().float().cpu().numpy(), have.detach().float().cpu().numpy()
             if want.shape != have.shape:
                 raise VerificationError(f"output {index}: compiled shape {have.shape}, torch {want.shape}")
             error = float(np.max(np.abs(want - have))) if want.size else 0.0
             worst = max(worst, error)
             target = compiled.target
-            if not np.allclose(have, want, atol=target.atol, rtol=target.rtol):
+            if not np.allclose(have, want, atol=target.atol, rtol=rtol):
                 raise VerificationError(f"output {index} differs from PyTorch by up to {error:.3g} "
-                                        f"(tolerance {target.atol} + {target.rtol}·|x|)")
+                                        f"(tolerance {target.atol} + {rtol}·|x|)")
     compiled.max_error = worst if np.isnan(compiled.max_error) else max(worst, compiled.max_error)
     return worst
 

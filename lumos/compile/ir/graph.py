@@ -6,8 +6,11 @@ create no nodes. The op set is small on purpose (after Luminal): every high-leve
 once in these primitives (ir/hl_ops.py), and later passes (fusion, e-graph rewrites) only have to
 understand these.
 
-One dtype: float32. Ids (embedding lookups) and masks (0/1) are float32 too; ids stay exact up to
-2**24, far above any vocabulary this model sees.
+One dtype for computing: float32. Ids (embedding lookups) and masks (0/1) are float32 too; ids stay
+exact up to 2**24, far above any vocabulary this model sees. What the program reads and writes at
+its boundary may be stored narrower: `Storage` names the inputs, outputs and weights held in
+bfloat16 or float16 (a half-precision module's), which the kernels widen as they load them and
+round as they store them; every intermediate is float32 (render/cstyle.py).
 
 Shapes are concrete except the batch: a graph is traced at one (batch, sequence) shape, and
 `mark_batch` makes dim 0 symbolic where it is the batch (kernels then loop over the rows given,
@@ -221,6 +224,34 @@ class Node:
         return f"%{self.id} = {self.op.name}{list(self.shape)}({', '.join(f'%{s.id}' for s in self.srcs)}){'' if self.arg is None else f' arg={self.arg!r}'}"
 
 
+HALF = ("bfloat16", "float16")
+"""The storage dtypes besides float32 (torch's names)."""
+
+ROUNDING = {"bfloat16": 2.0 ** -8, "float16": 2.0 ** -11}
+"""How far (relative) a value stored in each half dtype may be from a float32 result: half a unit
+in the last place for the rounding, doubled because a result within float32's error of the exact
+one may round to the neighbouring half value."""
+
+
+@dataclass
+class Storage:
+    """The dtype of each buffer at the program's boundary that is not float32, by name: inputs,
+    outputs and constant tensors (weights). Values in the graph (`Graph.tensors`, the interpreter,
+    every intermediate) stay float32: widening a half value is exact."""
+
+    inputs: dict[str, str] = field(default_factory=dict)
+    outputs: dict[str, str] = field(default_factory=dict)
+    tensors: dict[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        odd = {dtype for names in (self.inputs, self.outputs, self.tensors) for dtype in names.values()} - set(HALF)
+        if odd:
+            raise ValueError(f"storage dtypes are {HALF} (float32 is the default); got {sorted(odd)}")
+
+    def __bool__(self) -> bool:
+        return bool(self.inputs or self.outputs or self.tensors)
+
+
 @dataclass
 class Graph:
     nodes: list[Node] = field(default_factory=list)
@@ -233,6 +264,8 @@ class Graph:
     """Constant tensors (numpy float32) by name: weights, and literals such as positions."""
     batch: int | None = None
     """The batch size the graph was traced at, when the batch dim is symbolic (`mark_batch`)."""
+    storage: Storage = field(default_factory=Storage)
+    """Inputs, outputs and weights stored in a half dtype (empty: all float32)."""
     origin: str = ""
     """Set by the frontend while it lowers one torch op: the default origin of new nodes."""
     _scalars: dict[float, Node] = field(default_factory=dict)
@@ -279,11 +312,40 @@ class Graph:
         self._scalars = {value: node for value, node in self._scalars.items() if node in alive}
         return self
 
+    def stored_dtypes(self) -> dict[Node, str]:
+        """The nodes whose buffers `storage` keeps in a half dtype, with that dtype (an output
+        node stored half is read back widened by any later kernel, as an input is)."""
+        stored = {node: self.storage.inputs[name] for name, node in self.inputs.items() if name in self.storage.inputs}
+        stored |= {node: self.storage.tensors[node.arg] for node in self.nodes
+                   if node.op is Op.CONST and isinstance(node.arg, str) and node.arg in self.storage.tensors}
+        for name, node in self.outputs.items():
+            if name in self.storage.outputs:
+                if stored.get(node, self.storage.outputs[name]) != self.storage.outputs[name]:
+                    raise ValueError(f"output {name!r} is stored as {self.storage.outputs[name]} and as {stored[node]}")
+                stored[node] = self.storage.outputs[name]
+        return stored
+
     def op_counts(self) -> dict[str, int]:
         counts: dict[str, int] = {}
         for node in self.nodes:
             counts[node.op.name] = counts.get(node.op.name, 0) + 1
         return counts
+
+
+def own_half_outputs(graph: Graph) -> None:
+    """Give each half output that other nodes read a node of its own (a copy, x + 0, rounded as
+    it is stored), so that they read the float32 value, not the rounded one in the output buffer.
+    A pass after the e-graph's (which removes x + 0); the copy is batched as its source is."""
+    uses = graph.consumers()
+    for name in graph.storage.outputs:
+        node = graph.outputs[name]
+        if not uses.get(node):
+            continue
+        zero = graph.scalar(0.0)
+        copy = graph.add(Op.ADD, (node, zero), (View.contiguous(node.shape), View(node.shape, (0,) * len(node.shape))),
+                         node.shape, origin=node.origin)
+        copy.batched = node.batched
+        graph.outputs[name] = copy
 
 
 def is_product_sum(node: Node) -> bool:

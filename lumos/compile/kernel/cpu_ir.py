@@ -200,6 +200,29 @@ class VectorStore:
 
 
 @dataclass
+class PairLoad:
+    """2·width bfloat16 from `at` on as two vectors of width floats: `even` gets the elements at
+    even places, `odd` the rest (one load, a shift and a mask: no shuffle, where widening a vector
+    of width takes a zero-extending shuffle and a shift)."""
+
+    even: Element
+    odd: Element
+    at: Load
+    width: int
+
+
+@dataclass
+class InterleavedStore:
+    """`even` and `odd` (vectors of width floats) interleaved into 2·width floats at `at`: what a
+    PairLoad split, back in order."""
+
+    at: Element
+    width: int
+    even: Expr
+    odd: Expr
+
+
+@dataclass
 class For:
     """for var in [start, stop) by step, while `also` holds too. `unroll`: fully or by that factor;
     `simd`: vectorized explicitly; `braces`: its body is a block even when it is one statement."""
@@ -221,7 +244,8 @@ class For:
     note: str = ""
 
 
-TileStmt = Declare | Declares | IntLet | Assign | Accumulate | MulAdd | Rescale | VectorStore | Prefetch | Transpose | Scope | If | Skip | For
+TileStmt = (Declare | Declares | IntLet | Assign | Accumulate | MulAdd | Rescale | VectorStore | PairLoad | InterleavedStore
+            | Prefetch | Transpose | Scope | If | Skip | For)
 """The fast kernels' statements (beside Let, Reduce and Store)."""
 
 

@@ -20,8 +20,10 @@ from lumos.compile.kernel.cpu_ir import (
     Declare,
     For,
     Identity,
+    InterleavedStore,
     IntLet,
     MulAdd,
+    PairLoad,
     Splat,
     VectorLoad,
     VectorStore,
@@ -34,6 +36,7 @@ from lumos.compile.kernel.ir import (
     KernelIR,
     Let,
     Lit,
+    Load,
     Loop,
     Num,
     Reduce,
@@ -50,9 +53,10 @@ BLOCK_UNROLL = 4
 """The blocked matmul's reduction loop is unrolled this far: more independent loads in flight."""
 
 
-def cpu_layout(ir: KernelIR, schedule: KernelSchedule) -> KernelIR:
-    """The kernel in the layout its schedule asks for: register-blocked, row-wise, or as lowered."""
-    return register_block(ir, schedule) or row_wise_layout(ir, schedule) or ir
+def cpu_layout(ir: KernelIR, schedule: KernelSchedule, bfloat16: frozenset[str] = frozenset()) -> KernelIR:
+    """The kernel in the layout its schedule asks for: register-blocked, row-wise, or as lowered.
+    `bfloat16`: the buffers stored in bfloat16 (a register block loads such a weight in pairs)."""
+    return register_block(ir, schedule, bfloat16) or row_wise_layout(ir, schedule) or ir
 
 
 def _with_loops(ir: KernelIR, loops: list[Loop], body: list, schedule: KernelSchedule) -> KernelIR:
@@ -65,7 +69,7 @@ def _with_loops(ir: KernelIR, loops: list[Loop], body: list, schedule: KernelSch
     return replace(ir, loops=loops, body=body, version_on=None)
 
 
-def register_block(ir: KernelIR, schedule: KernelSchedule) -> KernelIR | None:
+def register_block(ir: KernelIR, schedule: KernelSchedule, bfloat16: frozenset[str] = frozenset()) -> KernelIR | None:
     """The register-blocked matmul micro-kernel (schedule.rows × schedule.tile): the kernel's one
     reduction is a sum of `value · weight` where `weight` is a buffer read contiguous along the
     output row and the same for every row of some outer loop `row` (x @ Wᵀ with W stored (in,
@@ -81,7 +85,12 @@ def register_block(ir: KernelIR, schedule: KernelSchedule) -> KernelIR | None:
     is computed once per row and step into arrays before the tiles; the epilogue (bias, GELU,
     residual: the statements after the sum) runs per output on the summed tile. The row loop
     steps by blocks, the column loop is gone; None when the kernel has no such shape (the
-    schedule then takes the row-wise layout)."""
+    schedule then takes the row-wise layout).
+
+    A weight stored in bfloat16 (in `bfloat16`), over an even number of vectors, is loaded two
+    vectors at a time (PairLoad: the even-placed columns and the odd-placed ones, widened by a
+    shift and a mask), and the block's sums are interleaved back as they are stored to the tile:
+    widening a vector alone costs a shuffle and a shift beside every `rows` FMAs."""
     rows, tile = schedule.rows, schedule.tile
     width = schedule.lanes or VECTOR
     if not rows or not tile or tile % width or len(ir.loops) < 2:
@@ -108,13 +117,26 @@ def register_block(ir: KernelIR, schedule: KernelSchedule) -> KernelIR | None:
         return For(var, Lit(stop), list(body), unroll=unroll, **options)
 
     column = IntOp("+", Var(f"{last}_0"), IntOp("*", Lit(width), Var(v)))
+    pairs = isinstance(match.weight, Load) and match.weight.buffer in bfloat16 and lanes % 2 == 0
+    if pairs:  # columns 2·width·v + (0, 2, 4 …) to w[2v], + (1, 3, 5 …) to w[2v + 1]
+        pair_column = IntOp("+", Var(f"{last}_0"), IntOp("*", Lit(2 * width), Var(v)))
+        loads = each(v, lanes // 2, IntLet(last, pair_column),
+                     PairLoad(Element(w, (IntOp("*", Lit(2), Var(v)),)), Element(w, (IntOp("+", IntOp("*", Lit(2), Var(v)), Lit(1)),)),
+                              match.weight, width), unroll=lanes // 2)
+        stores = each(m, rows, each(v, lanes // 2, InterleavedStore(
+            Element(tile_sums, (Var(m), IntOp("*", Lit(2 * width), Var(v)))), width,
+            Element(blk, (Var(m), IntOp("*", Lit(2), Var(v)))), Element(blk, (Var(m), IntOp("+", IntOp("*", Lit(2), Var(v)), Lit(1)))))))
+    else:
+        loads = each(v, lanes, IntLet(last, column), Assign(Element(w, (Var(v),)), VectorLoad(match.weight, width)),
+                     unroll=lanes)
+        stores = each(m, rows, each(v, lanes, VectorStore(Element(tile_sums, (Var(m), IntOp("*", Lit(width), Var(v)))), width,
+                                                          Element(blk, (Var(m), Var(v))))))
     sums = [
         Declare(blk, (rows, lanes), width, note=f"the block's sums: {rows * lanes} vector registers"),
         each(m, rows, each(v, lanes, Assign(Element(blk, (Var(m), Var(v))), Splat(width))), unroll=rows),
         each(r, steps,
              Declare(w, (lanes,), width, note="loaded once, used by every row of the block"),
-             each(v, lanes, IntLet(last, column), Assign(Element(w, (Var(v),)), VectorLoad(match.weight, width)),
-                  unroll=lanes),
+             loads,
              each(m, rows,
                   IntLet(row, Element(row_of, (Var(m),))),
                   *per_step,
@@ -123,8 +145,7 @@ def register_block(ir: KernelIR, schedule: KernelSchedule) -> KernelIR | None:
                   unroll=rows),
              unroll=BLOCK_UNROLL),
         Declare(tile_sums, (rows, tile)),
-        each(m, rows, each(v, lanes, VectorStore(Element(tile_sums, (Var(m), IntOp("*", Lit(width), Var(v)))), width,
-                                                 Element(blk, (Var(m), Var(v)))))),
+        stores,
         each(m, rows,
              IntLet(row, IntOp("+", first_row, Var(m))),
              For(last, IntOp("+", Var(f"{last}_0"), Lit(tile)), [

@@ -8,10 +8,15 @@ versioned on an invariant padding guard). Statements print as render/cstyle.py p
 and CUDA alike; this module adds the C frame (OpenMP loops, the signature) and the header
 (lumos_cpu.h). The driver opens one OpenMP parallel region and calls every kernel in launch
 order; a kernel's `omp for` ends with a barrier only where a later kernel depends on it.
+
+A buffer stored in a half dtype (ir/graph.py: Storage) is a pointer to `lumos_bfloat16` (a struct
+around its 16 bits, so that no load or store can forget to convert) or `lumos_float16` (_Float16);
+the driver casts its pointer, and cstyle.py prints every load widening and every store rounding.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import replace
 from importlib import resources
 
@@ -21,7 +26,16 @@ from lumos.compile.kernel.ir import Compare, KernelIR, Loop
 from lumos.compile.kernel.lower import lower_attention, lower_kernel
 from lumos.compile.kernel.online_softmax import fused_attention
 from lumos.compile.kernel.tiles import cpu_layout
-from lumos.compile.render.cstyle import C, block_lines, comment_text, compare, int_expr, kernel_comment
+from lumos.compile.render.cstyle import (
+    C,
+    block_lines,
+    comment_text,
+    compare,
+    int_expr,
+    kernel_comment,
+    stored,
+    stored_as,
+)
 from lumos.compile.runtime.kernel_cache import UNIT_BREAK
 from lumos.compile.schedule.buffers import BufferPlan
 from lumos.compile.schedule.kernels import Kernel, KernelSchedule
@@ -32,8 +46,31 @@ libm, lane reductions, masked loads, and lumos_transposeN (n vectors of n floats
 log2(n) stages of two-input shuffles; stage b swaps the off-diagonal b × b blocks of every
 2b × 2b block)."""
 
+HALF_HEADER = (resources.files("lumos.compile.render") / "lumos_cpu_half.h").read_text()
+"""What a library with half-precision buffers adds after HEADER (lumos_cpu_half.h): the storage
+types and their converting loads and stores, scalar and vector (a float32 program renders as it
+did before there were any)."""
+
 def render_kernel(kernel: Kernel, materialized: set[Node], params: dict[Node, str],
-                  schedule: KernelSchedule | None = None, barrier: bool = True) -> str:
+                  schedule: KernelSchedule | None = None, barrier: bool = True,
+                  dtypes: Mapping[Node, str] | None = None) -> str:
+    """`dtypes`: the nodes stored in a half dtype (Graph.stored_dtypes); the rest are float32."""
+    names = kernel_dtypes(kernel, params, dtypes or {})
+    with stored_as(names):
+        return _render_kernel(kernel, materialized, params, schedule, barrier,
+                              frozenset(name for name, dtype in names.items() if dtype == "bfloat16"))
+
+
+def kernel_dtypes(kernel: Kernel, params: dict[Node, str], dtypes: Mapping[Node, str]) -> dict[str, str]:
+    """The kernel's half buffers by the names it gives them: its reads by `params`, its outputs
+    `out`, `out1`, … (KernelIR.outputs)."""
+    names = {params[node]: dtypes[node] for node in kernel.reads if node in dtypes}
+    outputs = ("out", *(f"out{position}" for position in range(1, len(kernel.outputs))))
+    return names | {name: dtypes[node] for name, node in zip(outputs, kernel.outputs, strict=True) if node in dtypes}
+
+
+def _render_kernel(kernel: Kernel, materialized: set[Node], params: dict[Node, str],
+                   schedule: KernelSchedule | None, barrier: bool, bfloat16: frozenset[str]) -> str:
     schedule = schedule or KernelSchedule()
     if kernel.attention is not None:
         ir = lower_attention(kernel, materialized, params, schedule)
@@ -41,7 +78,7 @@ def render_kernel(kernel: Kernel, materialized: set[Node], params: dict[Node, st
         return print_attention(fused_attention(ir, schedule, attention.keys_copy is not None, attention.store), barrier)
     ir = lower_kernel(kernel, materialized, params, schedule)
     if not kernel.also:  # the register-blocked and row-wise layouts write one output
-        ir = cpu_layout(ir, schedule)
+        ir = cpu_layout(ir, schedule, bfloat16)
     return print_kernel(ir, barrier, schedule.wide)
 
 
@@ -104,20 +141,27 @@ def print_attention(kernel: FusedAttention, barrier: bool = True) -> str:
 
 def _signature(ir: KernelIR | FusedAttention, wide: bool = False) -> str:
     outputs = ir.outputs if isinstance(ir, KernelIR) else ("out",)
-    params = ["const int n", *(f"float* restrict {name}" for name in outputs)] + [f"const float* restrict {name}" for name in ir.params]
+    params = ["const int n", *(f"{element_type(name)}* restrict {name}" for name in outputs)]
+    params += [f"const {element_type(name)}* restrict {name}" for name in ir.params]
     return f"LUMOS_KERNEL {'LUMOS_WIDE ' if wide else ''}void {ir.name}({', '.join(params)}) {{"
+
+
+def element_type(buffer: str) -> str:
+    dtype = stored(buffer)
+    return "float" if dtype is None else f"lumos_{dtype}"
 
 
 def _lines(stmts) -> list[str]:
     return block_lines(stmts, C)
 
 
-def canonical_kernel_source(kernel: Kernel, materialized: set[Node], schedule: KernelSchedule | None = None) -> str:
+def canonical_kernel_source(kernel: Kernel, materialized: set[Node], schedule: KernelSchedule | None = None,
+                            dtypes: Mapping[Node, str] | None = None) -> str:
     """The kernel's C with buffer and kernel names replaced by positional ones: identical layers
     (same computation on different weights and buffers) give the same text."""
     params = {node: f"p{position}" for position, node in enumerate(kernel.reads)}
     renamed = replace(kernel, name="kernel")
-    return render_kernel(renamed, materialized, params, schedule).split("\n", 1)[1]
+    return render_kernel(renamed, materialized, params, schedule, dtypes=dtypes).split("\n", 1)[1]
 
 
 def barriers(graph: Graph, kernels: list[Kernel], plan: BufferPlan) -> list[bool]:
@@ -159,12 +203,13 @@ def render_library(graph: Graph, kernels: list[Kernel], materialized: set[Node],
     (default: the renderer's heuristic); `always_barrier` ends every kernel with a barrier, so
     that the timed driver measures each kernel alone."""
     params = {node: f"b{node.id}" for node in graph.nodes}
+    dtypes = graph.stored_dtypes()
     schedules = schedules or {}
-    parts = [HEADER]
+    parts = [HEADER + HALF_HEADER] if dtypes else [HEADER]
     keep = [True] * len(kernels) if always_barrier else barriers(graph, kernels, plan)
     prototypes = []
     for kernel, barrier in zip(kernels, keep, strict=True):
-        text = render_kernel(kernel, materialized, params, schedules.get(kernel.name), barrier)
+        text = render_kernel(kernel, materialized, params, schedules.get(kernel.name), barrier, dtypes)
         parts += [UNIT_BREAK, text]
         signature = next(line for line in text.splitlines() if line.startswith("LUMOS_KERNEL "))  # after its comment
         prototypes.append(signature.removesuffix(" {") + ";")
@@ -182,7 +227,13 @@ def render_library(graph: Graph, kernels: list[Kernel], materialized: set[Node],
             return f"outputs[{outputs.index(node)}]"
         return f"(float*)(arena + {plan.buffers[node].offset})"
 
-    calls = [f"    {k.name}(n, {', '.join(pointer(node) for node in [*k.outputs, *k.reads])});" for k in kernels]
+    def argument(node: Node, written: bool) -> str:  # a half buffer's pointer cast to its type
+        if node not in dtypes:
+            return pointer(node)
+        return f"({'' if written else 'const '}lumos_{dtypes[node]}*){pointer(node)}"
+
+    calls = [f"    {k.name}(n, {', '.join([*(argument(node, True) for node in k.outputs), *(argument(node, False) for node in k.reads)])});"
+             for k in kernels]
     timed = [f"{call}\n    #pragma omp master\n    times[{i + 1}] = omp_get_wtime();" for i, call in enumerate(calls)]
     signature = ("const float* const* inputs, float* const* outputs, const float* const* tensors, char* arena, int n, "
                  "int threads")

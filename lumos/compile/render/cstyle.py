@@ -3,11 +3,21 @@
 Expressions and statements print the same in C and CUDA C; a `Dialect` holds the few things
 that differ (the restrict qualifier, loop pragmas). Each renderer adds its own kernel frame: the
 C one OpenMP loops, the CUDA one thread indices (render/c.py, render/cuda.py).
+
+Half precision is storage only: a buffer at the program's boundary stored in bfloat16 or float16
+(ir/graph.py: Storage) is widened to float32 where a kernel loads it and rounded where it stores
+it, by the header's `lumos_from_<dtype>` / `lumos_to_<dtype>` (and their vector forms); all
+arithmetic and accumulation stay float32. The kernel IR does not know dtypes: the renderer names
+the kernel's half buffers (`stored_as`) while it prints, and every load and store of such a buffer
+goes through the conversion. A statement that would update a half buffer in place is refused.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 
 from lumos.compile.ir.graph import BINARY, REDUCE, UNARY, Op
@@ -22,9 +32,11 @@ from lumos.compile.kernel.cpu_ir import (
     For,
     Identity,
     If,
+    InterleavedStore,
     IntLet,
     LaneReduce,
     MulAdd,
+    PairLoad,
     Prefetch,
     Rescale,
     Scope,
@@ -82,6 +94,40 @@ BINARY_C = {
 # A primitive without a printer fails here, at import, not in the middle of a compile.
 assert set(UNARY_C) == UNARY, f"UNARY_C must print exactly the unary ops; differs by {set(UNARY_C) ^ UNARY}"
 assert set(BINARY_C) == BINARY | REDUCE, f"BINARY_C must print the binary and reduce ops; differs by {set(BINARY_C) ^ (BINARY | REDUCE)}"
+
+
+_STORED: ContextVar[Mapping[str, str] | None] = ContextVar("stored", default=None)
+
+
+@contextmanager
+def stored_as(dtypes: Mapping[str, str]) -> Iterator[None]:
+    """While printing one kernel: its buffers (by the names it gives them) stored in a half
+    dtype, and that dtype ("bfloat16" or "float16"); the others are float32."""
+    token = _STORED.set(dtypes)
+    try:
+        yield
+    finally:
+        _STORED.reset(token)
+
+
+def stored(buffer: str | None) -> str | None:
+    """The half dtype `buffer` is stored in; None: float32."""
+    return (_STORED.get() or {}).get(buffer)
+
+
+def buffer_name(e) -> str | None:
+    return e.buffer if isinstance(e, Load) else e.array if isinstance(e, Element) else None
+
+
+def address(e: Load | Element) -> str:
+    """The element's place, as it is stored (no conversion): what `&` takes."""
+    return f"{e.buffer}[{index(e.offset)}]" if isinstance(e, Load) else element(e)
+
+
+def narrowed(buffer: str | None, value: str) -> str:
+    """`value` as the buffer stores it."""
+    dtype = stored(buffer) if buffer else None
+    return value if dtype is None else f"lumos_to_{dtype}({value})"
 
 
 def literal(value: float) -> str:
@@ -166,8 +212,9 @@ def expr(e: Expr) -> str:
         return literal(e.value)
     if isinstance(e, Ref):
         return e.name
-    if isinstance(e, Load):
-        return f"{e.buffer}[{index(e.offset)}]"
+    if isinstance(e, (Load, Element)):
+        dtype = stored(buffer_name(e))
+        return address(e) if dtype is None else f"lumos_from_{dtype}({address(e)})"
     if isinstance(e, Unary):
         if e.op is Op.EXP2 and nonpositive(e.x):
             return f"lumos_exp2f_nonpositive({expr(e.x)})"
@@ -176,8 +223,6 @@ def expr(e: Expr) -> str:
         return BINARY_C[e.op].format(expr(e.a), expr(e.b))
     if isinstance(e, Masked):
         return f"(({cond(e.cond)}) ? {expr(e.x)} : 0.0f)"
-    if isinstance(e, Element):
-        return element(e)
     if isinstance(e, Identity):
         return initial(0.0 if e.op is Op.SUM else -math.inf)
     return vector_expr(e)
@@ -185,9 +230,9 @@ def expr(e: Expr) -> str:
 
 VECTOR_C = {
     "type": "lumos_f{w}",
-    "load": "lumos_load{w}(&{at})",
-    "load_first": "lumos_load{w}_first(&{at}, {n})",
-    "store": "lumos_store{w}(&{at}, {x});",
+    "load": "lumos_load{w}{dtype}(&{at})",
+    "load_first": "lumos_load{w}_first{dtype}(&{at}, {n})",
+    "store": "lumos_store{w}{dtype}(&{at}, {x});",
     "max": "{t} = lumos_max{w}({t}, {x});",
     "first_lanes": "lumos_first{w}({x}, {n}, {fill})",
     "sum_lanes": "lumos_sum_lanes{w}({x})",
@@ -197,7 +242,13 @@ VECTOR_C = {
     "prefetch": "__builtin_prefetch(&{at});",
 }
 """The fast kernels' vectors of {w} floats as the C header spells them (lumos_cpu.h: GCC's vector
-extension); only the C renderer's passes build them."""
+extension); only the C renderer's passes build them. {dtype} is "" for a float32 buffer, else "_"
+and its storage dtype (the header's converting loads and stores)."""
+
+
+def vector_dtype(at: Expr) -> str:
+    dtype = stored(buffer_name(at))
+    return "" if dtype is None else f"_{dtype}"
 
 
 def vector_expr(e: Expr, outer: int = 0) -> str:
@@ -207,9 +258,10 @@ def vector_expr(e: Expr, outer: int = 0) -> str:
         text = f"{vector_expr(e.a, own)} {e.op} {vector_expr(e.b, own + 1)}"
         return f"({text})" if own < outer else text
     if isinstance(e, VectorLoad):
+        at, dtype = address(e.at), vector_dtype(e.at)
         if e.first is not None:
-            return VECTOR_C["load_first"].format(w=e.width, at=expr(e.at), n=int_expr(e.first))
-        return VECTOR_C["load"].format(w=e.width, at=expr(e.at))
+            return VECTOR_C["load_first"].format(w=e.width, at=at, n=int_expr(e.first), dtype=dtype)
+        return VECTOR_C["load"].format(w=e.width, at=at, dtype=dtype)
     if isinstance(e, Splat):
         lanes = "0" if e.value == 0 else ", ".join([initial(e.value)] * e.width)
         return f"({VECTOR_C['type'].format(w=e.width)}){{{lanes}}}"
@@ -260,6 +312,9 @@ def update(op: Op, acc: str, value: str) -> str:
 
 
 def target(t: Element | Ref | Load) -> str:
+    """What a statement updates in place (never a half buffer: that would round each step)."""
+    if stored(buffer_name(t)):
+        raise NotImplementedError(f"updating the half-precision buffer {buffer_name(t)} in place")
     return t.name if isinstance(t, Ref) else expr(t)
 
 
@@ -283,7 +338,12 @@ def tile_lines(s: TileStmt, dialect: Dialect) -> list[str]:
         note = f"  /* {s.note} */" if s.note else ""
         return [f"const {'long' if s.long else 'int'} {', '.join(f'{name} = {int_expr(value)}' for name, value in bound)};{note}"]
     if isinstance(s, Assign):
-        return [f"{target(s.target)} = {expr(s.value)};" + (f"  /* {s.note} */" if s.note else "")]
+        if isinstance(s.target, Ref):
+            place = s.target.name
+        else:
+            place = address(s.target)
+        value = narrowed(buffer_name(s.target), expr(s.value))
+        return [f"{place} = {value};" + (f"  /* {s.note} */" if s.note else "")]
     if isinstance(s, Accumulate):
         if s.width and s.op is Op.MAX:
             return [VECTOR_C["max"].format(w=s.width, t=target(s.target), x=expr(s.value))]
@@ -293,9 +353,13 @@ def tile_lines(s: TileStmt, dialect: Dialect) -> list[str]:
     if isinstance(s, Rescale):
         return [f"{target(s.target)} *= {expr(s.factor)};"]
     if isinstance(s, VectorStore):
-        return [VECTOR_C["store"].format(w=s.width, at=element(s.at), x=expr(s.value))]
+        return [VECTOR_C["store"].format(w=s.width, at=element(s.at), x=expr(s.value), dtype=vector_dtype(s.at))]
+    if isinstance(s, PairLoad):
+        return [f"lumos_load{s.width}_pair_bfloat16(&{address(s.at)}, &{element(s.even)}, &{element(s.odd)});"]
+    if isinstance(s, InterleavedStore):
+        return [f"lumos_store{s.width}_interleaved(&{element(s.at)}, {expr(s.even)}, {expr(s.odd)});"]
     if isinstance(s, Prefetch):
-        return [VECTOR_C["prefetch"].format(at=expr(s.at))]
+        return [VECTOR_C["prefetch"].format(at=address(s.at) if isinstance(s.at, (Load, Element)) else expr(s.at))]
     if isinstance(s, Transpose):
         return [VECTOR_C["transpose"].format(w=s.width, array=s.array)]
     if isinstance(s, Skip):
@@ -345,7 +409,7 @@ def stmt_lines(s: Stmt, dialect: Dialect) -> list[str]:
             return [f"float {s.name} = {initial(s.init)};", f"if ({cond(s.guard)}) {s.name} = {expr(s.value)};"]
         return [f"const float {s.name} = {expr(s.value)};"]
     if isinstance(s, Store):
-        return [f"{s.buffer}[{index(s.offset)}] = {expr(s.value)};"]
+        return [f"{s.buffer}[{index(s.offset)}] = {narrowed(s.buffer, expr(s.value))};"]
     if isinstance(s, Reduce):
         lines = [f"float {s.acc} = {initial(s.init)};"]
         if s.guard:

@@ -9,10 +9,15 @@ threads find their place is the table `FRAMES`.
 
 Gathers read a row only when its id is inside the table (else 0). Kernels are `extern "C"`, so
 the runtime finds them by name, and all take (n, out, reads…) like the C ones.
+
+Half-precision buffers (ir/graph.py: Storage) are pointers to `lumos_bfloat16` / `lumos_float16`
+(lumos_cuda_half.h, added to a program only when it has one), widened where loaded and rounded
+where stored, as in C (render/cstyle.py); all arithmetic and accumulation stay float32.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from importlib import resources
 
@@ -21,13 +26,27 @@ from lumos.compile.kernel import gpu_ir, ir
 from lumos.compile.kernel.gpu_attention import map_attention
 from lumos.compile.kernel.gpu_tiles import THREADS, map_threads, tiled_matmuls
 from lumos.compile.kernel.lower import lower_attention, lower_kernel, lower_products
-from lumos.compile.render.c import tensor_names
-from lumos.compile.render.cstyle import Dialect, cond, expr, index, initial, kernel_comment, literal, stmt_lines, update
+from lumos.compile.render.c import element_type, kernel_dtypes, tensor_names
+from lumos.compile.render.cstyle import (
+    Dialect,
+    cond,
+    expr,
+    index,
+    initial,
+    kernel_comment,
+    literal,
+    narrowed,
+    stmt_lines,
+    stored_as,
+    update,
+)
 from lumos.compile.schedule.buffers import BufferPlan
 from lumos.compile.schedule.kernels import Kernel
 
 HEADER = resources.files(__package__).joinpath("lumos_cuda.h").read_text()
 """The CUDA header every program starts with: the math helpers and warp reductions the kernels call."""
+HALF_HEADER = resources.files(__package__).joinpath("lumos_cuda_half.h").read_text()
+"""What a program with half-precision buffers adds after HEADER: the storage types and conversions."""
 
 CUDA = Dialect(restrict="__restrict__", unroll="#pragma unroll {}", vector_reduce=None)
 
@@ -81,15 +100,21 @@ class CudaProgram:
     kernels: dict[str, str]
     """Each kernel's source by name (without the header)."""
     launches: list[Launch]
+    half: bool = False
+    """Whether some buffer is stored in a half dtype (then the header has HALF_HEADER)."""
+
+    @property
+    def header(self) -> str:
+        return f"{HEADER}\n{HALF_HEADER}" if self.half else HEADER
 
     @property
     def source(self) -> str:
         """The whole program: the header and every kernel, one compilation unit."""
-        return "\n\n".join([HEADER, *self.kernels.values()]) + "\n"
+        return "\n\n".join([self.header, *self.kernels.values()]) + "\n"
 
     def kernel_source(self, name: str) -> str:
         """One kernel alone with the header: a unit NVRTC can compile (tests name the failing kernel)."""
-        return f"{HEADER}\n\n{self.kernels[name]}\n"
+        return f"{self.header}\n\n{self.kernels[name]}\n"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -207,7 +232,7 @@ def _merge_lanes(node: gpu_ir.MergeLanes) -> list[str]:
     return ["const float mw = lumos_warp_max(m);  /* merge the lanes: rescale each to the warp's max */",
             f"const float c = m == -INFINITY ? 0.0f : lumos_exp2f((m - mw) * {literal(node.scale)});",
             "const float lw = lumos_warp_sum(l * c);", f"for (int dd = 0; dd < {node.width}; dd++) {{",
-            "  const float od = lumos_warp_sum(o[dd] * c);", f"  if (lane == 0) out[{index(node.out)}] = od / lw;", "}"]
+            "  const float od = lumos_warp_sum(o[dd] * c);", f"  if (lane == 0) out[{index(node.out)}] = {narrowed('out', 'od / lw')};", "}"]
 
 
 PRINTERS = {
@@ -239,7 +264,7 @@ PRINTERS = {
                         *_indent(_body(s.body)), "}"],
     gpu_ir.MergeLanes: _merge_lanes,
     gpu_ir.SoftmaxStore: lambda s: [f"if ({_bounds([s.bound])})",
-                                f"  for (int dd = 0; dd < {s.width}; dd++) out[{index(s.out)}] = o[dd] / l;"],
+                                f"  for (int dd = 0; dd < {s.width}; dd++) out[{index(s.out)}] = {narrowed('out', 'o[dd] / l')};"],
 }
 
 
@@ -248,8 +273,8 @@ PRINTERS = {
 
 
 def _signature(name: str, outputs: tuple[str, ...], params: list[str]) -> str:
-    args = ["const int n", *(f"float* __restrict__ {o}" for o in outputs),
-            *(f"const float* __restrict__ {p}" for p in params)]
+    args = ["const int n", *(f"{element_type(o)}* __restrict__ {o}" for o in outputs),
+            *(f"const {element_type(p)}* __restrict__ {p}" for p in params)]
     return f'extern "C" __global__ void __launch_bounds__({THREADS}) {name}({", ".join(args)})'
 
 
@@ -276,8 +301,14 @@ def joins_as_tiles(kernel: Kernel, materialized: set[Node]) -> bool:
     return tiled_matmuls(lower_products(kernel, materialized, params, check_gathers=True)) is not None
 
 
-def render_kernel(kernel: Kernel, materialized: set[Node], params: dict[Node, str]) -> tuple[str, gpu_ir.Grid]:
-    """One kernel's CUDA source and its launch frame."""
+def render_kernel(kernel: Kernel, materialized: set[Node], params: dict[Node, str],
+                  dtypes: Mapping[Node, str] | None = None) -> tuple[str, gpu_ir.Grid]:
+    """One kernel's CUDA source and its launch frame; `dtypes`: the nodes stored in a half dtype."""
+    with stored_as(kernel_dtypes(kernel, params, dtypes or {})):
+        return _render_kernel(kernel, materialized, params)
+
+
+def _render_kernel(kernel: Kernel, materialized: set[Node], params: dict[Node, str]) -> tuple[str, gpu_ir.Grid]:
     mapped, comment = gpu_kernel(kernel, materialized, params)
     grid = next(stmt for stmt in mapped.body if isinstance(stmt, gpu_ir.Grid))
     comment = comment.replace("*/", "* /")
@@ -290,6 +321,7 @@ def render_kernel(kernel: Kernel, materialized: set[Node], params: dict[Node, st
 def render_program(graph: Graph, kernels: list[Kernel], materialized: set[Node], plan: BufferPlan) -> CudaProgram:
     """Every kernel of the program in one CUDA source, and the launches in order."""
     params = {node: f"b{node.id}" for node in graph.nodes}
+    dtypes = graph.stored_dtypes()
     inputs, outputs, tensors = list(graph.inputs.values()), list(graph.outputs.values()), tensor_names(graph)
 
     def pointer(node: Node) -> tuple[str, int]:
@@ -303,8 +335,8 @@ def render_program(graph: Graph, kernels: list[Kernel], materialized: set[Node],
 
     sources, launches = {}, []
     for kernel in kernels:
-        source, grid = render_kernel(kernel, materialized, params)
+        source, grid = render_kernel(kernel, materialized, params, dtypes)
         sources[kernel.name] = source
         launches.append(Launch(kernel.name, grid.kind, grid.threads, grid.batched, grid.mult, grid.per, grid.groups,
                                tuple(pointer(node) for node in [*kernel.outputs, *kernel.reads])))
-    return CudaProgram(sources, launches)
+    return CudaProgram(sources, launches, half=bool(dtypes))

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from lumos.compile.ir.graph import Storage
 from lumos.compile.render.cuda import Launch
 from lumos.compile.schedule.buffers import ALIGN
 from lumos.core.errors import LumosError
@@ -106,13 +107,20 @@ class _Captured:
     outputs: list[torch.Tensor]
 
 
+TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
 class GpuProgram:
     """The built PTX bound to its constant tensors and an arena on the GPU, callable on named
-    CUDA tensors (float32, inputs of `rows` ≤ the traced batch rows when the batch is symbolic)."""
+    CUDA tensors (float32, or the half dtype `storage` gives an input or output; inputs of `rows`
+    ≤ the traced batch rows when the batch is symbolic)."""
 
     def __init__(self, ptx: bytes, launches: list[Launch], inputs: list[tuple[str, tuple[int, ...]]],
                  outputs: list[tuple[str, tuple[int, ...]]], tensors: list[np.ndarray], arena_bytes: int,
-                 symbolic_batch: bool, device: int = 0):
+                 symbolic_batch: bool, device: int = 0, storage: Storage | None = None,
+                 tensor_names: list[str] | None = None):
+        """`storage`: the inputs, outputs and tensors (by `tensor_names`, in `tensors`' order) held
+        in a half dtype (float32 values given for a half tensor are rounded to it)."""
         if not torch.cuda.is_available():
             raise CudaRuntimeError("no CUDA GPU: the CUDA runtime needs one (lumos doctor shows what it finds)")
         self.device = torch.device("cuda", device)
@@ -120,7 +128,13 @@ class GpuProgram:
         self.launcher = launcher(ptx, device)
         self.launches, self.inputs, self.outputs, self.symbolic_batch = launches, inputs, outputs, symbolic_batch
         self.functions = [self.launcher.function(launch.name) for launch in launches]
-        self.tensors = [torch.from_numpy(np.ascontiguousarray(t, np.float32)).to(self.device) for t in tensors]
+        storage = storage or Storage()
+        self.input_dtypes = [TORCH_DTYPES[storage.inputs.get(name, "float32")] for name, _ in inputs]
+        self.output_dtypes = [TORCH_DTYPES[storage.outputs.get(name, "float32")] for name, _ in outputs]
+        names = tensor_names or [""] * len(tensors)
+        self.tensors = [torch.from_numpy(np.ascontiguousarray(t, np.float32))
+                        .to(self.device, TORCH_DTYPES[storage.tensors.get(name, "float32")])
+                        for t, name in zip(tensors, names, strict=True)]
         raw = torch.empty(arena_bytes + ALIGN, dtype=torch.uint8, device=self.device)
         self._arena_raw = raw
         self.arena = raw.data_ptr() + (-raw.data_ptr()) % ALIGN
@@ -149,8 +163,10 @@ class GpuProgram:
     def _capture(self, rows: int) -> _Captured:
         """Static buffers for this row count, one eager run, then the CUDA graph of the launches."""
         input_shapes, output_shapes = self._shapes(rows)
-        inputs = [torch.zeros(shape, dtype=torch.float32, device=self.device) for shape in input_shapes]
-        outputs = [torch.empty(shape, dtype=torch.float32, device=self.device) for shape in output_shapes]
+        inputs = [torch.zeros(shape, dtype=dtype, device=self.device)
+                  for shape, dtype in zip(input_shapes, self.input_dtypes, strict=True)]
+        outputs = [torch.empty(shape, dtype=dtype, device=self.device)
+                   for shape, dtype in zip(output_shapes, self.output_dtypes, strict=True)]
         stream = self.launcher.torch_stream
         stream.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(stream):
@@ -175,7 +191,7 @@ class GpuProgram:
         stream.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(stream):
             for static, array in zip(captured.inputs, arrays, strict=True):
-                static.copy_(array.to(self.device, torch.float32), non_blocking=True)
+                static.copy_(array.to(self.device, static.dtype), non_blocking=True)
             captured.graph.replay()  # the whole program: one host call
             results = [output.clone() for output in captured.outputs]
         torch.cuda.current_stream(self.device).wait_stream(stream)

@@ -2,6 +2,10 @@
 
 The call releases the GIL; the library's driver runs every kernel inside one OpenMP region, on
 as many threads as `torch.get_num_threads()` says.
+
+Buffers stored in a half dtype (ir/graph.py: Storage) are passed and returned as numpy holds them
+(`STORAGE_NUMPY`: bfloat16, which numpy lacks, as its 16 bits in uint16); a float32 array given
+for one is rounded to it (nearest even), as torch's `.to` does.
 """
 
 from __future__ import annotations
@@ -13,7 +17,29 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from lumos.compile.ir.graph import Storage
 from lumos.compile.schedule.buffers import ALIGN
+
+STORAGE_NUMPY = {"float32": np.float32, "bfloat16": np.uint16, "float16": np.float16}
+"""The numpy dtype that holds each storage dtype (bfloat16: its bits)."""
+
+
+def to_storage(array: np.ndarray, dtype: str) -> np.ndarray:
+    """`array` (float32, or already in storage form) as a contiguous array of `dtype`'s storage."""
+    held = STORAGE_NUMPY[dtype]
+    if np.asarray(array).dtype == held:
+        return np.ascontiguousarray(array)
+    if dtype == "bfloat16":  # numpy has no bfloat16: torch rounds it (to nearest even)
+        wide = torch.from_numpy(np.ascontiguousarray(array, np.float32))
+        return wide.to(torch.bfloat16).view(torch.int16).numpy().view(np.uint16)
+    return np.ascontiguousarray(array, held)
+
+
+def from_storage(array: np.ndarray, dtype: str) -> np.ndarray:
+    """A stored array widened to float32 (exact)."""
+    if dtype == "bfloat16":
+        return (array.astype(np.uint32) << 16).view(np.float32)
+    return np.asarray(array, np.float32)
 
 
 class NativeProgram:
@@ -27,8 +53,12 @@ class NativeProgram:
         tensors: list[np.ndarray],
         arena_bytes: int,
         symbolic_batch: bool = False,
+        storage: Storage | None = None,
+        tensor_names: list[str] | None = None,
     ):
-        """`symbolic_batch`: inputs and outputs may have fewer rows than their shapes say."""
+        """`symbolic_batch`: inputs and outputs may have fewer rows than their shapes say;
+        `storage`: the inputs, outputs and tensors (by `tensor_names`, in `tensors`' order) held in
+        a half dtype."""
         self.library = ctypes.CDLL(str(library))
         self.forward = self.library.lumos_forward
         self.forward.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int, ctypes.c_int]
@@ -37,7 +67,12 @@ class NativeProgram:
         self.timed.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int, ctypes.c_int, ctypes.c_void_p]
         self.timed.restype = None
         self.inputs, self.outputs, self.symbolic_batch = inputs, outputs, symbolic_batch
-        self.tensors = [np.ascontiguousarray(t, dtype=np.float32) for t in tensors]  # kept alive here
+        storage = storage or Storage()
+        self.input_dtypes = [storage.inputs.get(name, "float32") for name, _ in inputs]
+        self.output_dtypes = [storage.outputs.get(name, "float32") for name, _ in outputs]
+        names = tensor_names or [""] * len(tensors)
+        self.tensors = [to_storage(t, storage.tensors.get(name, "float32"))  # kept alive here
+                        for t, name in zip(tensors, names, strict=True)]
         self.tensor_pointers = (ctypes.c_void_p * max(len(tensors), 1))(*[t.ctypes.data for t in self.tensors])
         raw = np.zeros(arena_bytes + ALIGN, np.uint8)
         start = (-raw.ctypes.data) % ALIGN
@@ -57,13 +92,14 @@ class NativeProgram:
         return np.diff(times)
 
     def run(self, named: Mapping[str, np.ndarray], times: np.ndarray | None = None) -> dict[str, np.ndarray]:
-        arrays = [np.ascontiguousarray(named[name], dtype=np.float32) for name, _ in self.inputs]
+        arrays = [to_storage(named[name], dtype) for (name, _), dtype in zip(self.inputs, self.input_dtypes, strict=True)]
         rows = arrays[0].shape[0] if arrays else 0
         for array, (name, shape) in zip(arrays, self.inputs, strict=True):
             wanted = (rows, *shape[1:]) if self.symbolic_batch else shape
             if array.shape != wanted or (self.symbolic_batch and not 0 < rows <= shape[0]):
                 raise ValueError(f"input {name!r}: expected shape {wanted} (rows 1..{shape[0]}), got {array.shape}")
-        results = [np.empty((rows, *shape[1:]) if self.symbolic_batch else shape, np.float32) for _, shape in self.outputs]
+        results = [np.empty((rows, *shape[1:]) if self.symbolic_batch else shape, STORAGE_NUMPY[dtype])
+                   for (_, shape), dtype in zip(self.outputs, self.output_dtypes, strict=True)]
         threads = max(1, self.threads or torch.get_num_threads())
         input_pointers = (ctypes.c_void_p * max(len(arrays), 1))(*[a.ctypes.data for a in arrays])
         output_pointers = (ctypes.c_void_p * max(len(results), 1))(*[r.ctypes.data for r in results])

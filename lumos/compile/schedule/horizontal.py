@@ -137,6 +137,7 @@ def _fuse(graph: Graph, members: list[_Linear], uses) -> bool:
     outer, depth = first.product.shape[:-2], first.product.shape[-1]
     name = JOINED.join(member.weight.arg for member in members)
     graph.tensors[name] = np.concatenate([graph.tensors[member.weight.arg] for member in members], axis=0)
+    _store_joined(graph, name, [member.weight.arg for member in members])
     origin = " + ".join(member.product.origin for member in members)
     weight = graph.add(Op.CONST, arg=name, shape=(width, depth), origin=origin)
     shape = (*outer, width, depth)
@@ -154,6 +155,7 @@ def _fuse(graph: Graph, members: list[_Linear], uses) -> bool:
     if with_bias:
         bias_name = JOINED.join(member.bias.arg for member in members)
         graph.tensors[bias_name] = np.concatenate([graph.tensors[member.bias.arg] for member in members])
+        _store_joined(graph, bias_name, [member.bias.arg for member in members])
         bias = graph.add(Op.CONST, arg=bias_name, shape=(width,), origin=origin)
         out_shape = (*outer, width)
         output = graph.add(Op.ADD, (reduction, bias), (View.contiguous(out_shape), View(out_shape, (0,) * len(outer) + (1,))),
@@ -186,3 +188,11 @@ def _insert_before(graph: Graph, new_nodes: list[Node], anchor: Node) -> None:
     graph.nodes = rest[:at] + new_nodes + rest[at:]
     for index, node in enumerate(graph.nodes):
         node.id = index
+
+
+def _store_joined(graph: Graph, name: str, parts: list[str]) -> None:
+    """A joined weight is stored half when all its parts were, in their dtype; else float32
+    (which holds a half value exactly)."""
+    dtypes = {graph.storage.tensors.get(part) for part in parts}
+    if len(dtypes) == 1 and None not in dtypes:
+        graph.storage.tensors[name] = dtypes.pop()

@@ -81,6 +81,8 @@ def transpose_weights(graph: Graph) -> int:
             consumer.views = consumer.views[:index] + (view,) + consumer.views[index + 1:]
         name = node.arg + TRANSPOSED
         graph.tensors[name] = graph.tensors.pop(node.arg).T.copy()
+        if node.arg in graph.storage.tensors:  # a half weight stays half, under its new name
+            graph.storage.tensors[name] = graph.storage.tensors.pop(node.arg)
         node.arg, node.shape = name, (cols, rows)
         count += 1
     return count

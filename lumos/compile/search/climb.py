@@ -34,11 +34,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from lumos.compile.ir.graph import LEAF, REDUCE, Graph, Node, Op, View, is_matmul, is_product_sum
+from lumos.compile.ir.graph import LEAF, REDUCE, ROUNDING, Graph, Node, Op, View, is_matmul, is_product_sum
 from lumos.compile.ir.interpret import product_sum, read_view, run_node, summed_products
 from lumos.compile.render.c import canonical_kernel_source, render_library, tensor_names
 from lumos.compile.runtime.kernel_cache import BuildError, KernelCache, gcc
-from lumos.compile.runtime.native import NativeProgram
+from lumos.compile.runtime.native import NativeProgram, from_storage
 from lumos.compile.schedule.buffers import FLOAT_BYTES, plan_buffers
 from lumos.compile.schedule.kernels import Kernel, KernelSchedule, build_kernels
 from lumos.compile.search.cache import SearchCache, SearchEntry
@@ -367,7 +367,8 @@ class Bench:
                                 [(name, node.shape) for name, node in graph.inputs.items()],
                                 [(name, node.shape) for name, node in graph.outputs.items()],
                                 [graph.tensors[name] for name in tensor_names(graph)], buffers.arena_bytes,
-                                symbolic_batch=graph.batch is not None)
+                                symbolic_batch=graph.batch is not None, storage=graph.storage,
+                                tensor_names=tensor_names(graph))
         return program, buffers
 
     def confirm(self, baseline: tuple, searched: tuple, repeats: int = CONFIRM_REPEATS) -> tuple[float, float]:
@@ -398,13 +399,17 @@ class Bench:
                 if node in self.unchecked:
                     continue
                 want = self.reference[node]
+                tolerance = TOLERANCE
                 if node in self.outputs:
-                    have = got[self.outputs[node]].reshape(-1)[:want.size]
+                    name = self.outputs[node]
+                    dtype = self.graph.storage.outputs.get(name, "float32")
+                    have = from_storage(got[name], dtype).reshape(-1)[:want.size]
+                    tolerance = max(TOLERANCE, ROUNDING.get(dtype, 0.0))  # a half output is rounded once
                 else:
                     buffer = buffers.buffers[node]
                     have = program.arena[buffer.offset:buffer.offset + want.size * FLOAT_BYTES].view(np.float32)
                 scale = max(1.0, float(np.max(np.abs(want)))) if want.size else 1.0
-                if not np.allclose(have, want.reshape(-1), rtol=TOLERANCE, atol=TOLERANCE * scale, equal_nan=True):
+                if not np.allclose(have, want.reshape(-1), rtol=tolerance, atol=tolerance * scale, equal_nan=True):
                     wrong.add(kernel.node)
         times = [program.kernel_seconds(self.inputs, len(kernels)) for _ in range(WARMUP)]
         slow = self.slowest_ms is not None and times[-1].sum() * 1000 > 5 * self.slowest_ms

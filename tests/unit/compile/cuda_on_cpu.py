@@ -7,7 +7,9 @@ writes the lane's value to its warp's row of an exchange array and reads its par
 two barriers over the warp (its 32 lanes, all of which shuffle together, as a GPU requires). Each
 thread runs the same float32 code it runs on a GPU, so results match the interpreter at the same
 tolerance; nothing here is timed, and a GPU's own behaviour (memory model, fast math) is not
-emulated: test_cuda_gpu.py runs the same kernels on one.
+emulated: test_cuda_gpu.py runs the same kernels on one. Buffers stored in a half dtype
+(ir/graph.py: Storage) are passed as runtime/native.py holds them (bfloat16 as its bits); the
+header's float16 conversions take F16C's instructions here (g++ -mf16c) for PTX's cvt.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import numpy as np
 
 from lumos.compile.compilation import Compilation
 from lumos.compile.render.c import tensor_names
+from lumos.compile.runtime.native import STORAGE_NUMPY, to_storage
 
 PRELUDE = r"""
 #include <cmath>
@@ -27,6 +30,7 @@ PRELUDE = r"""
 #include <cstdlib>
 #include <cstring>
 #include <pthread.h>
+#include <immintrin.h>
 #undef INFINITY
 #undef NAN
 struct lumos_dim3 { unsigned x, y, z; };
@@ -43,6 +47,10 @@ static float lumos_lanes[32][32];
 #define __shared__ static
 #define __syncthreads() pthread_barrier_wait(&lumos_barrier)
 static inline float __int_as_float(int bits) { float f; memcpy(&f, &bits, sizeof f); return f; }
+static inline float __uint_as_float(unsigned bits) { float f; memcpy(&f, &bits, sizeof f); return f; }
+static inline unsigned __float_as_uint(float f) { unsigned bits; memcpy(&bits, &f, sizeof bits); return bits; }
+/* A buffer's address, given to a kernel parameter of any pointer type (float, or a half storage type). */
+struct lumos_any { void* p; template <class T> operator T*() const { return (T*)p; } };
 static inline float __shfl_xor_sync(unsigned, float value, int offset) {
   const int warp = lumos_thread / 32, lane = lumos_thread % 32;
   lumos_lanes[warp][lane] = value;
@@ -54,16 +62,16 @@ static inline float __shfl_xor_sync(unsigned, float value, int offset) {
 """
 
 DRIVER = r"""
-struct lumos_args_{name} {{ int n; float** pointers; unsigned x, y; int t; }};
+struct lumos_args_{name} {{ int n; void** pointers; unsigned x, y; int t; }};
 static void* lumos_thread_{name}(void* raw) {{
   lumos_args_{name}* args = (lumos_args_{name}*) raw;
   threadIdx.x = args->x; threadIdx.y = args->y; threadIdx.z = 0;
   lumos_thread = args->t;
-  float** p = args->pointers;
+  void** p = args->pointers;
   {name}(args->n, {arguments});
   return 0;
 }}
-extern "C" void run_{name}(int n, int blocks, int bx, int by, float** pointers) {{
+extern "C" void run_{name}(int n, int blocks, int bx, int by, void** pointers) {{
   const int threads = bx * by;
   pthread_t* ids = (pthread_t*) malloc(sizeof(pthread_t) * threads);
   lumos_args_{name}* args = (lumos_args_{name}*) malloc(sizeof(lumos_args_{name}) * threads);
@@ -90,19 +98,21 @@ def run_on_cpu(compilation: Compilation, inputs: dict[str, np.ndarray], folder: 
     graph, program = compilation.graph, compilation.cuda
     drivers = []
     for launch in program.launches:
-        arguments = ", ".join(f"p[{position}]" for position in range(len(launch.buffers)))
+        arguments = ", ".join(f"lumos_any{{p[{position}]}}" for position in range(len(launch.buffers)))
         drivers.append(DRIVER.format(name=launch.name, arguments=arguments))
     source = folder / "program.cpp"
     source.write_text(PRELUDE + program.source + "\n".join(drivers))
     library = folder / "program.so"
-    subprocess.run(["g++", "-O1", "-w", "-shared", "-fPIC", "-pthread", str(source), "-o", str(library)], check=True)
+    subprocess.run(["g++", "-O1", "-w", "-mf16c", "-shared", "-fPIC", "-pthread", str(source), "-o", str(library)],
+                   check=True)
     native = ctypes.CDLL(str(library))
 
-    given = [np.ascontiguousarray(inputs[name], np.float32) for name in graph.inputs]
+    storage = graph.storage
+    given = [to_storage(inputs[name], storage.inputs.get(name, "float32")) for name in graph.inputs]
     rows = given[0].shape[0] if graph.batch is not None else 1
-    outputs = [np.zeros((rows, *node.shape[1:]) if graph.batch is not None else node.shape, np.float32)
-               for node in graph.outputs.values()]
-    tensors = [np.ascontiguousarray(graph.tensors[name], np.float32) for name in tensor_names(graph)]
+    outputs = [np.zeros((rows, *node.shape[1:]) if graph.batch is not None else node.shape,
+                        STORAGE_NUMPY[storage.outputs.get(name, "float32")]) for name, node in graph.outputs.items()]
+    tensors = [to_storage(graph.tensors[name], storage.tensors.get(name, "float32")) for name in tensor_names(graph)]
     arena = np.zeros(compilation.buffers.arena_bytes // 4 + 1, np.float32)
     arrays = {"input": given, "output": outputs, "tensor": tensors}
 

@@ -12,7 +12,8 @@ from test_compile_ops import CASES, INPUTS, T
 from test_join_products import projections
 
 from lumos.compile.engine import compile_model, time_forward, verify
-from lumos.compile.ir.graph import Graph
+from lumos.compile.frontend.export import compile_module
+from lumos.compile.ir.graph import ROUNDING, Graph
 from lumos.compile.ir.hl_ops import Tensor, attention, mark_output
 from lumos.compile.ir.interpret import interpret
 from lumos.compile.program import Options, compile_graph, load_program
@@ -127,3 +128,19 @@ def test_fused_attention_at_long_sequences_matches_sdpa(seq, tmp_path):
     got = program(inputs)["out"].reshape(batch, heads, seq, width)
     want = F.scaled_dot_product_attention(inputs["q"], inputs["k"], inputs["v"], attn_mask=inputs["mask"].bool())
     torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_a_half_precision_module_is_stored_half_on_the_gpu(dtype, tmp_path):
+    """frontend/half.py on the CUDA target: weights, input and output half on the GPU, float32 inside."""
+    torch.manual_seed(0)
+    module = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.LayerNorm(32), torch.nn.GELU(),
+                                 torch.nn.Linear(32, 16)).to(dtype).cuda().eval()
+    x = torch.randn(4, 5, 16, dtype=dtype, device="cuda")
+    compiled = compile_module(module, [x], KernelCache(tmp_path, "cuda"), strict=True)
+    assert {tensor.dtype for tensor in compiled.program.tensors} == {dtype}
+    got = compiled(x)
+    assert got.dtype == dtype and got.device.type == "cuda"
+    with torch.no_grad():
+        exact = module.float()(x.float())
+    torch.testing.assert_close(got.float(), exact, atol=1e-4, rtol=ROUNDING[str(dtype).removeprefix("torch.")])
