@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.distributed as dist
+from torch.distributed.constants import default_pg_timeout
 from torch.nn.parallel import DistributedDataParallel
 
 from lumos.core.faults import fault_point
@@ -102,6 +103,10 @@ RENDEZVOUS_FILE = "LUMOS_RENDEZVOUS_FILE"
 """The environment variable naming the file in which one machine's spawned ranks meet; unset,
 they meet at MASTER_ADDR:MASTER_PORT (several nodes, torchrun)."""
 
+LAUNCHER_STORE = "LUMOS_LAUNCHER_STORE"
+"""Set when node 0's `lumos train` process holds the rendezvous store at MASTER_ADDR:MASTER_PORT
+itself (lumos.train.run.rendezvous_store): every rank, rank 0 too, joins it as a client."""
+
 
 def setup_ranks(device_preference: str) -> Ranks:
     """Join the process group when launched with several ranks (our launcher or torchrun)."""
@@ -113,9 +118,16 @@ def setup_ranks(device_preference: str) -> Ranks:
     if use_cuda:
         torch.cuda.set_device(device)
     if world_size > 1 and not dist.is_initialized():
+        backend = "nccl" if use_cuda else "gloo"
         rendezvous = os.environ.get(RENDEZVOUS_FILE)
-        dist.init_process_group("nccl" if use_cuda else "gloo", rank=rank, world_size=world_size,
-                                init_method=f"file://{rendezvous}" if rendezvous else None)
+        if rendezvous:
+            dist.init_process_group(backend, rank=rank, world_size=world_size, init_method=f"file://{rendezvous}")
+        elif os.environ.get(LAUNCHER_STORE):
+            store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
+                                  timeout=default_pg_timeout)
+            dist.init_process_group(backend, store=store, rank=rank, world_size=world_size)
+        else:  # torchrun: rank 0 (or torchrun's agent) serves MASTER_ADDR:MASTER_PORT
+            dist.init_process_group(backend, rank=rank, world_size=world_size)
     return Ranks(rank, world_size, device)
 
 

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
 from lumos.core.config import config_hash, to_plain, to_toml
 from lumos.core.errors import LumosError, UsageError
@@ -54,7 +55,7 @@ from lumos.data.sequences_version import open_sequences
 from lumos.train.checkpoint import load_model, load_training_state
 from lumos.train.config import TrainConfig
 from lumos.train.init_from import InitSource, InitSummary, frozen_parameters, prepare_init
-from lumos.train.loop import RENDEZVOUS_FILE, FitPlan, FitResult, fit
+from lumos.train.loop import LAUNCHER_STORE, RENDEZVOUS_FILE, FitPlan, FitResult, fit
 from lumos.train.memory import estimate_memory, find_batch_size
 from lumos.train.model import LumosModel
 
@@ -153,7 +154,8 @@ def train(
         plan = FitPlan(config=config, workspace=workspace, data=data, micro_batch=micro_batch, run_id=None,
                        checkpoint_dir="", resume_from=str(resume_dir) if resume_dir else None,
                        init_weights=str(init.weights_file) if init else None)
-        return _run(plan, sequences, train_loader.columns, resume_run_id, summary, report, nodes)
+        with rendezvous_store(nodes, world_size):
+            return _run(plan, sequences, train_loader.columns, resume_run_id, summary, report, nodes)
     finally:
         _remove_init(init)
 
@@ -372,10 +374,8 @@ def launch(plan: FitPlan, world_size: int, report: Report, nodes: Nodes = ONE_NO
     local_ranks = world_size // nodes.count
     with tempfile.TemporaryDirectory(prefix="lumos-ranks-") as scratch:
         result_file = Path(scratch) / "result.json"
-        if nodes.count > 1 or nodes.master_port or "MASTER_PORT" in os.environ:
-            # Node 0's rendezvous from the flags or the environment.
-            os.environ["MASTER_ADDR"] = nodes.master_addr or os.environ.get("MASTER_ADDR", "127.0.0.1")
-            os.environ["MASTER_PORT"] = str(nodes.master_port or os.environ["MASTER_PORT"])
+        if os.environ.get(LAUNCHER_STORE):
+            # The ranks meet at node 0's store (rendezvous_store has set MASTER_ADDR and MASTER_PORT).
             os.environ.pop(RENDEZVOUS_FILE, None)  # an earlier one-machine launch's, in this process
         else:
             # One machine: the ranks meet in a file, not on a port. A port found free here could be
@@ -396,6 +396,45 @@ def launch(plan: FitPlan, world_size: int, report: Report, nodes: Nodes = ONE_NO
                                  f"checkpoint with `lumos train --resume RUN_ID`") from None
         raw = json.loads(result_file.read_text())
     return FitResult(**raw)
+
+
+@contextlib.contextmanager
+def rendezvous_store(nodes: Nodes, world_size: int):
+    """Where spawned ranks meet on a port (several nodes, or --master-port / MASTER_PORT given):
+    node 0's `lumos train` binds the store on that port itself, before the MLflow run opens, and
+    holds it until its ranks are done; every rank joins it as a client.
+
+    The port is agreed on before any node starts (as with torchrun), so another process may hold
+    it by then. Bound here, that fails at once with exit 1 naming the port and leaves no run
+    behind; bound inside rank 0 it failed after the run opened, under torch's "Process 0
+    terminated" wrapper. One machine without a port (its ranks meet in a file) and torchrun (its
+    agent holds the store) need nothing here."""
+    on_port = nodes.count > 1 or nodes.master_port or "MASTER_PORT" in os.environ
+    if world_size == 1 or "WORLD_SIZE" in os.environ or not on_port:
+        yield
+        return
+    address = nodes.master_addr or os.environ.get("MASTER_ADDR", "127.0.0.1")
+    port = nodes.master_port or int(os.environ["MASTER_PORT"])
+    store = None
+    if nodes.rank == 0:
+        try:
+            store = dist.TCPStore(address, port, is_master=True, wait_for_workers=False)
+        except dist.DistNetworkError as error:
+            if "EADDRINUSE" not in str(error):
+                raise
+            raise LumosError(f"master port {port} is in use on node 0 by another process; start every node "
+                             "again with another free --master-port") from None
+    before = {key: os.environ.get(key) for key in ("MASTER_ADDR", "MASTER_PORT", LAUNCHER_STORE)}
+    os.environ.update({"MASTER_ADDR": address, "MASTER_PORT": str(port), LAUNCHER_STORE: "1"})
+    try:
+        yield
+    finally:
+        for key, value in before.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+        del store  # closes the port
 
 
 RANK_GRACE_SECONDS = 10

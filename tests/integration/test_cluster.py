@@ -1,10 +1,11 @@
 """Lumos on a real Spark standalone cluster: a master and two one-core workers on 127.0.0.1, started
 from pyspark's own distribution. `lumos ingest`, `lumos infer` and a spark-submit job run there as a
 user runs them (subprocesses: the test process holds a local session, which Lumos would reuse) and
-must write the same rows and lineage as the local session does.
+must write the same rows and lineage as the local session does, also when an executor is
+killed in the middle of the ingest's write.
 
-Selected with `pytest -m cluster`; slow (five Spark applications start: the file took 13 min on
-a shared 2-core machine), so not in the default run.
+Selected with `pytest -m cluster`; slow (six Spark applications start: the file took 13 min on
+a shared 2-core machine before the executor-kill test added about 1.5 min), so not in the default run.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -25,7 +27,7 @@ from typer.testing import CliRunner
 
 from lumos.cli.app import app
 from lumos.core.spark import delta_maven_coordinates
-from lumos.core.tables import TableRef, read_table
+from lumos.core.tables import TableRef, read_table, table_location
 from lumos.core.workspace import open_workspace
 from lumos.data.table_metadata import version_lineage
 from lumos.quickstart import RECIPES
@@ -140,13 +142,20 @@ def local_project(trained_quickstart, tmp_path_factory) -> Path:
     return folder
 
 
-def cluster_project(folder: Path, master: str, root: Path, delta_jars_dir: Path | None = None) -> Path:
-    """A project folder whose lumos.toml points Spark at `master` and the workspace at `root`."""
+def cluster_project(folder: Path, master: str, root: Path, delta_jars_dir: Path | None = None,
+                    shuffle_partitions: int = 4, event_log: Path | None = None) -> Path:
+    """A project folder whose lumos.toml points Spark at `master` and the workspace at `root`
+    (and, with `event_log`, has Spark write its listener events as JSON lines in that folder)."""
     folder.mkdir(parents=True, exist_ok=True)
     jars = f'delta_jars_dir = "{delta_jars_dir}"\n' if delta_jars_dir else ""
+    events = ""
+    if event_log:
+        event_log.mkdir(parents=True, exist_ok=True)
+        events = (f'conf = {{ "spark.eventLog.enabled" = "true", "spark.eventLog.dir" = "file://{event_log}", '
+                  '"spark.eventLog.compress" = "false" }\n')
     (folder / "lumos.toml").write_text(
         f'[workspace]\nroot = "{root}"\n\n[spark]\nmaster = "{master}"\ndriver_memory = "1g"\n'
-        f"shuffle_partitions = 4\n{jars}"
+        f"shuffle_partitions = {shuffle_partitions}\n{jars}{events}"
     )
     return folder
 
@@ -193,6 +202,94 @@ def test_ingest_on_the_cluster_writes_the_local_rows_and_lineage(spark, standalo
     # Both workers ran an executor, and each fetched Delta's jars from the driver's Ivy resolution.
     for files in standalone_cluster.executor_files(new_application(standalone_cluster, before)):
         assert any(name.startswith("io.delta_delta-spark_") for name in files), files
+    for table in ("quickstart.sequences", "quickstart.vocab", "quickstart.rejects"):
+        assert rows(spark, project, table) == rows(spark, local_project, table), table
+        assert lineage(project, table) == lineage(local_project, table), table
+
+
+def executor_processes(cluster: StandaloneCluster, application: str) -> dict[int, Path]:
+    """PID → executor folder of each live executor JVM of `application` on this cluster's workers
+    (the Worker starts it in worker-dir/app-id/executor-id)."""
+    folders = [folder / application for folder in cluster.worker_dirs]
+    found = {}
+    for process in Path("/proc").iterdir():
+        try:
+            command = (process / "cmdline").read_bytes().split(b"\0")
+            cwd = (process / "cwd").resolve()
+        except (OSError, ValueError):  # gone, or not ours to read
+            continue
+        if b"org.apache.spark.executor.CoarseGrainedExecutorBackend" in command and cwd.parent in folders:
+            found[int(process.name)] = cwd
+    return found
+
+
+def data_files(folder: Path) -> set[str]:
+    return {path.name for path in folder.glob("*.parquet")}
+
+
+def spark_events(folder: Path) -> list[dict]:
+    """The listener events of the application that logged to `folder` (event log v2: a folder per
+    application, holding events_<n>_<app> files of JSON lines)."""
+    files = sorted(folder.rglob("events_*"), key=lambda path: int(path.name.split("_")[1]))
+    return [json.loads(line) for path in files for line in path.read_text().splitlines()]
+
+
+def stage_ids(events: list[dict], call_site: str) -> set[int]:
+    return {event["Stage Info"]["Stage ID"] for event in events
+            if event["Event"] == "SparkListenerStageSubmitted" and call_site in event["Stage Info"]["Stage Name"]}
+
+
+@pytest.mark.faults
+def test_an_executor_killed_mid_write_is_replaced_and_the_ingest_writes_the_clean_rows(
+    spark, standalone_cluster, local_project, tmp_path
+):
+    """`lumos ingest` on the cluster, one executor JVM SIGKILLed as soon as the sequences' first
+    Parquet file is in the table's folder. The executors' Python workers write each partition's
+    rows straight into that folder (`lumos.data.sequence_files`), and the driver commits only the
+    files its finished tasks report. Eight partitions on two one-core executors: the write runs
+    in four waves, so the kill lands while the killed executor runs one of them; Spark's event
+    log shows it did."""
+    root, event_log = tmp_path / "workspace", tmp_path / "events"
+    project = cluster_project(tmp_path / "project", standalone_cluster.url, root, shuffle_partitions=8,
+                              event_log=event_log)
+    folder = Path(table_location(open_workspace(project), TableRef.parse("quickstart.sequences")).removeprefix("file:"))
+    before = standalone_cluster.applications()
+    with open(tmp_path / "stdout", "w") as stdout, open(tmp_path / "stderr", "w") as stderr:
+        ingest = subprocess.Popen([sys.executable, "-m", "lumos", "--workspace", str(project),
+                                   *ingest_args(local_project / "data"), "--json"],
+                                  env=SPARK_ENV, stdout=stdout, stderr=stderr)
+    try:
+        deadline = time.monotonic() + 900
+        while not data_files(folder):
+            assert ingest.poll() is None and time.monotonic() < deadline, (tmp_path / "stderr").read_text()[-3000:]
+            time.sleep(0.005)
+        executors = executor_processes(standalone_cluster, new_application(standalone_cluster, before))
+        assert len(executors) == WORKERS, executors
+        pid, executor_folder = min(executors.items(), key=lambda item: item[1].name)
+        os.kill(pid, signal.SIGKILL)
+        code = ingest.wait(timeout=900)
+    finally:
+        if ingest.poll() is None:
+            ingest.kill()
+            ingest.wait()
+
+    # The kill hit the write: a task of its stages failed (the killed executor's own task, or
+    # one reading shuffle output that executor held), and the master started a third executor.
+    killed = executor_folder.name  # the executor's id
+    events = spark_events(event_log)
+    writes = stage_ids(events, "sequence_files.py")
+    failures = [event["Task End Reason"] for event in events
+                if event["Event"] == "SparkListenerTaskEnd" and event["Stage ID"] in writes
+                and event["Task End Reason"]["Reason"] != "Success"]
+    assert failures, "the write finished before the kill: no task of it failed"
+    assert {failure["Reason"] for failure in failures} <= {"ExecutorLostFailure", "FetchFailed"}, failures
+    assert all(failure["Executor ID"] == killed for failure in failures if failure["Reason"] == "ExecutorLostFailure")
+    assert [event["Executor ID"] for event in events if event["Event"] == "SparkListenerExecutorRemoved"] == [killed]
+    assert len([event for event in events if event["Event"] == "SparkListenerExecutorAdded"]) == WORKERS + 1
+
+    # Spark reran the lost tasks: the ingest succeeded with exactly what a clean ingest writes.
+    assert code == 0, (tmp_path / "stderr").read_text()[-3000:]
+    assert json.loads((tmp_path / "stdout").read_text())["tables"]["sequences"] == "quickstart.sequences@0"
     for table in ("quickstart.sequences", "quickstart.vocab", "quickstart.rejects"):
         assert rows(spark, project, table) == rows(spark, local_project, table), table
         assert lineage(project, table) == lineage(local_project, table), table

@@ -15,6 +15,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -45,6 +46,7 @@ CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic
 RENDER_TIMEOUT_S = 240
 SERVER_START_S = 600
 API_TIMEOUT_S = 120
+SERVER_URL = re.compile(r"Uvicorn running on (http://127\.0\.0\.1:\d+)")
 
 
 def chromium() -> str:
@@ -78,29 +80,33 @@ def store(trained_quickstart, tmp_path_factory) -> tuple[Path, str]:
 
 @pytest.fixture(scope="module")
 def server(store):
-    """`mlflow server` on the store, on a free port of 127.0.0.1; yields its base URL."""
+    """`mlflow server` on the store, on 127.0.0.1; yields its base URL. The server binds port 0
+    itself and uvicorn logs the port it got (a port probed free here could be taken before the
+    server bound it)."""
     folder, _ = store
     workspace = open_workspace(folder)
-    port = free_port()
-    log = open(folder / "mlflow-server.log", "wb")
+    log_file = folder / "mlflow-server.log"
+    log = open(log_file, "wb")
     process = subprocess.Popen(
         [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", workspace.mlflow_tracking_uri,
-         "--default-artifact-root", workspace.mlflow_artifact_root, "--host", "127.0.0.1", "--port", str(port),
+         "--default-artifact-root", workspace.mlflow_artifact_root, "--host", "127.0.0.1", "--port", "0",
          "--workers", "1"],
         cwd=folder, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "MLFLOW_DISABLE_TELEMETRY": "true"},
     )
-    url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + SERVER_START_S
         while True:
+            running = SERVER_URL.search(log_file.read_text(errors="replace"))
             try:
-                with urllib.request.urlopen(f"{url}/health", timeout=5):
-                    break
+                if running:
+                    with urllib.request.urlopen(f"{running.group(1)}/health", timeout=5):
+                        break
             except OSError:
-                if process.poll() is not None or time.monotonic() > deadline:
-                    raise AssertionError(f"mlflow server did not start: {(folder / 'mlflow-server.log').read_text()[-2000:]}") from None
-                time.sleep(1)
-        yield url
+                pass
+            if process.poll() is not None or time.monotonic() > deadline:
+                raise AssertionError(f"mlflow server did not start: {log_file.read_text()[-2000:]}")
+            time.sleep(1)
+        yield running.group(1)
     finally:
         stop(process)
         log.close()
@@ -132,18 +138,17 @@ def render(page: str, screenshot: Path, expected: list[str]) -> str:
     a screenshot of it is saved to `screenshot`. Chromium is driven over the DevTools protocol, so
     the test waits for what the React app fetches instead of guessing a fixed delay."""
     browser = chromium()
-    port = free_port()
     # Chromium's helper processes may still write to the profile as the folder is removed
     # ("Directory not empty: 'Default'" failed a CI run): they share the browser's process group,
     # which is stopped whole, and a leftover temporary profile is no failure.
     with tempfile.TemporaryDirectory(prefix="lumos-chromium-", ignore_cleanup_errors=True) as profile:
         process = subprocess.Popen(
-            [browser, *CHROMIUM_FLAGS, f"--user-data-dir={profile}", f"--remote-debugging-port={port}",
+            [browser, *CHROMIUM_FLAGS, f"--user-data-dir={profile}", "--remote-debugging-port=0",
              "--window-size=1400,900", page],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
         )
         try:
-            devtools = DevTools(page_websocket(port))
+            devtools = DevTools(page_websocket(Path(profile)))
             deadline = time.monotonic() + RENDER_TIMEOUT_S
             text = ""
             while time.monotonic() < deadline:
@@ -170,22 +175,19 @@ def stop_group(process: subprocess.Popen) -> None:
         pass
 
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
-def page_websocket(port: int) -> str:
-    """The DevTools WebSocket URL of chromium's first tab, once chromium listens."""
+def page_websocket(profile: Path) -> str:
+    """The DevTools WebSocket URL of chromium's first tab, once chromium listens. Started with
+    --remote-debugging-port=0, chromium binds a port itself and writes it as the first line of
+    DevToolsActivePort in its profile (the browser's WebSocket path is the second)."""
     deadline = time.monotonic() + RENDER_TIMEOUT_S
     while True:
         try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/json/list", timeout=10) as response:
+            port, _ = (profile / "DevToolsActivePort").read_text().split("\n", 1)  # both lines written
+            with urllib.request.urlopen(f"http://127.0.0.1:{int(port)}/json/list", timeout=10) as response:
                 pages = [target for target in json.loads(response.read()) if target["type"] == "page"]
             if pages:
                 return pages[0]["webSocketDebuggerUrl"]
-        except OSError:
+        except (OSError, ValueError):  # not written yet (or half), or not listening yet
             pass
         if time.monotonic() > deadline:
             raise AssertionError("chromium's DevTools endpoint did not come up")
