@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 from cuda_on_cpu import run_on_cpu
-from test_products_rule import BATCH, D, TOKENS, self_attention
+from test_products_rule import BATCH, TOKENS, D, self_attention
 
 from lumos.compile.ir.graph import Graph, mark_batch
 from lumos.compile.ir.hl_ops import Tensor, mark_output
@@ -131,8 +131,8 @@ def test_a_self_attention_joins_the_key_it_stores_transposed(tmp_path):
     mapped, _ = gpu_kernel(joined, compilation.materialized, params)
     epilogues = [s for s in mapped.body if isinstance(s, ThreadTile)]
     stores = {s.buffer: s.offset for tile in epilogues for s in tile.body if isinstance(s, Store)}
-    d = D
-    row_major, transposed = ((d * TOKENS, "i0"), (d, "i1"), (1, "i2")), ((d * TOKENS, "i0"), (1, "i1"), (TOKENS, "i2"))
+    row_major = ((D * TOKENS, "i0"), (D, "i1"), (1, "i2"))  # (batch, token, column)
+    transposed = ((D * TOKENS, "i0"), (1, "i1"), (TOKENS, "i2"))  # each column's tokens side by side
     assert sorted(tuple((coef, index.name) for coef, index in offset.live_terms) for offset in stores.values()) \
         == sorted([row_major, row_major, transposed])
     assert f".entry {joined.name}(" in compilation.build.library.read_text()
