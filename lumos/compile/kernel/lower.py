@@ -43,6 +43,7 @@ from lumos.compile.kernel.ir import (
 )
 from lumos.compile.kernel.passes import annotate_loops
 from lumos.compile.schedule.kernels import Kernel, KernelSchedule, is_buffer, kernel_for
+from lumos.compile.schedule.layout import relayout
 
 UNROLLED_REDUCTION = 4
 """Reductions this short are written out as one expression rather than a loop."""
@@ -316,16 +317,25 @@ def lower_products(kernel: Kernel, materialized: set[Node], params: dict[Node, s
     """A kernel of several matrix products over one input (schedule/products.py), as one KernelIR
     per output: each lowered as the kernel of that output alone would be, its Store to `out`,
     `out1`, … (KernelIR.outputs), and its locals numbered on from the previous output's, so that
-    the names stay apart in the one body they come to share (kernel/gpu_tiles.py: tiled_matmuls)."""
+    the names stay apart in the one body they come to share (kernel/gpu_tiles.py: tiled_matmuls).
+    An output that is a layout copy of a product (a key transposed for the attention:
+    schedule/layout.py, relayout) is lowered as that product, each element stored where the copy
+    keeps it: its loops are the product's, like the other outputs', and only its store differs."""
     irs: list[KernelIR] = []
     counter = 0
     for position, node in enumerate(kernel.outputs):
         alone = kernel_for(kernel.name, node, materialized)
         lowering = Lowering(alone, materialized, params, KernelSchedule(), check_gathers=check_gathers)
         lowering.counter = counter
-        loops, idx = output_loops(node)
-        value = lowering.expression(node, idx)
-        out = Affine(0, tuple(zip(contiguous_strides(node.shape), idx, strict=True)))
+        moved = relayout(node)
+        if moved is not None and moved.source in alone.unique_fused:
+            loops, idx = output_loops(moved.source)
+            value = lowering.expression(moved.source, idx)  # the copy adds 0: nothing to compute
+            out = Affine(moved.offset, tuple(zip(moved.steps, idx, strict=True)))
+        else:
+            loops, idx = output_loops(node)
+            value = lowering.expression(node, idx)
+            out = Affine(0, tuple(zip(contiguous_strides(node.shape), idx, strict=True)))
         store = Store("out" if position == 0 else f"out{position}", out, value)
         ir = KernelIR(kernel.name, node, [params[src] for src in kernel.reads], loops, [*lowering.stmts, store],
                       len(alone.unique_fused))

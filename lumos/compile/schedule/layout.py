@@ -14,7 +14,11 @@ one cheap pass over k and turns the scores into row-wise, vectorized passes.
 
 from __future__ import annotations
 
-from lumos.compile.ir.graph import LEAF, LITERAL_PREFIX, Graph, Node, Op, View, contiguous_strides, matmul_sum
+from dataclasses import dataclass
+
+import numpy as np
+
+from lumos.compile.ir.graph import LEAF, LITERAL_PREFIX, Graph, Node, Op, View, contiguous_strides, matmul_sum, prod
 
 TRANSPOSED = "#T"
 
@@ -128,6 +132,51 @@ def transpose_activations(graph: Graph) -> int:
             _move_before(graph, [zero, copy], product)
             count += 1
     return count
+
+
+@dataclass(frozen=True)
+class Relayout:
+    """A copy that only lays out another node's elements anew (`transpose_activations`' copy):
+    element i of `source` (row-major) sits at `offset + Σ steps[d] · i[d]` in the copy's buffer."""
+
+    source: Node
+    offset: int
+    steps: tuple[int, ...]
+    """Per dim of the source: how far the copy's buffer moves along it (0 for a dim of one)."""
+
+
+def relayout(copy: Node) -> Relayout | None:
+    """Where a layout copy (`source + 0` through a view that reads each element of the source
+    exactly once, no padding) puts each element of its source, when that is affine in the
+    source's index; None for any other node. A kernel that computes the source may then store
+    each element straight where the copy keeps it (kernel/lower.py: lower_products)."""
+    if copy.op is not Op.ADD or len(copy.srcs) != 2:
+        return None
+    (source, zero), view = copy.srcs, copy.views[0]
+    if not (zero.is_scalar_const and zero.arg == 0.0) or source.op in LEAF or view.mask is not None:
+        return None
+    if prod(copy.shape) != prod(source.shape) or copy.batched != source.batched:
+        return None
+    read = np.full(copy.shape, view.offset, np.int64)  # the source element each copy element reads
+    for d, (size, stride) in enumerate(zip(copy.shape, view.strides, strict=True)):
+        read = read + (np.arange(size) * stride).reshape([size if e == d else 1 for e in range(len(copy.shape))])
+    read = read.ravel()
+    count = prod(source.shape)
+    if read.min() < 0 or read.max() >= count or len(np.unique(read)) != count:
+        return None  # not each element exactly once
+    at = np.empty(count, np.int64)
+    at[read] = np.arange(count)  # by the source's row-major index: where the copy keeps it
+    at = at.reshape(source.shape)
+    steps = tuple(int(at[tuple(1 if e == d else 0 for e in range(at.ndim))] - at.flat[0]) if size > 1 else 0
+                  for d, size in enumerate(source.shape))
+    affine = np.full(source.shape, at.flat[0], np.int64)
+    for d, (size, step) in enumerate(zip(source.shape, steps, strict=True)):
+        affine = affine + (np.arange(size) * step).reshape([size if e == d else 1 for e in range(at.ndim)])
+    if not np.array_equal(affine, at):
+        return None
+    if copy.batched and (at.flat[0] != 0 or steps[0] != contiguous_strides(copy.shape)[0]):
+        return None  # a row of the batch must stay a row: the runtime row count bounds both
+    return Relayout(source, int(at.flat[0]), steps)
 
 
 def _move_before(graph: Graph, moved: list[Node], anchor: Node) -> None:

@@ -16,7 +16,9 @@ own tensors), hence this join.
 Which kernels may join is the e-graph's (egraph/programs.py: the products rule, over the facts
 `product_read` gives): each is one matrix product of a weight (a constant tensor) by the same
 value, read through the same view (the same node: a layer norm inlined into each computes the
-same numbers), into outputs that differ in their last dim at most, and the later one reads nothing
+same numbers), into outputs that differ in their last dim at most (an output the layout pass
+lays out anew, a key transposed for the attention, counts as the product it copies: the joined
+kernel stores it through its own steps), and the later one reads nothing
 written from the earlier one up to itself (it moves up to the earlier one's place). This module
 lowers the pairs the rule found: each later kernel joins the earliest kernel it pairs with (not
 itself joined into another), while that one has fewer than MAX_OUTPUTS outputs and the joined
@@ -30,6 +32,7 @@ from dataclasses import replace
 
 from lumos.compile.ir.graph import Node, Op, is_matmul
 from lumos.compile.schedule.kernels import Kernel
+from lumos.compile.schedule.layout import relayout
 
 MAX_OUTPUTS = 4
 """Outputs per joined kernel: each adds a 16×17 shared weight tile and a sum register per thread."""
@@ -60,7 +63,9 @@ def product_read(kernel: Kernel) -> tuple[Node, tuple] | None:
     columns = len(product.shape) - 2  # the weight's rows: the one dim the outputs may differ in
     read = (view.shape[:columns] + view.shape[columns + 1:], view.strides[:columns] + view.strides[columns + 1:],
             view.offset)
-    return product.srcs[index], (index, read, kernel.node.shape[:-1])
+    moved = relayout(kernel.node)  # how the output is written does not matter: a relaid one is stored
+    written = moved.source if moved is not None else kernel.node  # through its own steps (lower_products)
+    return product.srcs[index], (index, read, written.shape[:-1])
 
 
 def join_products(kernels: list[Kernel], pairs: set[tuple[Node, Node]], lowers: Lowers) -> tuple[list[Kernel], list[str]]:

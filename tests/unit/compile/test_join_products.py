@@ -10,15 +10,17 @@ import numpy as np
 import pytest
 import torch
 from cuda_on_cpu import run_on_cpu
+from test_products_rule import BATCH, TOKENS, D, self_attention
 
 from lumos.compile.ir.graph import Graph, mark_batch
 from lumos.compile.ir.hl_ops import Tensor, mark_output
 from lumos.compile.ir.interpret import interpret
 from lumos.compile.kernel.gpu_ir import Grid, Shared, SliceLoop, StageTile, ThreadTile, TileProduct
-from lumos.compile.kernel.ir import Load
+from lumos.compile.kernel.ir import Load, Store
 from lumos.compile.program import Options, compile_graph
 from lumos.compile.render.cuda import gpu_kernel
 from lumos.compile.runtime.kernel_cache import KernelCache
+from lumos.compile.schedule.layout import relayout
 from lumos.compile.target import CUDA
 
 pytest.importorskip("cuda.bindings.nvrtc", reason="the CUDA target needs cuda-bindings (the cuda extra)")
@@ -113,6 +115,29 @@ def test_products_of_different_values_are_not_joined(tmp_path):
         mark_output(graph, name, value.linear(weight))
     graph.prune()
     assert cuda(graph, tmp_path).products_joined == []
+
+
+def test_a_self_attention_joins_the_key_it_stores_transposed(tmp_path):
+    """With transpose_activations (the default) the key's kernel writes it transposed for the
+    attention's scores: in the joined kernel the key is summed like the query and value, over the
+    same rows and columns, and only its store steps differently (schedule/layout.py: relayout).
+    Built with NVRTC, and run on the CPU against the interpreter."""
+    graph = self_attention()
+    compilation = cuda(graph, tmp_path)
+    (joined,) = [kernel for kernel in compilation.kernels if kernel.also]
+    assert compilation.products_joined == [joined.name] and len(joined.outputs) == 3
+    assert sum(relayout(node) is not None for node in joined.outputs) == 1  # the key
+    params = {node: f"b{node.id}" for node in compilation.graph.nodes}
+    mapped, _ = gpu_kernel(joined, compilation.materialized, params)
+    epilogues = [s for s in mapped.body if isinstance(s, ThreadTile)]
+    stores = {s.buffer: s.offset for tile in epilogues for s in tile.body if isinstance(s, Store)}
+    row_major = ((D * TOKENS, "i0"), (D, "i1"), (1, "i2"))  # (batch, token, column)
+    transposed = ((D * TOKENS, "i0"), (1, "i1"), (TOKENS, "i2"))  # each column's tokens side by side
+    assert sorted(tuple((coef, index.name) for coef, index in offset.live_terms) for offset in stores.values()) \
+        == sorted([row_major, row_major, transposed])
+    assert f".entry {joined.name}(" in compilation.build.library.read_text()
+    x = np.random.default_rng(5).standard_normal((BATCH, TOKENS, D)).astype(np.float32)
+    _check(run_on_cpu(compilation, {"x": x}, tmp_path), interpret(graph, {"x": x}))
 
 
 @pytest.mark.parametrize("widths", [(24, 24, 24), (24, 48)], ids=["qkv", "q-and-kv"])
