@@ -177,7 +177,7 @@ def with_search_budget(target: Target, budget: float | str) -> Target:
 
     def budgeted(run):
         def with_budget(c: Compilation, cache: KernelCache) -> None:
-            distinct = len({kernel_key(kernel, c.materialized) for kernel in c.kernels})
+            distinct = len({kernel_key(kernel, c.materialized, c.graph.stored_dtypes()) for kernel in c.kernels})
             c.options = replace(c.options, search_budget_s=search_seconds(budget, distinct))
             run(c, cache)
         return with_budget

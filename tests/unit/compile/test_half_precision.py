@@ -142,6 +142,36 @@ def test_searched_kernels_load_half_weights_in_vectors(dtype, kernel_cache):
     check(compiled(x), module, x, dtype)
 
 
+def test_a_half_kernel_is_searched_and_cached_apart_from_its_float32_twin(tmp_path):
+    """The search cache keys a kernel by its C with its buffers' dtypes: a kernel reading bfloat16
+    weights gets an entry of its own next to its float32 twin's, and a second bfloat16 compile
+    finds all of its entries (nothing measured)."""
+    cache = KernelCache(tmp_path, "cpu")
+    x = torch.randn(4, 5, C)
+
+    def entries() -> set[str]:
+        return {path.name for path in (tmp_path / "cpu" / "search").rglob("*.json")}
+
+    def searched(dtype: torch.dtype):
+        compiled = compile_module(mlp(dtype), [x.to(dtype)], cache, strict=True, search_budget=1)
+        return compiled.compilation.search, entries()
+
+    single, single_entries = searched(torch.float32)
+    half, half_entries = searched(torch.bfloat16)
+    assert half.rounds >= 1 and not half.cache_hit  # the float32 choices are not reused for it
+    by_kernel = {}
+    for search in (single, half):
+        for group in search.groups:
+            report = group.report()
+            by_kernel.setdefault((report["kind"], tuple(report["shape"]), report["origin"]), set()).add(group.key)
+    twins = [keys for keys in by_kernel.values() if len(keys) == 2]
+    assert twins, "a kernel with a key per dtype: the first linear's matmul reads a weight"
+    assert len(half_entries - single_entries) >= len(twins)  # stored apart: the float32 ones stay
+    again, again_entries = searched(torch.bfloat16)
+    assert again.cache_hit and again.rounds == 0 and again_entries == half_entries
+    assert {group.key for group in again.groups} == {group.key for group in half.groups}
+
+
 def test_torch_compile_takes_a_bfloat16_encoder(kernel_cache):
     torch._dynamo.reset()
     module = encoder(torch.bfloat16)
