@@ -53,6 +53,7 @@ from torch.utils import _pytree as pytree
 from lumos.compile.compilation import DEFAULT_ARCH
 from lumos.compile.frontend.fast_path import DECOMPOSITIONS, math_path
 from lumos.compile.frontend.half import (
+    HALF,
     HalfPrecision,
     eager_output_dtypes,
     float32_copy,
@@ -177,7 +178,7 @@ def with_search_budget(target: Target, budget: float | str) -> Target:
 
     def budgeted(run):
         def with_budget(c: Compilation, cache: KernelCache) -> None:
-            distinct = len({kernel_key(kernel, c.materialized) for kernel in c.kernels})
+            distinct = len({kernel_key(kernel, c.materialized, c.graph.stored_dtypes()) for kernel in c.kernels})
             c.options = replace(c.options, search_budget_s=search_seconds(budget, distinct))
             run(c, cache)
         return with_budget
@@ -191,19 +192,21 @@ def with_search_budget(target: Target, budget: float | str) -> Target:
 # Export
 
 
-def _check_inputs(example_inputs: Sequence) -> None:
+def _check_inputs(example_inputs: Sequence, half: bool = False) -> None:
     for index, value in enumerate(example_inputs):
         if not isinstance(value, torch.Tensor):
             raise UsageError(f"example input {index} is a {type(value).__name__}; compile_module takes tensors only")
-        if value.is_floating_point() and value.dtype != torch.float32:
+        if value.is_floating_point() and value.dtype != torch.float32 and not (half and value.dtype in HALF):
             raise UsageError(f"example input {index} is {value.dtype}; the compiler computes in float32 "
                              "(bfloat16 and float16 modules are lowered from their float32 copy; float64 is refused)")
 
 
-def export_module(module: nn.Module, example_inputs: Sequence[torch.Tensor]):
+def export_module(module: nn.Module, example_inputs: Sequence[torch.Tensor], half: bool = False):
     """The module's inference forward at the example inputs' shapes, as a functional aten program
-    (fused fast-path kernels rewritten, fast_path.DECOMPOSITIONS; nothing else decomposed)."""
-    _check_inputs(example_inputs)
+    (fused fast-path kernels rewritten, fast_path.DECOMPOSITIONS; nothing else decomposed). With
+    `half`, bfloat16 and float16 inputs are taken too: a half module exported as it is, to be
+    partitioned (its partitions are lowered from their float32 copies, as a whole module is)."""
+    _check_inputs(example_inputs, half)
     with math_path(module), torch.no_grad():
         program = torch.export.export(module, tuple(example_inputs), strict=False)
     return program.run_decompositions(DECOMPOSITIONS)
@@ -350,8 +353,9 @@ def compile_module(module: nn.Module, example_inputs: Sequence[torch.Tensor], ca
 
     A bfloat16 or float16 module (weights or inputs) is lowered from its float32 copy and stored
     in its own dtype: weights, inputs and outputs half, computed in float32 (frontend/half.py);
-    verified against the float32 copy within one rounding to the dtype. Partitioned, it is
-    compiled as its float32 copy instead (HalfPrecision)."""
+    verified against the float32 copy within one rounding to the dtype. Partitioned, the half
+    module is cut as it is: its eager part runs in its dtype, and each partition (its weights and
+    the tensors it reads and returns half) is compiled so, from its own float32 copy."""
     half = half_dtype(module, example_inputs)
     original, given = module, example_inputs
     if half is not None:
@@ -365,10 +369,13 @@ def compile_module(module: nn.Module, example_inputs: Sequence[torch.Tensor], ca
     budget = requested_budget(search_budget, options)
     program = export_module(module, example_inputs)
     partitioned = not strict and bool(unsupported_nodes(program.graph))
-    if half is not None and (partitioned or not native_half(target)):
+    if half is not None and not native_half(target):
         return HalfPrecision(compile_module(module, example_inputs, cache, options, verify, strict, search_budget),
                              output_dtypes)
     if partitioned:
+        if half is not None:  # cut the module as it is: eager runs its part in half, each partition is half
+            program = export_module(original, given, half=True)
+            module, example_inputs = original, given
         _check_functional(program)
         partition_options = replace(options, symbolic_batch=False)
         return compile_partitioned(program, example_inputs, lambda part, inputs: compile_module(

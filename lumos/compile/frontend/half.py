@@ -20,9 +20,14 @@ verified against the float32 copy within that rounding (ir/graph.py: ROUNDING). 
 precision rounds after every op, so the two differ by half precision's own error: `TOLERANCE` per
 dtype is what the tests hold them to.
 
-The old way remains for a partitioned module (part eager, part compiled; each part's boundary is
-PyTorch's): it is compiled as the float32 copy (`HalfPrecision`: half inputs widened and outputs
-narrowed by PyTorch at each call, weights held in float32).
+A partitioned module (part eager, part compiled) is exported and cut as it is, in its dtype: its
+eager ops run in half precision, as in eager, and each partition is a half module of its own,
+compiled the same way (export.compile_module). The old way, the float32 copy called through
+`HalfPrecision` (half inputs widened and outputs narrowed by PyTorch at each call, weights held in
+float32), remains for a target that does not store half buffers itself (`native_half`).
+
+A half kernel's C names its half buffers, so its search cache key (search.climb.kernel_key) is
+apart from its float32 twin's: each is searched for its own loads and stores.
 """
 
 from __future__ import annotations

@@ -9,6 +9,8 @@ copies only, runs as PyTorch ops inside the same callable, between the compiled 
 One `EagerFallbackWarning` names each op left to eager and its source line.
 
 Shapes are those of the example (the exported graph's views hold its sizes): no symbolic batch.
+A bfloat16 or float16 module is cut in its dtype: each partition is then a half module, compiled
+with its weights, inputs and outputs stored half (frontend/half.py); a float64 one stays in eager.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from torch import nn
 from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner, Partition
 from torch.fx.passes.operator_support import OperatorSupportBase
 
+from lumos.compile.frontend.half import HALF
 from lumos.compile.frontend.lumos_model import IGNORED, can_lower, describe
 
 COPIES = {"aten._to_copy.default", "aten.clone.default", "aten.contiguous.default", "aten._unsafe_view.default",
@@ -174,8 +177,10 @@ def compile_partitioned(program, example_inputs: Sequence[torch.Tensor],
         submodule, args = getattr(graph_module, call.target), arguments[call.target]
         weight_slots = [slot for slot, arg in enumerate(call.args) if arg in constants]
         tensor_slots = [slot for slot in range(len(args)) if slot not in weight_slots]
-        if any(args[slot].is_floating_point() and args[slot].dtype != torch.float32 for slot in tensor_slots):
-            continue  # the compiler computes in float32: a float64 partition stays in eager
+        if any(args[slot].is_floating_point() and args[slot].dtype not in (torch.float32, *HALF) for slot in tensor_slots):
+            continue  # the compiler stores float32, bfloat16 and float16: a float64 partition stays in eager
+        if set(HALF) <= {arg.dtype for arg in args if isinstance(arg, torch.Tensor)}:
+            continue  # half storage is one half dtype per program (half.half_dtype)
         part = compile_partition(GraphWithWeights(submodule, args, weight_slots), [args[slot] for slot in tensor_slots])
         setattr(graph_module, call.target, _CompiledPartition(part, tensor_slots))
         compiled.append(part)

@@ -1,7 +1,10 @@
 """The search cache: the schedule the search chose for each distinct kernel, kept on disk.
 
 Keyed by (kernel key, target, machine signature): the same kernel on another CPU, compiler or
-flags is searched again. An entry is one small JSON file under `<kernel cache>/<target>/search/`,
+flags is searched again. The kernel key (search.climb.kernel_key) hashes the kernel's C with its
+buffers' storage dtypes, so a kernel that reads or writes a bfloat16 or float16 buffer has an entry
+apart from its float32 twin's; a kernel with float32 buffers only has the key it had before there
+were half dtypes (existing caches stay valid). An entry is one small JSON file under `<kernel cache>/<target>/search/`,
 written to a temporary name and renamed into place, so a reader never sees half of one; an entry
 that does not parse is ignored (and searched again).
 """

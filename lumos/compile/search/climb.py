@@ -153,9 +153,12 @@ def reference_values(graph: Graph, inputs: Mapping[str, np.ndarray], keep: set[N
 # Groups of identical kernels and their candidates
 
 
-def kernel_key(kernel: Kernel, materialized: set[Node]) -> str:
-    """Identifies a kernel up to buffer names: identical layers share it, so they are searched once."""
-    return hashlib.sha256(canonical_kernel_source(kernel, materialized).encode()).hexdigest()[:24]
+def kernel_key(kernel: Kernel, materialized: set[Node], dtypes: Mapping[Node, str] | None = None) -> str:
+    """Identifies a kernel up to buffer names: identical layers share it, so they are searched once.
+    The hash of its C as the program renders it, with `dtypes` (Graph.stored_dtypes): a kernel that
+    reads or writes a half buffer declares it half, so its key (and search cache entry) is apart
+    from its float32 twin's, while a kernel with float32 buffers only keeps the key it had."""
+    return hashlib.sha256(canonical_kernel_source(kernel, materialized, dtypes=dtypes).encode()).hexdigest()[:24]
 
 
 @dataclass
@@ -248,15 +251,16 @@ class Group:
 
 
 def make_groups(kernels: list[Kernel], materialized: set[Node], seed: int, register_blocks: bool = True,
-                search_cache: SearchCache | None = None) -> list[Group]:
+                search_cache: SearchCache | None = None, dtypes: Mapping[Node, str] | None = None) -> list[Group]:
     """Identical kernels (by key) as one group each, with their candidate schedules: each rendered
-    to C, so that variants which print the same C are one candidate. A group in `search_cache`
-    gets its entry and no candidates (rendering them was 1.4 s of a 3 s warm compile)."""
+    to C (its half buffers by `dtypes`), so that variants which print the same C are one candidate.
+    A group in `search_cache` gets its entry and no candidates (rendering them was 1.4 s of a 3 s
+    warm compile)."""
     from lumos.compile.egraph.schedule import schedule_candidates
 
     by_key: dict[str, list[Kernel]] = {}
     for kernel in kernels:
-        by_key.setdefault(kernel_key(kernel, materialized), []).append(kernel)
+        by_key.setdefault(kernel_key(kernel, materialized, dtypes), []).append(kernel)
     rates = machine_rates()
     groups = []
     for key, members in by_key.items():
@@ -268,7 +272,7 @@ def make_groups(kernels: list[Kernel], materialized: set[Node], seed: int, regis
         seen: set[str] = set()
         candidates = []
         for sched in [KernelSchedule(), *schedules]:
-            source = canonical_kernel_source(members[0], materialized, sched)
+            source = canonical_kernel_source(members[0], materialized, sched, dtypes)
             digest = hashlib.sha256(source.encode()).hexdigest()
             if digest not in seen:  # a variant that renders to C already tried is the same candidate
                 seen.add(digest)
@@ -327,6 +331,8 @@ class Bench:
     def __init__(self, graph: Graph, nodes: set[Node], inputs: Mapping[str, np.ndarray], cache: KernelCache,
                  cc: str, cflags: tuple[str, ...]):
         self.graph, self.inputs, self.cache, self.cc, self.cflags = graph, inputs, cache, cc, cflags
+        self.dtypes = graph.stored_dtypes()
+        """The nodes stored half: part of every kernel key (kernel_key)."""
         self.rows = min(VERIFY_ROWS, graph.batch) if graph.batch is not None else None
         self.small = {name: (value[:self.rows] if self.rows is not None else value) for name, value in inputs.items()}
         self.wanted = set(nodes)
@@ -451,7 +457,7 @@ def search_schedules(graph: Graph, kernels: list[Kernel], materialized: set[Node
                   cc, cflags)
     if fused is not None:
         decision_key = hashlib.sha256("\n".join(sorted(
-            canonical_kernel_source(k, fused[1]) for k in fused[0] if k.attention is not None)).encode()
+            canonical_kernel_source(k, fused[1], dtypes=bench.dtypes) for k in fused[0] if k.attention is not None)).encode()
         ).hexdigest()[:24]
         fused_report = search_cache.get_decision(decision_key) if search_cache is not None else None
         if fused_report is None:
@@ -464,7 +470,7 @@ def search_schedules(graph: Graph, kernels: list[Kernel], materialized: set[Node
         if fused_report["chosen"]:
             kernels, materialized = staged if staged and fused_report.get("staged_keys", {}).get("chosen") else fused
     if groups is None:
-        groups = make_groups(kernels, materialized, seed, register_blocks, search_cache)
+        groups = make_groups(kernels, materialized, seed, register_blocks, search_cache, bench.dtypes)
         rounds += _search_groups(bench, kernels, materialized, groups, search_cache, schedules_until, known)
     if fusion:
         kernels, materialized, groups, fusion_report, fusion_rounds = _climb_fusion(
@@ -541,16 +547,16 @@ def _choose_attention(bench: Bench, plain: tuple, fused: tuple, staged: tuple | 
     schedule its twin found) and timed against the fused one first, and the faster of the two
     goes on. Returns the report, the chosen program's searched groups and the
     rounds run."""
-    plain_groups = make_groups(*plain, seed, register_blocks, search_cache)
+    plain_groups = make_groups(*plain, seed, register_blocks, search_cache, bench.dtypes)
     halfway = search_clock() + (deadline - search_clock()) / 2
     rounds = _search_groups(bench, *plain, plain_groups, search_cache, halfway, known)
-    fused_groups = make_groups(*fused, seed, register_blocks, search_cache)
+    fused_groups = make_groups(*fused, seed, register_blocks, search_cache, bench.dtypes)
     fused_until = deadline if staged is None else search_clock() + (deadline - search_clock()) * 2 / 3
     fused_rounds, verified = _search_fused(bench, fused, fused_groups, search_cache, fused_until, known)
     rounds += fused_rounds
     staged_report = None
     if staged is not None and verified:
-        staged_groups = make_groups(*staged, seed, register_blocks, search_cache)
+        staged_groups = make_groups(*staged, seed, register_blocks, search_cache, bench.dtypes)
         copies_best = {g.kernels[0].node: g.best for g in fused_groups if g.kernels[0].attention is not None and g.best}
         for group in staged_groups:  # the same attention, but for where it reads its keys
             if group.kernels[0].node in copies_best:
@@ -673,7 +679,7 @@ class FusionSite:
 
 
 def fusion_sites(graph: Graph, kernels: list[Kernel], materialized: set[Node]) -> list[FusionSite]:
-    uses = graph.consumers()
+    uses, dtypes = graph.consumers(), graph.stored_dtypes()
 
     def is_product(node: Node) -> bool:
         return any(is_product_sum(consumer) for consumer, _ in uses[node])
@@ -682,7 +688,7 @@ def fusion_sites(graph: Graph, kernels: list[Kernel], materialized: set[Node]) -
     for kernel in kernels:
         if kernel.attention is not None:
             continue  # the fused attention kernel is one choice as a whole
-        key = kernel_key(kernel, materialized)
+        key = kernel_key(kernel, materialized, dtypes)
         fused = kernel.unique_fused
         for position, node in enumerate(fused):
             if node is kernel.node or node in materialized or node.op in LEAF or is_product(node):
@@ -742,7 +748,7 @@ def _climb_fusion(bench: Bench, kernels: list[Kernel], materialized: set[Node], 
         chosen = [site for site in sites if site.signature in cached["stored"]]
         if chosen:
             kernels, materialized = program(chosen, materialized)
-            groups = make_groups(kernels, materialized, seed, register_blocks, search_cache)
+            groups = make_groups(kernels, materialized, seed, register_blocks, search_cache, bench.dtypes)
             bench.add_reference({kernel.node for kernel in kernels})
             rounds += _search_groups(bench, kernels, materialized, groups, search_cache, deadline, known)
         return kernels, materialized, groups, {**cached, "cached": True}, rounds
@@ -754,7 +760,7 @@ def _climb_fusion(bench: Bench, kernels: list[Kernel], materialized: set[Node], 
         if search_clock() + 1.0 > deadline:
             break
         new_kernels, stored = program([site], materialized)
-        new_groups = make_groups(new_kernels, stored, seed, register_blocks, search_cache)
+        new_groups = make_groups(new_kernels, stored, seed, register_blocks, search_cache, bench.dtypes)
         bench.add_reference({kernel.node for kernel in new_kernels})
         step = {"site": site.describe(), "kind": site.kind, "nodes": len(site.nodes), "kept": False}
         try:

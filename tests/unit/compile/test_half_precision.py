@@ -15,12 +15,12 @@ from torch import nn
 from lumos.compile.frontend.export import CompiledModule, build_exported, compile_module, export_module
 from lumos.compile.frontend.half import (
     TOLERANCE,
-    HalfPrecision,
     eager_output_dtypes,
     float32_copy,
     from_stored,
     half_storage,
 )
+from lumos.compile.frontend.partition import PartitionedModule
 from lumos.compile.frontend.torch_backend import make_backend
 from lumos.compile.ir.graph import ROUNDING
 from lumos.compile.program import Options
@@ -142,6 +142,36 @@ def test_searched_kernels_load_half_weights_in_vectors(dtype, kernel_cache):
     check(compiled(x), module, x, dtype)
 
 
+def test_a_half_kernel_is_searched_and_cached_apart_from_its_float32_twin(tmp_path):
+    """The search cache keys a kernel by its C with its buffers' dtypes: a kernel reading bfloat16
+    weights gets an entry of its own next to its float32 twin's, and a second bfloat16 compile
+    finds all of its entries (nothing measured)."""
+    cache = KernelCache(tmp_path, "cpu")
+    x = torch.randn(4, 5, C)
+
+    def entries() -> set[str]:
+        return {path.name for path in (tmp_path / "cpu" / "search").rglob("*.json")}
+
+    def searched(dtype: torch.dtype):
+        compiled = compile_module(mlp(dtype), [x.to(dtype)], cache, strict=True, search_budget=1)
+        return compiled.compilation.search, entries()
+
+    single, single_entries = searched(torch.float32)
+    half, half_entries = searched(torch.bfloat16)
+    assert half.rounds >= 1 and not half.cache_hit  # the float32 choices are not reused for it
+    by_kernel = {}
+    for search in (single, half):
+        for group in search.groups:
+            report = group.report()
+            by_kernel.setdefault((report["kind"], tuple(report["shape"]), report["origin"]), set()).add(group.key)
+    twins = [keys for keys in by_kernel.values() if len(keys) == 2]
+    assert twins, "a kernel with a key per dtype: the first linear's matmul reads a weight"
+    assert len(half_entries - single_entries) >= len(twins)  # stored apart: the float32 ones stay
+    again, again_entries = searched(torch.bfloat16)
+    assert again.cache_hit and again.rounds == 0 and again_entries == half_entries
+    assert {group.key for group in again.groups} == {group.key for group in half.groups}
+
+
 def test_torch_compile_takes_a_bfloat16_encoder(kernel_cache):
     torch._dynamo.reset()
     module = encoder(torch.bfloat16)
@@ -195,15 +225,30 @@ class CumulativeBetweenLinears(nn.Module):
         return self.second(torch.cumprod(self.first(x).tanh(), dim=1))  # cumprod: no lowering, runs in eager
 
 
-def test_a_partitioned_half_module_runs_as_its_float32_copy(kernel_cache):
-    """Part eager, part compiled: the old way (half inputs widened, outputs narrowed by PyTorch)."""
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_a_partitioned_half_module_stores_its_partitions_half(dtype, kernel_cache):
+    """Part eager, part compiled: the eager op runs in the module's dtype, and each partition is
+    compiled as a whole half module is: what it reads (the activations, the weights PyTorch passes
+    it) read half and what it returns written half, computed in float32."""
     torch.manual_seed(0)
-    module = CumulativeBetweenLinears().to(torch.bfloat16).eval()
-    x = torch.randn(3, C, dtype=torch.bfloat16)
+    module = CumulativeBetweenLinears().to(dtype).eval()
+    x = torch.randn(3, C, dtype=dtype)
     with pytest.warns(Warning, match="cumprod"):
         compiled = compile_module(module, [x], kernel_cache)
-    assert isinstance(compiled, HalfPrecision)
-    check(compiled(x), module, x, torch.bfloat16)
+    assert isinstance(compiled, PartitionedModule) and len(compiled.partitions) == 2
+    name = str(dtype).removeprefix("torch.")
+    for part in compiled.partitions:
+        assert isinstance(part, CompiledModule)
+        assert part.input_dtypes == [dtype] * 3  # the activation, the linear's weight and bias
+        assert [output.dtype for output in part.outputs] == [dtype]
+        source = part.compilation.source
+        assert f"(const lumos_{name}*)inputs[0]" in source and f"(lumos_{name}*)outputs[0]" in source
+        assert "(const float*)inputs" not in source, "nothing the partition reads is widened by PyTorch"
+    got = compiled(x)
+    with torch.no_grad():
+        want = module(x)
+    assert got.dtype == dtype and got.shape == want.shape
+    torch.testing.assert_close(got, want, atol=TOLERANCE[dtype], rtol=TOLERANCE[dtype])
 
 
 # ---------------------------------------------------------------------------------------------
