@@ -14,7 +14,7 @@ setting it would choose is the one test would.
 
     lumos --workspace examples/movielens ingest --recipe examples/movielens/ingest.toml \\
         --set dataset=movielens_holdout --set splits.holdout_users=0.1
-    python benchmarks/selection.py --workspace examples/movielens --seeds 0 1 --lumos-steps 600 --sasrec-epochs 10
+    python benchmarks/selection.py --workspace examples/movielens --seeds 0 1 2 --lumos-steps 600 --sasrec-epochs 10
 
 Writes benchmarks/results/selection.json and prints each run's three scores and the agreement.
 """
@@ -117,7 +117,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--workspace", default="examples/movielens")
     parser.add_argument("--table", default="movielens_holdout.sequences")
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--lumos-steps", type=int, default=600)
     parser.add_argument("--sasrec-epochs", type=int, default=10)
     parser.add_argument("--models", nargs="+", default=["lumos", "sasrec"], choices=["lumos", "sasrec"])
