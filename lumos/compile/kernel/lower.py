@@ -208,7 +208,9 @@ class Lowering:
             return Binary(node.op, a, b)
         if node.op is Op.GATHER:
             table = node.srcs[0]
-            row = RowOf(self.operand(node, 1, idx[:-1], guard), table.shape[0])
+            # The rows are the view's, which may reshape the table (BERT gathers its (batch, length)
+            # mask through a (batch * length, 1) view by flat index): never the table node's own.
+            row = RowOf(self.operand(node, 1, idx[:-1], guard), node.views[0].shape[0])
             at = [row, idx[-1]]
             load = Load(self.params[table], view_offset(node.views[0], at), node.views[0], tuple(at))
             return Masked((Compare(row, ">=", 0), Compare(row, "<", row.rows)), load) if self.check_gathers else load
