@@ -109,8 +109,8 @@ def test_a_wrong_blocked_kernel_is_rejected_and_never_chosen(kernel_cache, monke
             elif isinstance(stmt, For):
                 add_twice(stmt.body)
 
-    def broken(ir, schedule):
-        blocked = register_block(ir, schedule)
+    def broken(ir, schedule, bfloat16=frozenset()):
+        blocked = register_block(ir, schedule, bfloat16)
         if blocked is not None:
             add_twice(blocked.body)
         return blocked

@@ -150,8 +150,8 @@ def test_the_search_never_returns_an_unverified_candidate(kernel_cache, monkeypa
     """A renderer bug that only some schedules hit: those candidates are rejected, never chosen."""
     render = render_c.render_kernel
 
-    def broken(kernel, materialized, params, schedule=None, barrier: bool = True) -> str:
-        text = render(kernel, materialized, params, schedule, barrier)
+    def broken(kernel, materialized, params, schedule=None, barrier: bool = True, dtypes=None) -> str:
+        text = render(kernel, materialized, params, schedule, barrier, dtypes)
         return text.replace("out[", "out[0] += 1.0f; out[", 1) if schedule is not None and schedule.unroll else text
 
     monkeypatch.setattr(render_c, "render_kernel", broken)
