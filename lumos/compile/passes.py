@@ -123,7 +123,7 @@ def products(c: Compilation, cache: KernelCache) -> None:
     """The products rule's proposals (egraph/programs.py), each a gene; with Options.join_products
     every gene is kept (nothing is timed on this target yet) and its pairs joined."""
     proposals, fired = product_proposals(c.kernels)
-    kept = [p for p in proposals if c.options.join_products]
+    kept = proposals if c.options.join_products else []
     c.programs = proposals_report(proposals, frozenset(p.key for p in kept), fired)
     pairs = {pair for proposal in kept for pair in proposal.pairs}
     c.kernels, c.products_joined = join_products(c.kernels, pairs, lambda kernel: joins_as_tiles(kernel, c.materialized))

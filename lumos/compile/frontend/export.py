@@ -55,6 +55,7 @@ from lumos.compile.frontend.fast_path import DECOMPOSITIONS, math_path
 from lumos.compile.frontend.half import (
     HALF,
     HalfPrecision,
+    dtype_name,
     eager_output_dtypes,
     float32_copy,
     from_stored,
@@ -440,7 +441,7 @@ def verify_module(compiled: CompiledModule, module: nn.Module, inputs: Sequence[
                 if want != have:
                     raise VerificationError(f"output {index}: compiled {have!r}, torch {want!r}")
                 continue
-            rtol = max(compiled.target.rtol, ROUNDING.get(str(have.dtype).removeprefix("torch."), 0.0))
+            rtol = max(compiled.target.rtol, ROUNDING.get(dtype_name(have.dtype), 0.0))
             want, have = want.detach().float().cpu().numpy(), have.detach().float().cpu().numpy()
             if want.shape != have.shape:
                 raise VerificationError(f"output {index}: compiled shape {have.shape}, torch {want.shape}")

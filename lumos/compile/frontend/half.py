@@ -6,8 +6,8 @@ keeps at its boundary what the module has there (ir/graph.py: Storage): its half
 in their dtype (half the bytes of the float32 copy), its half inputs are read and its half outputs
 written in their dtype. The kernels do the conversions where they load and store those buffers
 (render/cstyle.py, the headers' lumos_from_<dtype> / lumos_to_<dtype>): bfloat16 widened by
-shifting its bits into a float's top half, float16 by the compiler's _Float16 conversion, and
-stores rounded to nearest even. Arithmetic and accumulation are float32 throughout, and every
+shifting its bits into a float's top half, float16 by integer work on its bits (F16C's
+vcvtph2ps for vectors), and stores rounded to nearest even. Arithmetic and accumulation are float32 throughout, and every
 intermediate is a float32 buffer: nothing is rounded between ops.
 
 No cast op in the IR: converting loads and stores in the kernels is what keeps the weights half in

@@ -10,7 +10,7 @@ and CUDA alike; this module adds the C frame (OpenMP loops, the signature) and t
 order; a kernel's `omp for` ends with a barrier only where a later kernel depends on it.
 
 A buffer stored in a half dtype (ir/graph.py: Storage) is a pointer to `lumos_bfloat16` (a struct
-around its 16 bits, so that no load or store can forget to convert) or `lumos_float16` (_Float16);
+around its 16 bits, so that no load or store can forget to convert) or `lumos_float16` (likewise);
 the driver casts its pointer, and cstyle.py prints every load widening and every store rounding.
 """
 
